@@ -1,0 +1,38 @@
+# `make run` and `make test` are the two set-up commands of the README: both set up first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CONSTRAINTS ?= constraints/cpu.txt
+STAMP := $(VENV)/.strata-installed
+CONFIG ?= configs/local.yaml
+
+.PHONY: setup run test lint format bench clean
+
+setup: $(STAMP)
+
+# Re-installs only when the dependency list or the pin changes; a venv left half-made by an
+# interrupted install has no stamp, so the next `make setup` finishes it.
+$(STAMP): pyproject.toml $(CONSTRAINTS)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	DS_BUILD_OPS=0 $(PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[dev]'
+	touch $@
+
+run: setup
+	$(PY) -m pipeline.launch $(CONFIG)
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: setup
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+bench: setup
+	$(PY) benchmarks/advantages.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,1 @@
+"""Actor side: generation engines, the multi-turn agent loop, tools, rewards and actor pools."""

@@ -1,0 +1,1 @@
+"""Learner side: Stratified GRPO advantages, policy losses, the DeepSpeed learner, weight publishing."""

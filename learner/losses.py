@@ -1,0 +1,169 @@
+"""Token-level policy loss with PPO clipping, dual clip and importance correction, and KL penalties.
+
+Shapes are `[B, T]` (B sequences, T token positions). `loss_mask` is 1 where the policy generated
+the token and 0 for tool observations and padding: only generated tokens carry loss.
+
+Off-policy correction follows the decoupled objective of AReaL: the PPO ratio is taken against a
+*proximal* policy (log-probs recomputed by the learner before the update) when one is given, and the
+gap between proximal and *behaviour* policy (the actor that sampled the token, possibly several
+versions old) is corrected by a truncated importance weight (`tis`) or by dropping tokens whose
+weight exceeds the cap (`mask`). Without a proximal policy the ratio is against the behaviour policy.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+Importance = Literal["none", "tis", "mask"]
+Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+KLKind = Literal["k1", "k2", "k3"]
+
+
+def _masked_sum(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum()
+
+
+def _masked_max(x: torch.Tensor, mask: torch.Tensor) -> float:
+    picked = x[mask > 0]
+    return picked.max().item() if picked.numel() else 0.0
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    n = mask.sum()
+    return (_masked_sum(x, mask) / n).item() if n > 0 else 0.0
+
+
+def aggregate(loss: torch.Tensor, mask: torch.Tensor, agg: Aggregation) -> torch.Tensor:
+    """Reduce per-token losses to a scalar; zero (with a graph) when no token is masked in.
+
+    `seq-mean-*` average over the sequences that have at least one masked-in token.
+    """
+    mask = mask.to(loss.dtype)
+    zero = (loss * 0.0).sum()  # keeps the autograd graph connected for an empty batch
+    if agg == "token-mean":
+        n = mask.sum()
+        return _masked_sum(loss, mask) / n if n > 0 else zero
+    tokens = mask.sum(dim=-1)
+    seq_sum = (loss * mask).sum(dim=-1)
+    present = tokens > 0
+    if not present.any():
+        return zero
+    if agg == "seq-mean-token-mean":
+        per_seq = seq_sum[present] / tokens[present]
+    elif agg == "seq-mean-token-sum":
+        per_seq = seq_sum[present]
+    else:
+        raise ValueError(
+            f"unknown agg {agg!r}: use token-mean, seq-mean-token-mean or seq-mean-token-sum"
+        )
+    return per_seq.mean()
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    behavior_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    proximal_logprobs: torch.Tensor | None = None,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = 3.0,
+    importance: Importance = "none",
+    is_cap: float = 2.0,
+    agg: Aggregation = "token-mean",
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped surrogate loss (to minimise) and its diagnostics.
+
+    Per token: `max(-A*r, -A*clip(r, 1-clip_low, 1+clip_high))`, capped at `-A*dual_clip` when A < 0,
+    with `r = exp(logprobs - base)` and base = proximal if given, else behaviour log-probs.
+    `importance="tis"` multiplies by `min(exp(proximal - behaviour), is_cap)`; `"mask"` drops tokens
+    whose `exp(proximal - behaviour)` exceeds `is_cap`. Importance weights carry no gradient.
+    """
+    if logprobs.shape != behavior_logprobs.shape or logprobs.shape != loss_mask.shape:
+        raise ValueError(
+            f"logprobs {tuple(logprobs.shape)}, behavior_logprobs "
+            f"{tuple(behavior_logprobs.shape)} and loss_mask {tuple(loss_mask.shape)} must match"
+        )
+    if logprobs.dim() != 2:
+        raise ValueError(f"logprobs must be [B, T], got shape {tuple(logprobs.shape)}")
+    if proximal_logprobs is not None and proximal_logprobs.shape != logprobs.shape:
+        raise ValueError(
+            f"proximal_logprobs {tuple(proximal_logprobs.shape)} must match "
+            f"logprobs {tuple(logprobs.shape)}"
+        )
+    if advantages.dim() == 1:
+        if advantages.shape[0] != logprobs.shape[0]:
+            raise ValueError(f"advantages [B] has B={advantages.shape[0]}, logprobs has B={logprobs.shape[0]}")
+        advantages = advantages.unsqueeze(-1)
+    elif advantages.shape != logprobs.shape:
+        raise ValueError(
+            f"advantages must be [B] or [B, T], got {tuple(advantages.shape)} for logprobs "
+            f"{tuple(logprobs.shape)}"
+        )
+    if importance not in ("none", "tis", "mask"):
+        raise ValueError(f"unknown importance {importance!r}: use none, tis or mask")
+    if importance != "none" and proximal_logprobs is None:
+        raise ValueError(f"importance={importance!r} needs proximal_logprobs")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
+
+    mask = loss_mask.to(logprobs.dtype)
+    advantages = advantages.to(logprobs.dtype).detach()
+    base = (proximal_logprobs if proximal_logprobs is not None else behavior_logprobs).detach()
+    ratio = torch.exp(logprobs - base)
+
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(unclipped, clipped)
+    dual_clipped = torch.zeros_like(mask, dtype=torch.bool)
+    if dual_clip is not None:
+        cap = -advantages * dual_clip
+        dual_clipped = (advantages < 0) & (loss > cap)
+        loss = torch.where(advantages < 0, torch.minimum(loss, cap), loss)
+
+    weight = torch.ones_like(mask)
+    dropped = torch.zeros_like(mask)
+    if importance != "none":
+        raw_weight = torch.exp(proximal_logprobs - behavior_logprobs).detach()
+        weight = raw_weight
+        if importance == "tis":
+            loss = loss * torch.clamp(raw_weight, max=is_cap)
+        else:
+            dropped = (raw_weight > is_cap).to(mask.dtype) * mask
+            mask = mask - dropped
+
+    total = aggregate(loss, mask, agg)
+    tokens = loss_mask.to(logprobs.dtype)
+    with torch.no_grad():
+        metrics = {
+            "clip_fraction": _masked_mean((clipped > unclipped).to(mask.dtype), mask),
+            "dual_clip_fraction": _masked_mean(dual_clipped.to(mask.dtype), mask),
+            "ratio_mean": _masked_mean(ratio.detach(), mask),
+            "ratio_max": _masked_max(ratio.detach(), mask),
+            "importance_weight_mean": _masked_mean(weight, tokens),
+            "importance_weight_max": _masked_max(weight, tokens),
+            "mask_drop_fraction": _masked_mean(dropped, tokens),
+            "tokens": float(mask.sum().item()),
+        }
+    return total, metrics
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind = "k3") -> torch.Tensor:
+    """Per-token KL estimate of the policy from the reference, from sampled-token log-probs.
+
+    k1: log p - log q; k2: (log p - log q)^2 / 2; k3 ("low_var_kl"): exp(log q - log p) - (log q -
+    log p) - 1, with the log-ratio clamped to [-20, 20] and the result to [-10, 10] as verl does.
+    Mask the result yourself: tool-observation tokens carry no KL.
+    """
+    diff = logprobs - ref_logprobs
+    if kind == "k1":
+        return diff
+    if kind == "k2":
+        return 0.5 * diff.square()
+    if kind == "k3":
+        log_ratio = torch.clamp(-diff, min=-20.0, max=20.0)
+        return torch.clamp(torch.exp(log_ratio) - log_ratio - 1.0, min=-10.0, max=10.0)
+    raise ValueError(f"unknown KL kind {kind!r}: use k1, k2 or k3")

