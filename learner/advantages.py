@@ -44,12 +44,21 @@ class StratifiedAdvantages:
 def _segment_stats(
     values: torch.Tensor, segment: torch.Tensor, num_segments: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Count, mean and population std of `values` per dense segment id (two-pass for accuracy)."""
+    """Count, mean and population std of `values` per dense segment id (two-pass for accuracy).
+
+    A segment whose values are all equal gets its mean set to that value exactly, so its centred
+    rewards are exactly 0: otherwise sum/n rounding leaves ~1e-8 residues in float32 that a small
+    std + eps would blow up into spurious advantages of ~0.01.
+    """
     count = torch.bincount(segment, minlength=num_segments)
-    total = torch.zeros(num_segments, dtype=values.dtype).index_add_(0, segment, values)
+    zeros = torch.zeros(num_segments, dtype=values.dtype, device=values.device)
+    total = zeros.clone().index_add_(0, segment, values)
     mean = total / count.to(values.dtype)
+    lo = zeros.clone().scatter_reduce_(0, segment, values, "amin", include_self=False)
+    hi = zeros.clone().scatter_reduce_(0, segment, values, "amax", include_self=False)
+    mean = torch.where(lo == hi, lo, mean)
     centered = values - mean[segment]
-    sq = torch.zeros(num_segments, dtype=values.dtype).index_add_(0, segment, centered * centered)
+    sq = zeros.clone().index_add_(0, segment, centered * centered)
     std = torch.sqrt(sq / count.to(values.dtype))
     return count, mean, std
 

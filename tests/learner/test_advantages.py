@@ -1,0 +1,215 @@
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from learner.advantages import stratified_advantages, stratified_advantages_with_stats
+
+
+def reference(rewards, group_ids, strata, alpha, eps):
+    """Algorithm 1 written as the paper writes it: loops over prompts and strata (float64)."""
+    out = [0.0] * len(rewards)
+    for g in set(group_ids):
+        members = [i for i, gid in enumerate(group_ids) if gid == g]
+        mean = sum(rewards[i] for i in members) / len(members)
+        std = math.sqrt(sum((rewards[i] - mean) ** 2 for i in members) / len(members))
+        for k in {strata[i] for i in members}:
+            cell = [i for i in members if strata[i] == k]
+            c_mean = sum(rewards[i] for i in cell) / len(cell)
+            c_std = math.sqrt(sum((rewards[i] - c_mean) ** 2 for i in cell) / len(cell))
+            for i in cell:
+                gn = (rewards[i] - mean) / (std + eps) if len(members) > 1 and std + eps > 0 else 0.0
+                san = (rewards[i] - c_mean) / (c_std + eps) if len(cell) > 1 and c_std + eps > 0 else 0.0
+                out[i] = alpha * san + (1 - alpha) * gn
+    return out
+
+
+def t(values, dtype=torch.float64):
+    return torch.tensor(values, dtype=dtype)
+
+
+def ids(values):
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def test_hand_computed_group():
+    # Group 7: rewards 1,0 | 1 | 1 in strata 0,0 | 1 | 2. Group mean 0.75, population std sqrt(3)/4.
+    # SAN: stratum 0 -> (+1, -1); singleton strata -> 0. GN: (0.25, -0.75, 0.25, 0.25) / (sqrt(3)/4).
+    # Group -3: equal rewards -> all advantages 0.
+    rewards = t([1.0, 0.0, 1.0, 1.0, 2.0, 2.0])
+    groups = ids([7, 7, 7, 7, -3, -3])
+    strata = ids([0, 0, 1, 2, 5, 5])
+    gn = [1 / math.sqrt(3), -3 / math.sqrt(3), 1 / math.sqrt(3), 1 / math.sqrt(3)]
+    san = [1.0, -1.0, 0.0, 0.0]
+    expected = [0.6 * s + 0.4 * g for s, g in zip(san, gn, strict=True)] + [0.0, 0.0]
+    got = stratified_advantages(rewards, groups, strata, alpha=0.6, eps=0.0)
+    torch.testing.assert_close(got, t(expected))
+    # 0.6 * 1 + 0.4 / sqrt(3) = 0.830940..., written out once to catch a formula slip.
+    assert got[0].item() == pytest.approx(0.8309401076758503)
+    with_eps = stratified_advantages(rewards, groups, strata, alpha=0.6, eps=1e-6)
+    torch.testing.assert_close(with_eps, t(expected), atol=1e-5, rtol=0)
+
+
+def test_alpha_endpoints_are_grpo_and_san():
+    rewards = t([1.0, 0.0, 0.0, 1.0, 0.5, 0.0])
+    groups = ids([1, 1, 1, 1, 1, 1])
+    strata = ids([0, 0, 1, 1, 1, 2])
+    stats = stratified_advantages_with_stats(rewards, groups, strata, alpha=0.3)
+    torch.testing.assert_close(stratified_advantages(rewards, groups, strata, alpha=0.0), stats.gn)
+    torch.testing.assert_close(stratified_advantages(rewards, groups, strata, alpha=1.0), stats.san)
+    # GRPO ignores strata entirely.
+    torch.testing.assert_close(
+        stratified_advantages(rewards, groups, torch.zeros(6, dtype=torch.int64), alpha=0.0),
+        stats.gn,
+    )
+
+
+def test_singleton_stratum_is_zero_not_nan_even_without_eps():
+    got = stratified_advantages(t([3.0]), ids([0]), ids([0]), alpha=1.0, eps=0.0)
+    assert got.tolist() == [0.0]
+    got = stratified_advantages(t([1.0, 0.0]), ids([0, 0]), ids([0, 1]), alpha=0.5, eps=0.0)
+    assert not torch.isnan(got).any()
+    torch.testing.assert_close(got, t([0.5, -0.5]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_dtype_is_preserved(dtype):
+    got = stratified_advantages(t([1.0, 0.0], dtype), ids([0, 0]), ids([0, 0]))
+    assert got.dtype == dtype
+
+
+def test_empty_batch():
+    got = stratified_advantages(t([]), ids([]), ids([]))
+    assert got.shape == (0,)
+
+
+def test_statistics_for_telemetry():
+    stats = stratified_advantages_with_stats(
+        t([1.0, 0.0, 1.0, 4.0]), ids([9, 9, 9, 2]), ids([1, 1, 3, 1]), alpha=0.6
+    )
+    cells = {
+        (g, s): (n, m, sd)
+        for g, s, n, m, sd in zip(
+            stats.cells.group_id.tolist(),
+            stats.cells.stratum.tolist(),
+            stats.cells.count.tolist(),
+            stats.cells.mean.tolist(),
+            stats.cells.std.tolist(),
+            strict=True,
+        )
+    }
+    assert cells == {(9, 1): (2, 0.5, 0.5), (9, 3): (1, 1.0, 0.0), (2, 1): (1, 4.0, 0.0)}
+    assert stats.groups.group_id.tolist() == [2, 9]
+    assert stats.groups.count.tolist() == [1, 3]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(rewards=t([1.0, 2.0]), group_ids=ids([0]), strata=ids([0, 0])),
+        dict(rewards=t([[1.0]]), group_ids=ids([0]), strata=ids([0])),
+        dict(rewards=ids([1]), group_ids=ids([0]), strata=ids([0])),
+        dict(rewards=t([1.0]), group_ids=t([0.0]), strata=ids([0])),
+        dict(rewards=t([1.0]), group_ids=ids([0]), strata=ids([0]), alpha=1.5),
+    ],
+)
+def test_bad_input_is_rejected(bad):
+    with pytest.raises(ValueError):
+        stratified_advantages(**bad)
+
+
+# ----------------------------------------------------------------------------- properties
+
+batches = st.integers(min_value=1, max_value=40).flatmap(
+    lambda n: st.tuples(
+        st.lists(st.integers(0, 4), min_size=n, max_size=n).map(lambda xs: [x / 4 for x in xs]),
+        st.lists(st.integers(-3, 3), min_size=n, max_size=n),
+        st.lists(st.integers(0, 3), min_size=n, max_size=n),
+    )
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(batches, st.floats(0.0, 1.0), st.sampled_from([0.0, 1e-6, 0.1]))
+def test_matches_the_papers_loop(batch, alpha, eps):
+    rewards, groups, strata = batch
+    got = stratified_advantages(t(rewards), ids(groups), ids(strata), alpha=alpha, eps=eps)
+    torch.testing.assert_close(got, t(reference(rewards, groups, strata, alpha, eps)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(batches, st.floats(0.0, 1.0), st.randoms(use_true_random=False))
+def test_independent_of_order_and_id_values(batch, alpha, rnd):
+    rewards, groups, strata = batch
+    base = stratified_advantages(t(rewards), ids(groups), ids(strata), alpha=alpha)
+    perm = list(range(len(rewards)))
+    rnd.shuffle(perm)
+    shuffled = stratified_advantages(
+        t([rewards[i] for i in perm]),
+        ids([groups[i] for i in perm]),
+        ids([strata[i] for i in perm]),
+        alpha=alpha,
+    )
+    torch.testing.assert_close(shuffled, base[perm])
+    relabelled = stratified_advantages(
+        t(rewards), ids([1_000_003 * g - 17 for g in groups]), ids([-9 * s + 5 for s in strata]), alpha
+    )
+    torch.testing.assert_close(relabelled, base)
+
+
+@settings(max_examples=100, deadline=None)
+@given(batches, st.floats(0.1, 10.0), st.floats(-5.0, 5.0))
+def test_san_is_invariant_to_positive_affine_rewards(batch, a, b):
+    # Proposition 2 (eps -> 0).
+    rewards, groups, strata = batch
+    san = stratified_advantages(t(rewards), ids(groups), ids(strata), alpha=1.0, eps=1e-12)
+    moved = stratified_advantages(
+        t([a * r + b for r in rewards]), ids(groups), ids(strata), alpha=1.0, eps=1e-12
+    )
+    torch.testing.assert_close(moved, san, atol=1e-9, rtol=1e-9)
+
+
+@settings(max_examples=100, deadline=None)
+@given(batches)
+def test_pure_san_is_standardised_within_each_stratum(batch):
+    rewards, groups, strata = batch
+    eps = 1e-6
+    san = stratified_advantages(t(rewards), ids(groups), ids(strata), alpha=1.0, eps=eps)
+    for cell in {(g, s) for g, s in zip(groups, strata, strict=True)}:
+        members = [i for i, key in enumerate(zip(groups, strata, strict=True)) if key == cell]
+        values = san[members]
+        spread = t([rewards[i] for i in members]).std(unbiased=False).item()
+        if len(members) < 2 or spread == 0:
+            continue
+        assert values.mean().item() == pytest.approx(0.0, abs=1e-9)
+        # Population variance sigma^2 / (sigma + eps)^2: 1 up to eps.
+        assert values.var(unbiased=False).item() == pytest.approx(1.0, abs=4 * eps / spread)
+
+
+@settings(max_examples=100, deadline=None)
+@given(batches)
+def test_theorem_1_variance_identity(batch):
+    # Var[A_G] - Var[A_S] = (1/K) sum_k n_k (mean_k - mean)^2, per prompt group.
+    rewards, groups, strata = batch
+    stats = stratified_advantages_with_stats(t(rewards), ids(groups), ids(strata))
+    for g in set(groups):
+        members = [i for i, gid in enumerate(groups) if gid == g]
+        a_g = stats.global_centered[members]
+        a_s = stats.stratified_centered[members]
+        r = t([rewards[i] for i in members])
+        between = 0.0
+        for k in {strata[i] for i in members}:
+            cell = t([rewards[i] for i in members if strata[i] == k])
+            between += len(cell) * (cell.mean().item() - r.mean().item()) ** 2
+        lhs = a_g.var(unbiased=False).item() - a_s.var(unbiased=False).item()
+        assert lhs == pytest.approx(between / len(members), abs=1e-12)
+        assert lhs >= -1e-12
+
+
+def test_constant_rewards_give_exactly_zero_in_float32():
+    # sum/n rounding of 0.1 * 8 in float32 must not turn into a ~0.01 advantage through eps.
+    rewards = torch.full((8,), 0.1, dtype=torch.float32)
+    got = stratified_advantages(rewards, ids([0] * 8), ids([0, 0, 0, 0, 1, 1, 1, 1]), eps=1e-6)
+    assert got.abs().max().item() == 0.0

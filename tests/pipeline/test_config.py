@@ -1,0 +1,140 @@
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import BaseModel
+
+from pipeline.config import PretrainedModel, SGLangEngine, StrataConfig
+from pipeline.config_loader import ConfigError, dump_config, load_config, read_yaml
+from pipeline.overrides import OverrideError, apply_override, parse_override, parse_value
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.mark.parametrize("name", ["local", "gaia", "search_r1"])
+def test_shipped_configs_validate_and_round_trip(name, tmp_path):
+    config = load_config(CONFIGS / f"{name}.yaml")
+    again = tmp_path / "resolved.yaml"
+    again.write_text(dump_config(config))
+    assert load_config(again) == config
+
+
+def test_the_recipes_say_what_the_paper_says():
+    r1 = load_config(CONFIGS / "search_r1.yaml")
+    assert isinstance(r1.model, PretrainedModel) and "Qwen2.5-3B" in r1.model.path
+    assert (r1.learner.alpha, r1.buffer.group_size, r1.learner.lr) == (0.6, 8, 1e-6)
+    assert (r1.learner.kl_coef, r1.learner.kl_kind, r1.learner.clip_low) == (0.001, "k3", 0.2)
+    assert (r1.actors.max_turns, r1.retrieval.topk, r1.data.type) == (4, 3, "search_r1")
+    gaia = load_config(CONFIGS / "gaia.yaml")
+    assert isinstance(gaia.actors.engine, SGLangEngine) and "Qwen3-8B" in gaia.model.path
+    assert set(gaia.actors.tools) == {"search", "python"} and gaia.actors.reward == "gaia"
+    local = load_config(CONFIGS / "local.yaml")
+    assert (local.model.type, local.actors.engine.type, local.runtime.type) == ("tiny", "embedded", "local")
+
+
+def _sections(model: type[BaseModel]):
+    yield model
+    for field in model.model_fields.values():
+        for arg in getattr(field.annotation, "__args__", ()) + (field.annotation,):
+            inner = getattr(arg, "__origin__", arg)
+            for candidate in getattr(arg, "__args__", ()) + (inner,):
+                if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+                    yield from _sections(candidate)
+
+
+def test_every_field_is_documented_and_extra_keys_are_forbidden():
+    seen = set()
+    for section in _sections(StrataConfig):
+        if section in seen:
+            continue
+        seen.add(section)
+        assert section.model_config.get("extra") == "forbid", section.__name__
+        for name, field in section.model_fields.items():
+            assert field.description, f"{section.__name__}.{name} has no docstring"
+    assert len(seen) >= 12
+
+
+def test_backend_type_may_be_left_out():
+    config = StrataConfig.model_validate({"model": {"layers": 4}, "runtime": {"seed": 3}})
+    assert config.model.type == "tiny" and config.model.layers == 4
+    assert config.runtime.type == "local" and config.runtime.seed == 3
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("3", 3),
+        ("-2", -2),
+        ("0.5", 0.5),
+        ("1e-6", 1e-6),
+        ("true", True),
+        ("False", False),
+        ("null", None),
+        ("[search,python]", ["search", "python"]),
+        ("[1, 2.5, [a, 'b,c']]", [1, 2.5, ["a", "b,c"]]),
+        ("[]", []),
+        ("'007'", "007"),
+        ("http://127.0.0.1:30000", "http://127.0.0.1:30000"),
+    ],
+)
+def test_override_values_are_typed(text, value):
+    assert parse_value(text) == value
+    assert type(parse_value(text)) is type(value)
+
+
+def test_override_application():
+    raw = {"learner": {"alpha": 0.6}}
+    key, value = parse_override("learner.stratifier.type=random")
+    apply_override(raw, key, value)
+    assert raw == {"learner": {"alpha": 0.6, "stratifier": {"type": "random"}}}
+    with pytest.raises(OverrideError, match="'learner.alpha' is a value"):
+        apply_override(raw, "learner.alpha.low", 1)
+    for bad in ["alpha", "=3", "learner..alpha=1", "learner.alpha"]:
+        with pytest.raises(OverrideError, match="dotted.key=value"):
+            parse_override(bad)
+
+
+def test_yaml_reads_exponent_floats(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("learner:\n  lr: 1e-6\n  eps: 1.0e-8\n")
+    config = load_config(path)
+    assert config.learner.lr == 1e-6 and config.learner.eps == 1e-8
+
+
+@pytest.mark.parametrize(
+    "text, overrides, expected",
+    [
+        ("learner:\n  alpah: 0.5\n", [], "{p}: unknown key 'learner.alpah' (did you mean 'learner.alpha'?)"),
+        ("bogus: 1\n", [], "{p}: unknown key 'bogus' (valid keys: model, data, actors"),
+        ("learner:\n  alpha: 1.5\n", [], "{p}: learner.alpha = 1.5: input should be less than or equal to 1"),
+        ("", ["learner.alpha=-1"], "{p} (--set learner.alpha=-1): learner.alpha = -1: input should be greater"),
+        ("", ["actors.tools=[search,web]"], "actors.tools[1] = 'web': input should be 'search' or 'python'"),
+        ("", ["actors.engine.type=vllm"], "actors.engine.type = 'vllm': use one of 'embedded', 'sglang'"),
+        ("", ["actors.engine.type=sglang"], "(--set actors.engine.type=sglang): actors.engine.urls is required"),
+        ("model:\n  heads: 3\n", [], "{p}: model: hidden_size 128 must be divisible by heads 3"),
+        ("learner:\n  eps: .nan\n", [], "learner.eps = nan: input should be a finite number"),
+        ("learner: [1\n", [], "{p}:2:1: invalid YAML"),
+        ("- 1\n", [], "{p}: the top level must be a mapping of sections, got list"),
+        ("data:\n  type: gaia\n", [], "{p}: data: data.type 'gaia' needs data.train_files"),
+        ("", ["learner.alpha"], "--set 'learner.alpha': expected dotted.key=value"),
+    ],
+)
+def test_config_errors_are_one_clear_line(tmp_path, text, overrides, expected):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides)
+    message = str(info.value)
+    assert "\n" not in message
+    assert expected.format(p=path) in message
+
+
+def test_missing_config_file_names_the_path(tmp_path):
+    with pytest.raises(ConfigError, match=r"config file not found: .*nope\.yaml"):
+        read_yaml(tmp_path / "nope.yaml")
+
+
+def test_dump_holds_every_default():
+    dumped = yaml.safe_load(dump_config(StrataConfig()))
+    assert set(dumped) == {"model", "data", "actors", "buffer", "learner", "retrieval", "runtime", "metrics"}
+    assert dumped["learner"]["stratifier"] == {"type": "tool_calls", "k": 2, "seed": 0}

@@ -1,0 +1,72 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from pipeline.config_loader import load_config
+from pipeline.launch import main
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCAL = str(ROOT / "configs" / "local.yaml")
+
+
+def test_dry_run_prints_the_resolved_config_and_writes_nothing(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main([LOCAL, "--dry-run", "--set", "learner.alpha=0.8", "--set", "actors.tools=[search]"]) == 0
+    resolved = yaml.safe_load(capsys.readouterr().out)
+    assert resolved["learner"]["alpha"] == 0.8 and resolved["actors"]["tools"] == ["search"]
+    assert resolved["learner"]["eps"] == 1e-6  # defaults are spelled out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_writes_the_resolved_config_into_the_run_dir(capsys, tmp_path):
+    run_dir = tmp_path / "run"
+    assert main([LOCAL, "--run-dir", str(run_dir), "--set", "buffer.group_size=4"]) == 0
+    written = load_config(run_dir / "config.yaml")
+    assert written.buffer.group_size == 4
+    assert [p.name for p in run_dir.iterdir()] == ["config.yaml"]  # no temporary file left
+    assert "not built yet" in capsys.readouterr().out
+
+
+def test_default_run_dirs_are_fresh(tmp_path, capsys):
+    overrides = ["--set", f"runtime.runs_dir={tmp_path}"]
+    assert main([LOCAL, *overrides]) == 0
+    assert main([LOCAL, *overrides]) == 0
+    runs = sorted(p.name for p in tmp_path.iterdir())
+    assert len(runs) == 2 and all(name.startswith("local-") for name in runs)
+
+
+def test_an_existing_run_dir_is_never_overwritten(tmp_path, capsys):
+    (tmp_path / "keep.txt").write_text("earlier run")
+    assert main([LOCAL, "--run-dir", str(tmp_path)]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
+
+
+def test_bad_value_is_one_line_and_writes_nothing(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert main([LOCAL, "--run-dir", str(run_dir), "--set", "learner.alpha=2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("strata: error: ")
+    assert "learner.alpha = 2" in err and "less than or equal to 1" in err
+    assert not run_dir.exists()
+
+
+def test_cli_as_a_user_runs_it(tmp_path):
+    ok = subprocess.run(
+        [sys.executable, "-m", "pipeline.launch", "configs/gaia.yaml", "--dry-run"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert yaml.safe_load(ok.stdout)["actors"]["engine"]["type"] == "sglang"
+    bad = subprocess.run(
+        [sys.executable, "-m", "pipeline.launch", str(tmp_path / "missing.yaml")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == (
+        f"strata: error: config file not found: {tmp_path / 'missing.yaml'} "
+        "(pass the path of a YAML config, e.g. configs/local.yaml)"
+    )
+    assert "Traceback" not in bad.stderr
