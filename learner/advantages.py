@@ -7,7 +7,8 @@ Per prompt group g and stratum k (population statistics, 1/n):
     A(i)     = alpha * A_SAN(i) + (1 - alpha) * A_GN(i)
 
 Everything is vectorised with segment reductions (`index_add_` over dense segment ids), so a batch
-of a million trajectories costs a few sorts and scatters, never a Python loop over groups.
+of a million trajectories costs a few scatters (and a sort when ids are sparse), never a Python
+loop over groups.
 """
 
 from __future__ import annotations
@@ -63,6 +64,21 @@ def _segment_stats(
     return count, mean, std
 
 
+def _dense_ids(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ids in [0, m) for arbitrary int64 values, and the value of each id.
+
+    Values spanning a small range map by subtraction (no sort; some ids may then be unused);
+    anything else goes through `torch.unique`, which sorts.
+    """
+    if values.numel() == 0:
+        return values.clone(), values.new_empty(0)
+    lo, hi = int(values.min()), int(values.max())  # Python ints: no int64 overflow in hi - lo
+    if hi - lo < 2 * values.numel() + 64:
+        return values - lo, torch.arange(lo, hi + 1, dtype=torch.int64, device=values.device)
+    unique, inverse = torch.unique(values, return_inverse=True)
+    return inverse, unique
+
+
 def _normalise(
     centered: torch.Tensor, std: torch.Tensor, count: torch.Tensor, eps: float
 ) -> torch.Tensor:
@@ -110,10 +126,17 @@ def stratified_advantages_with_stats(
     group_ids = group_ids.to(device=device, dtype=torch.int64)
     strata = strata.to(device=device, dtype=torch.int64)
 
-    # Dense ids: group g in [0, G), stratum s in [0, S), cell = (g, s) pairs that occur.
-    group_values, g = torch.unique(group_ids, return_inverse=True)
-    stratum_values, s = torch.unique(strata, return_inverse=True)
-    cell_keys, c = torch.unique(g * len(stratum_values) + s, return_inverse=True)
+    # Dense ids: group g in [0, G), stratum s in [0, S), cell c = (g, s) over G*S slots when that
+    # is small, else over the (g, s) pairs that occur. Unused slots have count 0 and are never read.
+    g, group_values = _dense_ids(group_ids)
+    s, stratum_values = _dense_ids(strata)
+    num_strata = len(stratum_values)
+    cell = g * num_strata + s
+    if len(group_values) * num_strata <= 8 * len(rewards) + 1024:
+        cell_keys = torch.arange(len(group_values) * num_strata, device=device)
+        c = cell
+    else:
+        cell_keys, c = torch.unique(cell, return_inverse=True)
 
     g_count, g_mean, g_std = _segment_stats(rewards, g, len(group_values))
     c_count, c_mean, c_std = _segment_stats(rewards, c, len(cell_keys))
@@ -124,19 +147,22 @@ def stratified_advantages_with_stats(
     san = _normalise(stratified_centered, c_std[c], c_count[c], eps)
     advantages = alpha * san + (1.0 - alpha) * gn
 
+    used_groups = g_count > 0
     groups = SegmentStats(
-        group_id=group_values,
-        stratum=torch.full_like(group_values, -1),
-        count=g_count,
-        mean=g_mean,
-        std=g_std,
+        group_id=group_values[used_groups],
+        stratum=torch.full_like(group_values[used_groups], -1),
+        count=g_count[used_groups],
+        mean=g_mean[used_groups],
+        std=g_std[used_groups],
     )
+    used_cells = c_count > 0
+    keys = cell_keys[used_cells]
     cells = SegmentStats(
-        group_id=group_values[cell_keys // len(stratum_values)],
-        stratum=stratum_values[cell_keys % len(stratum_values)],
-        count=c_count,
-        mean=c_mean,
-        std=c_std,
+        group_id=group_values[keys // num_strata],
+        stratum=stratum_values[keys % num_strata],
+        count=c_count[used_cells],
+        mean=c_mean[used_cells],
+        std=c_std[used_cells],
     )
     return StratifiedAdvantages(
         advantages=advantages,

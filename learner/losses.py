@@ -96,7 +96,9 @@ def policy_loss(
         )
     if advantages.dim() == 1:
         if advantages.shape[0] != logprobs.shape[0]:
-            raise ValueError(f"advantages [B] has B={advantages.shape[0]}, logprobs has B={logprobs.shape[0]}")
+            raise ValueError(
+                f"advantages [B] has B={advantages.shape[0]}, logprobs has B={logprobs.shape[0]}"
+            )
         advantages = advantages.unsqueeze(-1)
     elif advantages.shape != logprobs.shape:
         raise ValueError(
@@ -151,7 +153,9 @@ def policy_loss(
     return total, metrics
 
 
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind = "k3") -> torch.Tensor:
+def kl_penalty(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind = "k3"
+) -> torch.Tensor:
     """Per-token KL estimate of the policy from the reference, from sampled-token log-probs.
 
     k1: log p - log q; k2: (log p - log q)^2 / 2; k3 ("low_var_kl"): exp(log q - log p) - (log q -

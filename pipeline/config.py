@@ -57,7 +57,9 @@ class TinyModel(Section):
     @model_validator(mode="after")
     def _heads_divide(self) -> TinyModel:
         if self.hidden_size % self.heads:
-            raise ValueError(f"hidden_size {self.hidden_size} must be divisible by heads {self.heads}")
+            raise ValueError(
+                f"hidden_size {self.hidden_size} must be divisible by heads {self.heads}"
+            )
         if self.heads % self.kv_heads:
             raise ValueError(f"heads {self.heads} must be divisible by kv_heads {self.kv_heads}")
         return self

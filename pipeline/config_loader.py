@@ -64,19 +64,21 @@ def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{p}: the top level must be a mapping of sections, got {type(data).__name__}")
+        raise ConfigError(
+            f"{p}: the top level must be a mapping of sections, got {type(data).__name__}"
+        )
     return data
 
 
-def _model_classes(annotation: Any) -> list[type[BaseModel]]:
+def model_classes(annotation: Any) -> list[type[BaseModel]]:
     """The pydantic models an annotation may hold (unwrapping Annotated, unions and Optional)."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
-        return _model_classes(typing.get_args(annotation)[0])
+        return model_classes(typing.get_args(annotation)[0])
     if origin in (typing.Union, types.UnionType):
-        return [m for arg in typing.get_args(annotation) for m in _model_classes(arg)]
+        return [m for arg in typing.get_args(annotation) for m in model_classes(arg)]
     return []
 
 
@@ -87,7 +89,7 @@ def _section_model(raw: dict[str, Any], parts: Sequence[str]) -> type[BaseModel]
     for part in parts:
         field = model.model_fields.get(part)
         node = node.get(part) if isinstance(node, dict) else None
-        candidates = _model_classes(field.annotation) if field else []
+        candidates = model_classes(field.annotation) if field else []
         if not candidates:
             return None
         chosen = candidates[0]
@@ -104,7 +106,7 @@ def _union_tags(model: type[BaseModel] = StrataConfig) -> set[str]:
     """Every `type` tag of every backend union in the schema (pydantic puts them into error locations)."""
     tags: set[str] = set()
     for field in model.model_fields.values():
-        members = _model_classes(field.annotation)
+        members = model_classes(field.annotation)
         for member in members:
             tag = member.model_fields.get("type")
             if len(members) > 1 and tag is not None and isinstance(tag.default, str):
@@ -121,9 +123,9 @@ def _dotted(raw: dict[str, Any], loc: Sequence[Any]) -> tuple[str, Any]:
     parts: list[str] = []
     node: Any = raw
     for part in loc:
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+        if (isinstance(node, dict) and part in node) or (
+            isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+        ):
             node = node[part]
         elif isinstance(node, dict) and part in _TAGS:
             continue  # a union's tag, not a key the user wrote
@@ -154,7 +156,9 @@ def _describe(error: dict[str, Any], raw: dict[str, Any], origin: str) -> str:
         return f"{origin}: unknown key '{dotted}'{hint}"
     if error["type"] == "union_tag_invalid":
         expected = error.get("ctx", {}).get("expected_tags", "")
-        return f"{origin}: {dotted}.type = {error.get('ctx', {}).get('tag')!r}: use one of {expected}"
+        return (
+            f"{origin}: {dotted}.type = {error.get('ctx', {}).get('tag')!r}: use one of {expected}"
+        )
     if error["type"] == "missing":
         return f"{origin}: {dotted} is required but missing"
     if not dotted:
@@ -174,7 +178,9 @@ def _names(key: str, dotted: str) -> bool:
     return leaf == "type" and dotted.startswith(section + ".")  # the override chose the backend
 
 
-def validate(raw: dict[str, Any], source: str, overrides: dict[str, str] | None = None) -> StrataConfig:
+def validate(
+    raw: dict[str, Any], source: str, overrides: dict[str, str] | None = None
+) -> StrataConfig:
     """Validate a raw mapping; the first problem becomes a one-line `ConfigError`."""
     overrides = overrides or {}
     try:

@@ -29,7 +29,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a dotted key, typed: --set learner.alpha=0.8 --set actors.tools=[search,python]",
     )
-    parser.add_argument("--run-dir", help="run directory (default: <runtime.runs_dir>/<config>-<time>)")
+    parser.add_argument(
+        "--run-dir", help="run directory (default: <runtime.runs_dir>/<config>-<time>)"
+    )
     parser.add_argument(
         "--dry-run", action="store_true", help="validate, print the resolved config as YAML, exit"
     )

@@ -20,8 +20,14 @@ def reference(rewards, group_ids, strata, alpha, eps):
             c_mean = sum(rewards[i] for i in cell) / len(cell)
             c_std = math.sqrt(sum((rewards[i] - c_mean) ** 2 for i in cell) / len(cell))
             for i in cell:
-                gn = (rewards[i] - mean) / (std + eps) if len(members) > 1 and std + eps > 0 else 0.0
-                san = (rewards[i] - c_mean) / (c_std + eps) if len(cell) > 1 and c_std + eps > 0 else 0.0
+                gn = (
+                    (rewards[i] - mean) / (std + eps) if len(members) > 1 and std + eps > 0 else 0.0
+                )
+                san = (
+                    (rewards[i] - c_mean) / (c_std + eps)
+                    if len(cell) > 1 and c_std + eps > 0
+                    else 0.0
+                )
                 out[i] = alpha * san + (1 - alpha) * gn
     return out
 
@@ -154,7 +160,10 @@ def test_independent_of_order_and_id_values(batch, alpha, rnd):
     )
     torch.testing.assert_close(shuffled, base[perm])
     relabelled = stratified_advantages(
-        t(rewards), ids([1_000_003 * g - 17 for g in groups]), ids([-9 * s + 5 for s in strata]), alpha
+        t(rewards),
+        ids([1_000_003 * g - 17 for g in groups]),
+        ids([-9 * s + 5 for s in strata]),
+        alpha,
     )
     torch.testing.assert_close(relabelled, base)
 
@@ -213,3 +222,34 @@ def test_constant_rewards_give_exactly_zero_in_float32():
     rewards = torch.full((8,), 0.1, dtype=torch.float32)
     got = stratified_advantages(rewards, ids([0] * 8), ids([0, 0, 0, 0, 1, 1, 1, 1]), eps=1e-6)
     assert got.abs().max().item() == 0.0
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        "dense",  # small id ranges: ids map by subtraction, cells over all (g, s) slots
+        "sparse",  # huge id values: torch.unique
+        "many_cells",  # many groups x many strata: cells compacted with torch.unique
+    ],
+)
+def test_every_id_layout_gives_the_papers_result(layout):
+    gen = torch.Generator().manual_seed(1)
+    n = 300
+    groups = torch.randint(0, 60, (n,), generator=gen)
+    strata = torch.randint(0, 4, (n,), generator=gen)
+    if layout == "sparse":
+        groups = groups * 10**15 - 7
+        strata = strata * -(10**12)
+    elif layout == "many_cells":
+        strata = torch.randint(0, 200, (n,), generator=gen)
+    rewards = torch.randint(0, 3, (n,), generator=gen).to(torch.float64)
+    stats = stratified_advantages_with_stats(rewards, groups, strata, alpha=0.7)
+    expected = reference(rewards.tolist(), groups.tolist(), strata.tolist(), 0.7, 1e-6)
+    torch.testing.assert_close(stats.advantages, t(expected))
+    # Statistics list exactly the occupied groups and cells.
+    assert stats.groups.count.sum().item() == n and (stats.groups.count > 0).all()
+    assert stats.cells.count.sum().item() == n and (stats.cells.count > 0).all()
+    pairs = set(zip(groups.tolist(), strata.tolist(), strict=True))
+    assert (
+        set(zip(stats.cells.group_id.tolist(), stats.cells.stratum.tolist(), strict=True)) == pairs
+    )

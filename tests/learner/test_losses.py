@@ -38,7 +38,9 @@ def test_ppo_clip_and_dual_clip_hand_computed():
 
 def test_asymmetric_clip():
     lp = logs([[1.5, 0.5]])
-    loss, _ = policy_loss(lp, zeros(1, 2), torch.tensor([1.0]), torch.ones(1, 2), clip_low=0.1, clip_high=0.3)
+    loss, _ = policy_loss(
+        lp, zeros(1, 2), torch.tensor([1.0]), torch.ones(1, 2), clip_low=0.1, clip_high=0.3
+    )
     # r=1.5 -> max(-1.5, -1.3) = -1.3; r=0.5 -> max(-0.5, -0.9) = -0.5
     assert loss.item() == pytest.approx((-1.3 - 0.5) / 2)
 
@@ -59,7 +61,9 @@ def test_masked_tokens_carry_no_loss_and_aggregations():
 def test_sequences_without_tokens_do_not_dilute_seq_means():
     lp = logs([[1.0, 1.0], [1.0, 1.0]])
     mask = torch.tensor([[1, 1], [0, 0]])
-    loss, _ = policy_loss(lp, zeros(2, 2), torch.tensor([1.0, 5.0]), mask, agg="seq-mean-token-mean")
+    loss, _ = policy_loss(
+        lp, zeros(2, 2), torch.tensor([1.0, 5.0]), mask, agg="seq-mean-token-mean"
+    )
     assert loss.item() == pytest.approx(-1.0)
 
 
@@ -78,7 +82,9 @@ def test_gradient_is_minus_advantage_times_ratio_inside_the_trust_region():
     loss, _ = policy_loss(lp, zeros(1, 2), torch.tensor([2.0]), torch.ones(1, 2))
     loss.backward()
     # d/dlp of -A * exp(lp - base) / n, n = 2.
-    torch.testing.assert_close(lp.grad, torch.tensor([[-2.0 * 1.1 / 2, -2.0 * 0.9 / 2]], dtype=torch.float64))
+    torch.testing.assert_close(
+        lp.grad, torch.tensor([[-2.0 * 1.1 / 2, -2.0 * 0.9 / 2]], dtype=torch.float64)
+    )
 
 
 def test_clipped_tokens_have_no_gradient():
@@ -103,8 +109,13 @@ def test_truncated_importance_sampling():
     prox = zeros(1, 3)  # ratio 1 to proximal everywhere: per-token loss -A = -1
     behav = logs([[1.0, 0.5, 0.25]])  # prox/behav weights 1, 2, 4 -> truncated at 1.5: 1, 1.5, 1.5
     loss, m = policy_loss(
-        lp, behav, torch.tensor([1.0]), torch.ones(1, 3),
-        proximal_logprobs=prox, importance="tis", is_cap=1.5,
+        lp,
+        behav,
+        torch.tensor([1.0]),
+        torch.ones(1, 3),
+        proximal_logprobs=prox,
+        importance="tis",
+        is_cap=1.5,
     )
     assert loss.item() == pytest.approx(-(1 + 1.5 + 1.5) / 3)
     assert m["importance_weight_max"] == pytest.approx(4.0)
@@ -174,6 +185,7 @@ def test_aggregate_rejects_unknown_mode():
 
 # ----------------------------------------------------------------------------------- KL
 
+
 def test_kl_estimators_hand_computed():
     lp = torch.tensor([math.log(0.5)], dtype=torch.float64)
     ref = torch.tensor([math.log(0.25)], dtype=torch.float64)
@@ -192,7 +204,10 @@ def test_k3_is_clamped_like_verl():
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.floats(-10, 0), min_size=1, max_size=20), st.lists(st.floats(-10, 0), min_size=1, max_size=20))
+@given(
+    st.lists(st.floats(-10, 0), min_size=1, max_size=20),
+    st.lists(st.floats(-10, 0), min_size=1, max_size=20),
+)
 def test_k2_and_k3_are_non_negative_and_zero_on_equal_policies(a, b):
     n = min(len(a), len(b))
     lp, ref = torch.tensor(a[:n], dtype=torch.float64), torch.tensor(b[:n], dtype=torch.float64)

@@ -3,7 +3,14 @@ import torch
 
 from learner.stratifiers import RandomStrata, ToolCallCount, ToolSignature, make_stratifier
 
-CALLS = [[], ["search"], ["search", "search"], ["python"], ["search", "python"], ["python", "search"]]
+CALLS = [
+    [],
+    ["search"],
+    ["search", "search"],
+    ["python"],
+    ["search", "python"],
+    ["python", "search"],
+]
 
 
 def test_tool_call_count_is_the_number_of_calls():
@@ -34,7 +41,9 @@ def test_random_strata_are_seeded_and_in_range():
 
 def test_make_stratifier_by_name():
     assert isinstance(make_stratifier("tool_calls"), ToolCallCount)
-    assert isinstance(make_stratifier("tool_signature", tools=["search"], max_calls=3), ToolSignature)
+    assert isinstance(
+        make_stratifier("tool_signature", tools=["search"], max_calls=3), ToolSignature
+    )
     assert make_stratifier("random", k=5).k == 5
     with pytest.raises(ValueError, match="unknown stratifier"):
         make_stratifier("turns")

@@ -5,7 +5,13 @@ import yaml
 from pydantic import BaseModel
 
 from pipeline.config import PretrainedModel, SGLangEngine, StrataConfig
-from pipeline.config_loader import ConfigError, dump_config, load_config, read_yaml
+from pipeline.config_loader import (
+    ConfigError,
+    dump_config,
+    load_config,
+    model_classes,
+    read_yaml,
+)
 from pipeline.overrides import OverrideError, apply_override, parse_override, parse_value
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -29,17 +35,18 @@ def test_the_recipes_say_what_the_paper_says():
     assert isinstance(gaia.actors.engine, SGLangEngine) and "Qwen3-8B" in gaia.model.path
     assert set(gaia.actors.tools) == {"search", "python"} and gaia.actors.reward == "gaia"
     local = load_config(CONFIGS / "local.yaml")
-    assert (local.model.type, local.actors.engine.type, local.runtime.type) == ("tiny", "embedded", "local")
+    assert (local.model.type, local.actors.engine.type, local.runtime.type) == (
+        "tiny",
+        "embedded",
+        "local",
+    )
 
 
 def _sections(model: type[BaseModel]):
     yield model
     for field in model.model_fields.values():
-        for arg in getattr(field.annotation, "__args__", ()) + (field.annotation,):
-            inner = getattr(arg, "__origin__", arg)
-            for candidate in getattr(arg, "__args__", ()) + (inner,):
-                if isinstance(candidate, type) and issubclass(candidate, BaseModel):
-                    yield from _sections(candidate)
+        for member in model_classes(field.annotation):
+            yield from _sections(member)
 
 
 def test_every_field_is_documented_and_extra_keys_are_forbidden():
@@ -87,10 +94,10 @@ def test_override_application():
     key, value = parse_override("learner.stratifier.type=random")
     apply_override(raw, key, value)
     assert raw == {"learner": {"alpha": 0.6, "stratifier": {"type": "random"}}}
-    with pytest.raises(OverrideError, match="'learner.alpha' is a value"):
+    with pytest.raises(OverrideError, match=r"'learner\.alpha' is a value"):
         apply_override(raw, "learner.alpha.low", 1)
     for bad in ["alpha", "=3", "learner..alpha=1", "learner.alpha"]:
-        with pytest.raises(OverrideError, match="dotted.key=value"):
+        with pytest.raises(OverrideError, match=r"dotted\.key=value"):
             parse_override(bad)
 
 
@@ -104,13 +111,37 @@ def test_yaml_reads_exponent_floats(tmp_path):
 @pytest.mark.parametrize(
     "text, overrides, expected",
     [
-        ("learner:\n  alpah: 0.5\n", [], "{p}: unknown key 'learner.alpah' (did you mean 'learner.alpha'?)"),
+        (
+            "learner:\n  alpah: 0.5\n",
+            [],
+            "{p}: unknown key 'learner.alpah' (did you mean 'learner.alpha'?)",
+        ),
         ("bogus: 1\n", [], "{p}: unknown key 'bogus' (valid keys: model, data, actors"),
-        ("learner:\n  alpha: 1.5\n", [], "{p}: learner.alpha = 1.5: input should be less than or equal to 1"),
-        ("", ["learner.alpha=-1"], "{p} (--set learner.alpha=-1): learner.alpha = -1: input should be greater"),
-        ("", ["actors.tools=[search,web]"], "actors.tools[1] = 'web': input should be 'search' or 'python'"),
-        ("", ["actors.engine.type=vllm"], "actors.engine.type = 'vllm': use one of 'embedded', 'sglang'"),
-        ("", ["actors.engine.type=sglang"], "(--set actors.engine.type=sglang): actors.engine.urls is required"),
+        (
+            "learner:\n  alpha: 1.5\n",
+            [],
+            "{p}: learner.alpha = 1.5: input should be less than or equal to 1",
+        ),
+        (
+            "",
+            ["learner.alpha=-1"],
+            "{p} (--set learner.alpha=-1): learner.alpha = -1: input should be greater",
+        ),
+        (
+            "",
+            ["actors.tools=[search,web]"],
+            "actors.tools[1] = 'web': input should be 'search' or 'python'",
+        ),
+        (
+            "",
+            ["actors.engine.type=vllm"],
+            "actors.engine.type = 'vllm': use one of 'embedded', 'sglang'",
+        ),
+        (
+            "",
+            ["actors.engine.type=sglang"],
+            "(--set actors.engine.type=sglang): actors.engine.urls is required",
+        ),
         ("model:\n  heads: 3\n", [], "{p}: model: hidden_size 128 must be divisible by heads 3"),
         ("learner:\n  eps: .nan\n", [], "learner.eps = nan: input should be a finite number"),
         ("learner: [1\n", [], "{p}:2:1: invalid YAML"),
@@ -136,5 +167,14 @@ def test_missing_config_file_names_the_path(tmp_path):
 
 def test_dump_holds_every_default():
     dumped = yaml.safe_load(dump_config(StrataConfig()))
-    assert set(dumped) == {"model", "data", "actors", "buffer", "learner", "retrieval", "runtime", "metrics"}
+    assert set(dumped) == {
+        "model",
+        "data",
+        "actors",
+        "buffer",
+        "learner",
+        "retrieval",
+        "runtime",
+        "metrics",
+    }
     assert dumped["learner"]["stratifier"] == {"type": "tool_calls", "k": 2, "seed": 0}

@@ -13,7 +13,10 @@ LOCAL = str(ROOT / "configs" / "local.yaml")
 
 def test_dry_run_prints_the_resolved_config_and_writes_nothing(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert main([LOCAL, "--dry-run", "--set", "learner.alpha=0.8", "--set", "actors.tools=[search]"]) == 0
+    assert (
+        main([LOCAL, "--dry-run", "--set", "learner.alpha=0.8", "--set", "actors.tools=[search]"])
+        == 0
+    )
     resolved = yaml.safe_load(capsys.readouterr().out)
     assert resolved["learner"]["alpha"] == 0.8 and resolved["actors"]["tools"] == ["search"]
     assert resolved["learner"]["eps"] == 1e-6  # defaults are spelled out
@@ -56,13 +59,19 @@ def test_bad_value_is_one_line_and_writes_nothing(tmp_path, capsys):
 def test_cli_as_a_user_runs_it(tmp_path):
     ok = subprocess.run(
         [sys.executable, "-m", "pipeline.launch", "configs/gaia.yaml", "--dry-run"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert ok.returncode == 0, ok.stderr
     assert yaml.safe_load(ok.stdout)["actors"]["engine"]["type"] == "sglang"
     bad = subprocess.run(
         [sys.executable, "-m", "pipeline.launch", str(tmp_path / "missing.yaml")],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert bad.returncode == 2
     assert bad.stderr.strip() == (
