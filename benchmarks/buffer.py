@@ -1,0 +1,137 @@
+"""GroupBuffer throughput, resident memory and Parquet spill speed, measured in one run.
+
+8 concurrent producers put trajectories of 1,000 tokens (10% tool observations) in groups of 8
+while one consumer takes complete groups with `next_group`.
+
+    python benchmarks/buffer.py [--groups 4000] [--tokens 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import tempfile
+import time
+import tracemalloc
+
+import numpy as np
+import pyarrow as pa
+
+from buffers.group_buffer import GroupBuffer
+from buffers.records import Trajectory
+from buffers.spill import ParquetSpill
+
+PRODUCERS = 8
+GROUP_SIZE = 8
+
+
+def make_trajectory(prompt: int, sample: int, tokens: int, rng: np.random.Generator) -> Trajectory:
+    mask = np.ones(tokens, np.int8)
+    mask[tokens // 2 : tokens // 2 + tokens // 10] = 0  # one tool observation
+    versions = np.where(mask == 1, 7, -1).astype(np.int32)
+    logprobs = np.where(mask == 1, -rng.random(tokens, dtype=np.float32), 0).astype(np.float32)
+    return Trajectory(
+        prompt_id=f"prompt-{prompt}",
+        sample_index=sample,
+        token_ids=rng.integers(0, 32000, tokens, dtype=np.int32),
+        loss_mask=mask,
+        behavior_logprobs=logprobs,
+        token_versions=versions,
+        reward=float(rng.random() < 0.5),
+        prompt_token_ids=rng.integers(0, 32000, 64, dtype=np.int32),
+        tool_names=["search"],
+        stratum=1,
+        data_source="bench",
+        question="what is the capital of the synthetic country?",
+        ground_truth=["answer"],
+        text="<search>q</search> ... <answer>answer</answer>",
+        actor_id="bench",
+    )
+
+
+async def throughput(trajectories: list[Trajectory], groups: int) -> float:
+    """Trajectories/s through put -> next_group with 8 producers and one consumer."""
+    buffer = GroupBuffer(GROUP_SIZE, max_staleness=2, max_groups_in_flight=256)
+
+    # Producer k delivers sample k of every prompt, so groups complete as producers interleave.
+    async def produce(k: int) -> None:
+        for prompt in range(groups):
+            await buffer.put(trajectories[prompt * GROUP_SIZE + k])
+
+    async def consume() -> None:
+        for _ in range(groups):
+            await buffer.next_group(current_version=7)
+
+    start = time.perf_counter()
+    await asyncio.gather(consume(), *(produce(k) for k in range(PRODUCERS)))
+    elapsed = time.perf_counter() - start
+    stats = buffer.stats()
+    assert stats.released == groups * GROUP_SIZE and stats.pending == 0, stats
+    return groups * GROUP_SIZE / elapsed
+
+
+async def resident(groups: int, tokens: int) -> tuple[int, int, int]:
+    """(bytes the buffer holds per its accounting, bytes measured, raw payload bytes) for `groups` groups."""
+    rng = np.random.default_rng(1)
+    buffer = GroupBuffer(GROUP_SIZE, max_staleness=2, max_groups_in_flight=groups + 1)
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0] + pa.total_allocated_bytes()
+    raw = 0
+    for prompt in range(groups):
+        for sample in range(GROUP_SIZE):
+            t = make_trajectory(prompt, sample, tokens, rng)
+            raw += t.nbytes
+            await buffer.put(t)
+            del t
+    gc.collect()
+    after = tracemalloc.get_traced_memory()[0] + pa.total_allocated_bytes()
+    tracemalloc.stop()
+    return buffer.stats().resident_bytes, after - before, raw
+
+
+def spill_speed(trajectories: list[Trajectory]) -> tuple[float, float, int]:
+    """(raw MB/s, files, on-disk bytes) writing every trajectory through ParquetSpill."""
+    raw = sum(t.nbytes for t in trajectories)
+    with tempfile.TemporaryDirectory() as tmp:
+        spill = ParquetSpill(tmp, rows_per_file=4096)
+        start = time.perf_counter()
+        for i in range(0, len(trajectories), GROUP_SIZE):
+            spill.append(trajectories[i : i + GROUP_SIZE], "released", 7)
+        spill.close()
+        elapsed = time.perf_counter() - start
+        return raw / elapsed / 1e6, spill.files_written, spill.bytes_written
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--groups", type=int, default=4000)
+    parser.add_argument("--tokens", type=int, default=1000)
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    trajectories = [
+        make_trajectory(p, s, args.tokens, rng)
+        for p in range(args.groups)
+        for s in range(GROUP_SIZE)
+    ]
+    rate = asyncio.run(throughput(trajectories, args.groups))
+    accounted, measured, raw = asyncio.run(resident(512, args.tokens))
+    mb_s, files, disk = spill_speed(trajectories)
+    n = len(trajectories)
+    print(
+        f"GroupBuffer, {PRODUCERS} producers, groups of {GROUP_SIZE}, {args.tokens} tokens/trajectory"
+    )
+    print(f"  put -> next_group : {rate:10,.0f} trajectories/s over {n:,} (target >= 50,000)")
+    print(
+        f"  resident memory  : {measured / raw:10.3f} x raw payload (measured {measured / 1e6:.1f} MB "
+        f"for {raw / 1e6:.1f} MB raw; buffer accounts {accounted / 1e6:.1f} MB; target <= 1.3)"
+    )
+    print(
+        f"  parquet spill    : {mb_s:10.1f} MB/s of raw payload, zstd, {files} files, "
+        f"{disk / 1e6:.1f} MB on disk for {sum(t.nbytes for t in trajectories) / 1e6:.1f} MB raw"
+    )
+
+
+if __name__ == "__main__":
+    main()
