@@ -15,39 +15,19 @@ import tempfile
 import time
 import tracemalloc
 
-import numpy as np
 import pyarrow as pa
 
 from buffers.group_buffer import GroupBuffer
 from buffers.records import Trajectory
 from buffers.spill import ParquetSpill
+from buffers.testing import synthetic_trajectory
 
 PRODUCERS = 8
 GROUP_SIZE = 8
 
 
-def make_trajectory(prompt: int, sample: int, tokens: int, rng: np.random.Generator) -> Trajectory:
-    mask = np.ones(tokens, np.int8)
-    mask[tokens // 2 : tokens // 2 + tokens // 10] = 0  # one tool observation
-    versions = np.where(mask == 1, 7, -1).astype(np.int32)
-    logprobs = np.where(mask == 1, -rng.random(tokens, dtype=np.float32), 0).astype(np.float32)
-    return Trajectory(
-        prompt_id=f"prompt-{prompt}",
-        sample_index=sample,
-        token_ids=rng.integers(0, 32000, tokens, dtype=np.int32),
-        loss_mask=mask,
-        behavior_logprobs=logprobs,
-        token_versions=versions,
-        reward=float(rng.random() < 0.5),
-        prompt_token_ids=rng.integers(0, 32000, 64, dtype=np.int32),
-        tool_names=["search"],
-        stratum=1,
-        data_source="bench",
-        question="what is the capital of the synthetic country?",
-        ground_truth=["answer"],
-        text="<search>q</search> ... <answer>answer</answer>",
-        actor_id="bench",
-    )
+def make_trajectory(prompt: int, sample: int, tokens: int) -> Trajectory:
+    return synthetic_trajectory(f"prompt-{prompt}", sample, tokens=tokens, version=7, seed=prompt)
 
 
 async def throughput(trajectories: list[Trajectory], groups: int) -> float:
@@ -73,7 +53,6 @@ async def throughput(trajectories: list[Trajectory], groups: int) -> float:
 
 async def resident(groups: int, tokens: int) -> tuple[int, int, int]:
     """(bytes the buffer holds per its accounting, bytes measured, raw payload bytes) for `groups` groups."""
-    rng = np.random.default_rng(1)
     buffer = GroupBuffer(GROUP_SIZE, max_staleness=2, max_groups_in_flight=groups + 1)
     gc.collect()
     tracemalloc.start()
@@ -81,7 +60,7 @@ async def resident(groups: int, tokens: int) -> tuple[int, int, int]:
     raw = 0
     for prompt in range(groups):
         for sample in range(GROUP_SIZE):
-            t = make_trajectory(prompt, sample, tokens, rng)
+            t = make_trajectory(prompt, sample, tokens)
             raw += t.nbytes
             await buffer.put(t)
             del t
@@ -109,11 +88,8 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=4000)
     parser.add_argument("--tokens", type=int, default=1000)
     args = parser.parse_args()
-    rng = np.random.default_rng(0)
     trajectories = [
-        make_trajectory(p, s, args.tokens, rng)
-        for p in range(args.groups)
-        for s in range(GROUP_SIZE)
+        make_trajectory(p, s, args.tokens) for p in range(args.groups) for s in range(GROUP_SIZE)
     ]
     rate = asyncio.run(throughput(trajectories, args.groups))
     accounted, measured, raw = asyncio.run(resident(512, args.tokens))

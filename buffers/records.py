@@ -77,7 +77,7 @@ class Trajectory:
     finish_reason: str = "stop"
     text: str = ""
     actor_id: str = ""
-    created_at: float = field(default_factory=time.time)  # Unix seconds; a UTC timestamp in Arrow
+    created_at: int = field(default_factory=lambda: time.time_ns() // 1000)  # µs since epoch, UTC
 
     def __post_init__(self) -> None:
         for name, dtype in _TOKEN_COLUMNS.items():
@@ -203,8 +203,7 @@ def to_arrow(trajectories: list[Trajectory]) -> pa.RecordBatch:
         "text": pa.array([x.text for x in t], pa.string()),
         "actor_id": pa.array([x.actor_id for x in t], pa.string()),
         "created_at": pa.array(
-            (np.fromiter((x.created_at for x in t), np.float64, len(t)) * 1e6).astype(np.int64),
-            pa.timestamp("us", tz="UTC"),
+            np.fromiter((x.created_at for x in t), np.int64, len(t)), pa.timestamp("us", tz="UTC")
         ),
     }
     for name in _TOKEN_COLUMNS:
@@ -236,8 +235,7 @@ def from_arrow(batch: pa.RecordBatch | pa.Table) -> list[Trajectory]:
         for name in TRAJECTORY_SCHEMA.names
         if name not in _TOKEN_COLUMNS and name not in derived
     }
-    micros = col["created_at"].cast(pa.int64()).to_numpy(zero_copy_only=False)
-    plain["created_at"] = (micros / 1e6).tolist()
+    plain["created_at"] = col["created_at"].cast(pa.int64()).to_pylist()
     return [
         Trajectory(
             **{name: values[i] for name, values in plain.items()},

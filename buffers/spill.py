@@ -54,12 +54,14 @@ class ParquetSpill:
         rows_per_file: int = 4096,
         flush_s: float = 30.0,
         compression: str = "zstd",
+        max_queued_files: int = 2,
     ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.rows_per_file = rows_per_file
         self.flush_s = flush_s
         self.compression = compression
+        self.max_queued_files = max_queued_files
         existing = [
             int(m.group(1)) for p in self.directory.iterdir() if (m := _PART.fullmatch(p.name))
         ]
@@ -90,10 +92,17 @@ class ParquetSpill:
             self.flush()
 
     def flush(self) -> None:
-        """Hand the accumulated rows to the writer thread (returns at once)."""
+        """Hand the accumulated rows to the writer thread.
+
+        Returns at once unless the writer is `max_queued_files` behind: then it waits for the
+        oldest write, so a disk slower than the producers bounds memory instead of growing it.
+        """
         self._raise_failed()
         if not self._rows:
             return
+        while len(self._writes) >= self.max_queued_files:
+            self._writes[0].exception()  # wait for the oldest write
+            self._raise_failed()
         rows, self._rows = self._rows, []
         path = self.directory / f"part-{self._next_seq:06d}.parquet"
         self._next_seq += 1

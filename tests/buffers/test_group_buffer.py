@@ -1,0 +1,287 @@
+import asyncio
+import random
+
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from buffers.group_buffer import GroupBuffer
+from buffers.records import InvalidTrajectory
+from buffers.spill import ParquetSpill
+from buffers.testing import synthetic_trajectory as traj
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def assert_accounting(buffer: GroupBuffer) -> None:
+    s = buffer.stats()
+    assert s.put == s.released + s.dropped_stale + s.abandoned + s.pending, s
+    for stratum, c in s.per_stratum.items():
+        assert c["put"] == c["released"] + c["dropped_stale"] + c["abandoned"] + c["pending"], (
+            stratum
+        )
+
+
+def test_interleaved_arrivals_release_each_group_when_complete():
+    async def scenario():
+        buffer = GroupBuffer(group_size=4, max_staleness=0, max_groups_in_flight=100)
+        arrivals = [(f"p{p}", i) for p in range(25) for i in range(4)]
+        random.Random(3).shuffle(arrivals)
+        completion = []
+        seen: dict[str, int] = {}
+        for prompt, i in arrivals:
+            await buffer.put(traj(prompt, i, tool_names=["search"] * (i % 3)))
+            seen[prompt] = seen.get(prompt, 0) + 1
+            if seen[prompt] == 4:
+                completion.append(prompt)
+            assert buffer.stats().ready_groups == len(completion)  # nothing consumed yet
+        released = [await buffer.next_group(current_version=0) for _ in range(25)]
+        assert [g.prompt_id for g in released] == completion  # first complete, first out
+        for group in released:
+            assert [t.sample_index for t in group.members] == [0, 1, 2, 3]
+            assert {t.prompt_id for t in group.members} == {group.prompt_id}
+        assert_accounting(buffer)
+        assert buffer.stats().released == 100 and buffer.stats().pending == 0
+
+    run(scenario())
+
+
+def test_next_group_waits_for_the_last_member():
+    async def scenario():
+        buffer = GroupBuffer(group_size=2, max_staleness=0)
+        await buffer.put(traj("a", 0))
+        waiter = asyncio.create_task(buffer.next_group(0))
+        await asyncio.sleep(0.01)
+        assert not waiter.done()
+        await buffer.put(traj("a", 1))
+        group = await asyncio.wait_for(waiter, 1.0)
+        assert group.prompt_id == "a"
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("eta", [0, 1, 3])
+def test_staleness_drop_at_exactly_eta_plus_one(eta, tmp_path):
+    async def scenario():
+        spill = ParquetSpill(tmp_path, rows_per_file=1000)
+        buffer = GroupBuffer(group_size=2, max_staleness=eta, spill=spill)
+        for prompt, version in [("old", 10), ("edge", 11), ("new", 12)]:
+            for i in range(2):
+                await buffer.put(traj(prompt, i, version=version))
+        # current 11 + eta: "old" (version 10) is eta + 1 behind -> dropped; "edge" is exactly eta.
+        current = 11 + eta
+        group = await buffer.next_group(current)
+        assert group.prompt_id == "edge"
+        assert (await buffer.next_group(current)).prompt_id == "new"
+        stats = await buffer.close()
+        assert (stats.dropped_stale, stats.released) == (2, 4)
+        table = pq.read_table(tmp_path)
+        rows = {(r["prompt_id"], r["status"], r["consumed_version"]) for r in table.to_pylist()}
+        assert rows == {
+            ("old", "dropped_stale", current),
+            ("edge", "released", current),
+            ("new", "released", current),
+        }
+
+    run(scenario())
+
+
+def test_mixed_version_group_is_as_old_as_its_oldest_token():
+    async def scenario():
+        buffer = GroupBuffer(group_size=2, max_staleness=1)
+        first = traj("a", 0, version=5)
+        first.token_versions[0] = 3  # the first tokens were sampled before a weight update
+        await buffer.put(first)
+        await buffer.put(traj("a", 1, version=5))
+        await buffer.put(traj("b", 0, version=5))
+        await buffer.put(traj("b", 1, version=5))
+        assert (await buffer.next_group(5)).prompt_id == "b"  # a is 2 behind: dropped
+        assert buffer.stats().dropped_stale == 2
+
+    run(scenario())
+
+
+def test_backpressure_blocks_new_groups_and_resumes():
+    async def scenario():
+        buffer = GroupBuffer(group_size=2, max_staleness=0, max_groups_in_flight=2)
+        await buffer.put(traj("a", 0))
+        await buffer.put(traj("b", 0))
+        blocked = asyncio.create_task(buffer.put(traj("c", 0)))
+        await asyncio.sleep(0.01)
+        assert not blocked.done()  # a third group would exceed the limit
+        await asyncio.wait_for(buffer.put(traj("a", 1)), 1.0)  # open groups always take members
+        await asyncio.sleep(0.01)
+        assert not blocked.done()  # "a" is complete but still held: still 2 in flight
+        assert (await buffer.next_group(0)).prompt_id == "a"
+        await asyncio.wait_for(blocked, 1.0)
+        assert buffer.stats().open_groups == 2
+        assert_accounting(buffer)
+
+    run(scenario())
+
+
+def test_backpressure_on_resident_bytes():
+    async def scenario():
+        one = traj("a", 0, tokens=100).nbytes
+        buffer = GroupBuffer(group_size=2, max_staleness=0, max_resident_bytes=one + 1)
+        await buffer.put(traj("a", 0, tokens=100))
+        await buffer.put(traj("b", 0, tokens=100))  # under the limit when it arrived
+        blocked = asyncio.create_task(buffer.put(traj("c", 0, tokens=100)))
+        await asyncio.sleep(0.01)
+        assert not blocked.done()
+        await buffer.put(traj("a", 1, tokens=100))
+        await buffer.put(traj("b", 1, tokens=100))
+        await buffer.next_group(0)
+        await asyncio.sleep(0.01)
+        assert not blocked.done()  # "b" still holds more than the limit
+        await buffer.next_group(0)
+        await asyncio.wait_for(blocked, 1.0)
+
+    run(scenario())
+
+
+def test_abandon_counts_spills_and_never_trains(tmp_path):
+    async def scenario():
+        spill = ParquetSpill(tmp_path)
+        buffer = GroupBuffer(group_size=3, max_staleness=0, max_groups_in_flight=1, spill=spill)
+        await buffer.put(traj("dead", 0))
+        await buffer.put(traj("dead", 1))
+        blocked = asyncio.create_task(buffer.put(traj("next", 0)))
+        await asyncio.sleep(0.01)
+        assert buffer.abandon("dead") == 2
+        await asyncio.wait_for(blocked, 1.0)  # abandoning freed the slot
+        assert buffer.abandon("dead") == 0
+        await buffer.put(traj("dead", 2))  # a straggler: kept as abandoned, never trained
+        for i in (1, 2):
+            await buffer.put(traj("next", i))
+        assert (await buffer.next_group(0)).prompt_id == "next"
+        stats = await buffer.close()
+        assert (stats.abandoned, stats.released, stats.pending) == (3, 3, 0)
+        statuses = pq.read_table(tmp_path).column("status").to_pylist()
+        assert sorted(statuses) == ["abandoned"] * 3 + ["released"] * 3
+
+    run(scenario())
+
+
+def test_group_timeout_abandons_while_the_learner_waits():
+    async def scenario():
+        buffer = GroupBuffer(group_size=2, max_staleness=0, group_timeout_s=0.05)
+        await buffer.put(traj("stuck", 0))
+        waiter = asyncio.create_task(buffer.next_group(0))
+        await asyncio.sleep(0.3)
+        assert buffer.stats().abandoned == 1 and buffer.stats().open_groups == 0
+        assert not waiter.done()
+        await buffer.put(traj("live", 0))
+        await buffer.put(traj("live", 1))
+        assert (await asyncio.wait_for(waiter, 1.0)).prompt_id == "live"
+
+    run(scenario())
+
+
+def test_timeout_with_a_fake_clock():
+    now = [0.0]
+    buffer = GroupBuffer(group_size=2, max_staleness=0, group_timeout_s=10, clock=lambda: now[0])
+
+    async def scenario():
+        await buffer.put(traj("a", 0))
+        now[0] = 5.0
+        await buffer.put(traj("b", 0))
+        now[0] = 10.0
+        assert buffer.expire_overdue() == 1  # only "a" is 10 s old
+        now[0] = 15.0
+        assert buffer.expire_overdue() == 1
+
+    run(scenario())
+    assert buffer.stats().abandoned == 2
+
+
+def test_bad_arrivals_are_rejected_and_lose_nothing():
+    async def scenario():
+        buffer = GroupBuffer(group_size=3, max_staleness=0)
+        await buffer.put(traj("a", 0, reward=0.5))
+        bad_length = traj("a", 1)
+        bad_length.loss_mask = bad_length.loss_mask[:-2]
+        bad_version = traj("a", 1)
+        bad_version.token_versions[0] = -7
+        for bad, message in [
+            (bad_length, "differ in length"),
+            (bad_version, "negative policy version"),
+            (traj("a", 0), "duplicate"),
+            (traj("a", 3), "sample_index must be < group_size 3"),
+        ]:
+            with pytest.raises(InvalidTrajectory, match=message):
+                await buffer.put(bad)
+        assert buffer.stats().rejected == 4 and buffer.stats().pending == 1
+        await buffer.put(traj("a", 1, reward=1.5))
+        await buffer.put(traj("a", 2, reward=2.5))
+        group = await buffer.next_group(0)
+        assert group.rewards.tolist() == [0.5, 1.5, 2.5]  # the first arrival survived intact
+        with pytest.raises(InvalidTrajectory, match="already complete"):
+            await buffer.put(traj("a", 1))
+        assert buffer.stats().rejected == 5
+        assert_accounting(buffer)
+
+    run(scenario())
+
+
+def test_close_spills_what_is_still_held(tmp_path):
+    async def scenario():
+        buffer = GroupBuffer(group_size=2, max_staleness=0, spill=ParquetSpill(tmp_path))
+        await buffer.put(traj("open", 0))
+        await buffer.put(traj("ready", 0))
+        await buffer.put(traj("ready", 1))
+        stats = await buffer.close()
+        assert stats.pending == 3
+        assert pq.read_table(tmp_path).column("status").to_pylist() == ["pending"] * 3
+
+    run(scenario())
+
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("put"),
+            st.integers(0, 5),
+            st.integers(0, 3),
+            st.integers(0, 2),
+            st.integers(0, 4),
+        ),
+        st.tuples(st.just("bad"), st.integers(0, 5), st.integers(0, 3), st.just(0), st.just(0)),
+        st.tuples(st.just("take"), st.integers(0, 6), st.just(0), st.just(0), st.just(0)),
+        st.tuples(st.just("abandon"), st.integers(0, 5), st.just(0), st.just(0), st.just(0)),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(operations)
+def test_accounting_identity_under_random_interleavings(ops):
+    async def scenario():
+        buffer = GroupBuffer(group_size=3, max_staleness=1, max_groups_in_flight=1000)
+        for op, a, b, c, d in ops:
+            if op == "put":
+                try:
+                    await buffer.put(
+                        traj(f"p{a}", b % 3 if d else b, version=c, tool_names=["search"] * c)
+                    )
+                except InvalidTrajectory:
+                    pass
+            elif op == "bad":
+                t = traj(f"p{a}", b % 3)
+                t.behavior_logprobs[0] = float("nan")
+                with pytest.raises(InvalidTrajectory):
+                    await buffer.put(t)
+            elif op == "take" and buffer.stats().ready_groups:
+                try:
+                    await asyncio.wait_for(buffer.next_group(a), 0.01)
+                except TimeoutError:
+                    pass  # every ready group was stale and dropped
+            elif op == "abandon":
+                buffer.abandon(f"p{a}")
+            assert_accounting(buffer)
+
+    run(scenario())

@@ -1,0 +1,107 @@
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from buffers.records import (
+    TRAJECTORY_SCHEMA,
+    Group,
+    InvalidTrajectory,
+    Trajectory,
+    from_arrow,
+    to_arrow,
+)
+from buffers.testing import synthetic_trajectory
+
+TOKEN_FIELDS = ("prompt_token_ids", "token_ids", "loss_mask", "behavior_logprobs", "token_versions")
+PLAIN_FIELDS = (
+    "prompt_id", "sample_index", "data_source", "question", "ground_truth", "tool_names", "stratum",
+    "reward", "finish_reason", "text", "actor_id", "created_at", "policy_version", "num_tool_calls",
+)  # fmt: skip
+
+
+def assert_same(a, b):
+    for name in TOKEN_FIELDS:
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype and np.array_equal(x, y), name
+    for name in PLAIN_FIELDS:
+        assert getattr(a, name) == getattr(b, name), name
+
+
+def test_arrow_round_trip_is_exact():
+    trajectories = [
+        synthetic_trajectory(
+            "p", 0, tokens=50, version=3, reward=0.25, tool_names=["search", "python"]
+        ),
+        synthetic_trajectory("p", 1, tokens=1, tool_names=[], reward=-1.5),
+        synthetic_trajectory("q", 0, tokens=700, version=11, tool_names=["search"] * 3),
+    ]
+    batch = to_arrow(trajectories)
+    assert batch.schema == TRAJECTORY_SCHEMA
+    assert batch.column("token_ids").type == pa.list_(pa.int32())  # list columns, not Python lists
+    assert batch.column("policy_version").to_pylist() == [3, 0, 11]
+    assert batch.column("num_tool_calls").to_pylist() == [2, 0, 3]
+    back = from_arrow(batch)
+    for a, b in zip(trajectories, back, strict=True):
+        assert_same(a, b)
+    # Through a table and Parquet-like chunking too.
+    table = pa.Table.from_batches([batch.slice(0, 1), batch.slice(1)])
+    for a, b in zip(trajectories, from_arrow(table), strict=True):
+        assert_same(a, b)
+
+
+def test_policy_version_is_the_oldest_generated_token():
+    assert synthetic_trajectory("p", 0, tokens=20, version=9).policy_version == 9
+    mixed = synthetic_trajectory("p", 0, tokens=20, version=9)
+    mixed.token_versions[0] = 4  # weights changed mid-trajectory: first tokens are older
+    assert mixed.policy_version == 4
+
+
+@pytest.mark.parametrize(
+    "breakage, message",
+    [
+        (lambda t: setattr(t, "loss_mask", t.loss_mask[:-1]), "differ in length"),
+        (lambda t: setattr(t, "behavior_logprobs", t.behavior_logprobs[1:]), "differ in length"),
+        (lambda t: t.token_versions.__setitem__(0, -3), "negative policy version -3"),
+        (lambda t: t.token_versions.__setitem__(0, -1), "token_versions must be >= 0"),
+        (
+            lambda t: t.token_versions.__setitem__(np.flatnonzero(t.loss_mask == 0)[0], 5),
+            "-1 on observations",
+        ),
+        (lambda t: t.loss_mask.__setitem__(0, 2), "other than 0 and 1"),
+        (lambda t: t.loss_mask.__setitem__(0, -1), "other than 0 and 1"),
+        (lambda t: t.loss_mask.__setitem__(slice(None), 0), "no token was generated"),
+        (lambda t: t.behavior_logprobs.__setitem__(0, np.nan), "finite and <= 0"),
+        (lambda t: t.behavior_logprobs.__setitem__(0, -np.inf), "finite and <= 0"),
+        (lambda t: t.behavior_logprobs.__setitem__(0, 0.5), "finite and <= 0"),
+        (lambda t: setattr(t, "reward", float("nan")), "not finite"),
+        (lambda t: setattr(t, "prompt_id", ""), "empty prompt_id"),
+        (lambda t: setattr(t, "sample_index", -1), "negative sample_index"),
+    ],
+)
+def test_validate_names_the_broken_invariant(breakage, message):
+    t = synthetic_trajectory("p", 0, tokens=30)
+    t.validate()
+    breakage(t)
+    with pytest.raises(InvalidTrajectory, match=message):
+        t.validate()
+
+
+def test_lists_become_typed_arrays():
+    t = synthetic_trajectory("p", 0)
+    u = Trajectory(
+        prompt_id="p", sample_index=0, token_ids=[1, 2], loss_mask=[1, 1],
+        behavior_logprobs=[-0.5, -0.25], token_versions=[0, 0], reward=1.0,
+    )  # fmt: skip
+    assert u.token_ids.dtype == np.int32 and u.loss_mask.dtype == np.int8
+    u.validate()
+    assert t.nbytes > t.token_ids.nbytes
+
+
+def test_group_views_and_lazy_batch():
+    members = tuple(synthetic_trajectory("g", i, reward=float(i), version=5 + i) for i in range(3))
+    group = Group("g", members)
+    assert group.size == 3 and group.policy_version == 5
+    assert group.rewards.tolist() == [0.0, 1.0, 2.0]
+    assert group.batch.num_rows == 3 and group.batch is group.batch
+    for a, b in zip(members, from_arrow(group.batch), strict=True):
+        assert_same(a, b)
