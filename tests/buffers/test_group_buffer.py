@@ -1,4 +1,5 @@
 import asyncio
+import contextlib
 import random
 
 import pyarrow.parquet as pq
@@ -264,22 +265,19 @@ def test_accounting_identity_under_random_interleavings(ops):
         buffer = GroupBuffer(group_size=3, max_staleness=1, max_groups_in_flight=1000)
         for op, a, b, c, d in ops:
             if op == "put":
-                try:
+                with contextlib.suppress(InvalidTrajectory):
                     await buffer.put(
                         traj(f"p{a}", b % 3 if d else b, version=c, tool_names=["search"] * c)
                     )
-                except InvalidTrajectory:
-                    pass
             elif op == "bad":
                 t = traj(f"p{a}", b % 3)
                 t.behavior_logprobs[0] = float("nan")
                 with pytest.raises(InvalidTrajectory):
                     await buffer.put(t)
             elif op == "take" and buffer.stats().ready_groups:
-                try:
+                # Times out when every ready group was stale and got dropped.
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(buffer.next_group(a), 0.01)
-                except TimeoutError:
-                    pass  # every ready group was stale and dropped
             elif op == "abandon":
                 buffer.abandon(f"p{a}")
             assert_accounting(buffer)
