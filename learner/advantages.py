@@ -40,9 +40,10 @@ class StratifiedAdvantages:
     global_centered: torch.Tensor  # R_i - mean_g: the paper's unnormalised A_G
     groups: SegmentStats
     cells: SegmentStats
+    cell_index: torch.Tensor  # int64 [N]: row of `cells` that each trajectory belongs to
 
 
-def _segment_stats(
+def segment_stats(
     values: torch.Tensor, segment: torch.Tensor, num_segments: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Count, mean and population std of `values` per dense segment id (two-pass for accuracy).
@@ -138,8 +139,8 @@ def stratified_advantages_with_stats(
     else:
         cell_keys, c = torch.unique(cell, return_inverse=True)
 
-    g_count, g_mean, g_std = _segment_stats(rewards, g, len(group_values))
-    c_count, c_mean, c_std = _segment_stats(rewards, c, len(cell_keys))
+    g_count, g_mean, g_std = segment_stats(rewards, g, len(group_values))
+    c_count, c_mean, c_std = segment_stats(rewards, c, len(cell_keys))
 
     global_centered = rewards - g_mean[g]
     stratified_centered = rewards - c_mean[c]
@@ -172,6 +173,7 @@ def stratified_advantages_with_stats(
         global_centered=global_centered,
         groups=groups,
         cells=cells,
+        cell_index=(torch.cumsum(used_cells, 0) - 1)[c],
     )
 
 

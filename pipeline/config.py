@@ -187,6 +187,8 @@ class BufferConfig(Section):
     """Append every trajectory (trained, dropped, abandoned) to run_dir/trajectories/*.parquet."""
     spill_rows_per_file: int = Field(4096, ge=1, le=10_000_000)
     """Rows per rolling Parquet file."""
+    spill_flush_s: float = Field(30.0, gt=0, le=86400)
+    """Write a (smaller) file when the oldest unwritten row is this old: a crash loses at most this much."""
 
 
 # -------------------------------------------------------------------------------------- learner

@@ -1,0 +1,47 @@
+"""Per-stratum summaries of a batch: the quantities of the paper's Figures 2-3, as plain floats."""
+
+from __future__ import annotations
+
+import torch
+
+from learner.advantages import StratifiedAdvantages, segment_stats
+
+
+def in_stratum_variance(result: StratifiedAdvantages, values: torch.Tensor) -> torch.Tensor:
+    """Population variance of `values` inside each (group, stratum) cell, one entry per cell.
+
+    With `values = result.advantages` this is the paper's in-stratum advantage variance (pure SAN
+    gives 1 in every cell with spread, Theorem 4); cells of one trajectory give 0.
+    """
+    _, _, std = segment_stats(values, result.cell_index, len(result.cells.count))
+    return std * std
+
+
+def stratum_summary(
+    result: StratifiedAdvantages,
+    rewards: torch.Tensor,
+    strata: torch.Tensor,
+    extra: dict[str, torch.Tensor] | None = None,
+) -> dict[int, dict[str, float]]:
+    """For each stratum: trajectory count, mean reward, mean advantage, the mean in-stratum advantage
+    variance over its cells whose rewards vary (NaN if none: a cell of equal rewards carries no
+    signal and would only pull the mean towards 0), and the mean of every `extra` column (NaNs
+    ignored)."""
+    rewards = rewards.to(torch.float64)
+    cell_var = in_stratum_variance(result, result.advantages.to(torch.float64))
+    summary: dict[int, dict[str, float]] = {}
+    for value in torch.unique(strata).tolist():
+        rows = strata == value
+        cells = (result.cells.stratum == value) & (result.cells.count >= 2) & (result.cells.std > 0)
+        entry = {
+            "count": float(rows.sum().item()),
+            "mean_reward": rewards[rows].mean().item(),
+            "mean_advantage": result.advantages[rows].to(torch.float64).mean().item(),
+            "in_stratum_adv_var": cell_var[cells].mean().item() if cells.any() else float("nan"),
+        }
+        for name, column in (extra or {}).items():
+            picked = column[rows].to(torch.float64)
+            picked = picked[~torch.isnan(picked)]
+            entry[name] = picked.mean().item() if picked.numel() else float("nan")
+        summary[int(value)] = entry
+    return summary

@@ -1,0 +1,28 @@
+import asyncio
+
+import pyarrow.parquet as pq
+
+from buffers.testing import synthetic_trajectory as traj
+from pipeline.components import make_buffer
+from pipeline.config import BufferConfig
+
+
+def test_buffer_from_config_spills_into_the_run_dir(tmp_path):
+    config = BufferConfig(group_size=2, max_staleness=1, max_groups_in_flight=3, max_resident_mb=2)
+
+    async def scenario():
+        buffer = make_buffer(config, tmp_path)
+        assert (buffer.group_size, buffer.max_staleness, buffer.max_groups_in_flight) == (2, 1, 3)
+        assert buffer.max_resident_bytes == 2 * 1024 * 1024
+        await buffer.put(traj("a", 0))
+        await buffer.put(traj("a", 1))
+        await buffer.next_group(0)
+        await buffer.close()
+
+    asyncio.run(scenario())
+    assert pq.read_table(tmp_path / "trajectories").num_rows == 2
+
+
+def test_no_spill_when_disabled(tmp_path):
+    buffer = make_buffer(BufferConfig(spill=False), tmp_path)
+    assert buffer.spill is None and not (tmp_path / "trajectories").exists()
