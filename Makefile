@@ -33,6 +33,7 @@ format: setup
 
 bench: setup
 	$(PY) benchmarks/advantages.py
+	$(PY) benchmarks/buffer.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
