@@ -1,0 +1,213 @@
+"""Question loaders: the bundled world, hand-made Search-R1 and GAIA files, and every bad case
+failing with one line that names the file, the row or line, and the field."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.datasets import (
+    DatasetError,
+    Question,
+    load_gaia,
+    load_questions,
+    load_search_r1,
+    load_world,
+)
+from retrieval.world import build_world, write_world
+
+
+@pytest.fixture(scope="module")
+def world_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("world") / "small"
+    write_world(build_world(11, "small"), out)
+    return out
+
+
+def search_r1_row(i, target=("Paris",), **overrides):
+    row = {
+        "id": f"q{i}",
+        "question": f"What is the capital of country {i}?",
+        "golden_answers": ["Paris"],
+        "data_source": "nq",
+        "prompt": [{"role": "user", "content": f"Answer. Question: capital {i}?"}],
+        "ability": "fact-reasoning",
+        "reward_model": {"style": "rule", "ground_truth": {"target": target}},
+        "extra_info": {"split": "train", "index": i},
+    }
+    row.update(overrides)
+    return row
+
+
+def write_parquet(path, rows, schema=None):
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+    return path
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def gaia_row(i, level=1, answer="42", **overrides):
+    row = {"task_id": f"t{i}", "Question": f"How many {i}?", "Level": level, "Final answer": answer}
+    row.update(overrides, file_name="")
+    return row
+
+
+def test_world_round_trips(world_dir):
+    train, test = load_world(world_dir)
+    tables = [pq.read_table(world_dir / f"{s}.parquet").to_pylist() for s in ("train", "test")]
+    for questions, rows in zip((train, test), tables, strict=True):
+        assert [q.id for q in questions] == [r["id"] for r in rows]
+        for q, r in zip(questions, rows, strict=True):
+            assert q.ground_truth == tuple(r["golden_answers"]) and q.question == r["question"]
+            assert q.level == r["extra_info"]["level"] and q.data_source == f"minigaia_l{q.level}"
+            assert q.prompt == tuple(r["prompt"]) and q.prompt[0]["role"] == "user"
+            assert q.extra["gold_doc_ids"] == r["extra_info"]["gold_doc_ids"]
+            assert "level" not in q.extra and q.extra["ability"] == "fact-reasoning"
+    assert {q.level for q in train} == {q.level for q in test} == {1, 2, 3}
+    assert load_questions(world_dir / "test.parquet") == test
+
+
+def test_world_gaia_metadata_matches_its_test_split(world_dir):
+    _, test = load_world(world_dir)
+    gaia = load_questions(world_dir / "metadata.jsonl")
+    assert [(q.id, q.ground_truth[0], q.level) for q in gaia] == [
+        (q.id, q.ground_truth[0], q.level) for q in test
+    ]
+    assert gaia[0].data_source == f"gaia_l{gaia[0].level}" and gaia[0].prompt == ()
+
+
+def test_incomplete_world_says_how_to_build_it(tmp_path):
+    (tmp_path / "train.parquet").write_bytes(b"")
+    with pytest.raises(DatasetError, match=r"not a complete world: .* python -m retrieval\.world"):
+        load_world(tmp_path)
+
+
+def test_search_r1_target_as_list_and_as_plain_string(tmp_path):
+    as_list = load_search_r1(
+        write_parquet(tmp_path / "l.parquet", [search_r1_row(0, ["Paris", "paris"])])
+    )
+    assert as_list == [
+        Question(
+            id="q0",
+            question="What is the capital of country 0?",
+            ground_truth=("Paris", "paris"),
+            data_source="nq",
+            level=None,
+            prompt=({"role": "user", "content": "Answer. Question: capital 0?"},),
+            extra={"split": "train", "index": 0, "ability": "fact-reasoning"},
+        )
+    ]
+    as_string = load_search_r1(write_parquet(tmp_path / "s.parquet", [search_r1_row(0, "Paris")]))
+    assert as_string[0].ground_truth == ("Paris",)
+
+
+def test_search_r1_fallbacks(tmp_path):
+    rows = [search_r1_row(i, golden_answers=[f"a{i}"]) for i in range(2)]
+    for row in rows:
+        del row["reward_model"], row["question"], row["id"]
+    (q0, q1) = load_search_r1(write_parquet(tmp_path / "f.parquet", rows))
+    assert q0.ground_truth == ("a0",) and q1.ground_truth == ("a1",)
+    assert q0.question == "Answer. Question: capital 0?"  # the last user message
+    assert (q0.id, q1.id) == ("0", "1")  # extra_info.index
+    for row in rows:
+        del row["extra_info"]
+    ids = [q.id for q in load_search_r1(write_parquet(tmp_path / "nq_train.parquet", rows))]
+    assert ids == ["nq_train-0", "nq_train-1"]
+
+
+def test_gaia_level_as_int_and_as_string(tmp_path):
+    path = write_jsonl(tmp_path / "metadata.jsonl", [gaia_row(0, 1), "", gaia_row(1, "3")])
+    q0, q1 = load_gaia(path)
+    assert load_questions(path) == [q0, q1]
+    assert (q0.level, q0.data_source, q0.ground_truth) == (1, "gaia_l1", ("42",))
+    assert (q1.level, q1.data_source, q1.id) == (3, "gaia_l3", "t1")
+    assert q1.extra == {"file_name": ""}
+
+
+def bad_missing_column(tmp_path):
+    rows = [search_r1_row(i) for i in range(3)]
+    for row in rows:
+        del row["data_source"]
+    return write_parquet(tmp_path / "d.parquet", rows), "all 3 rows", "data_source"
+
+
+def bad_null_ground_truth(tmp_path):
+    rows = [search_r1_row(0), search_r1_row(1, target=None)]
+    return write_parquet(tmp_path / "d.parquet", rows), "row 1", "reward_model.ground_truth.target"
+
+
+def bad_empty_ground_truth(tmp_path):
+    rows = [search_r1_row(0), search_r1_row(1), search_r1_row(2, target=[""])]
+    return write_parquet(tmp_path / "d.parquet", rows), "row 2", "reward_model.ground_truth.target"
+
+
+def bad_question_type(tmp_path):
+    return (
+        write_parquet(tmp_path / "d.parquet", [search_r1_row(0, question=7)]),
+        "row 0",
+        "question",
+    )
+
+
+def bad_duplicate_id(tmp_path):
+    rows = [search_r1_row(0), search_r1_row(1), search_r1_row(2, id="q0")]
+    return write_parquet(tmp_path / "d.parquet", rows), "rows 0 and 2", "id"
+
+
+def bad_json_line(tmp_path):
+    path = write_jsonl(tmp_path / "m.jsonl", [gaia_row(0), '{"task_id": "t1", ', gaia_row(2)])
+    return path, "line 2", "invalid JSON"
+
+
+def bad_missing_final_answer(tmp_path):
+    rows = [gaia_row(0), "", gaia_row(1, answer="")]
+    return write_jsonl(tmp_path / "m.jsonl", rows), "line 3", "Final answer"
+
+
+def bad_gaia_level(tmp_path):
+    return write_jsonl(tmp_path / "m.jsonl", [gaia_row(0, level="hard")]), "line 1", "Level"
+
+
+def bad_gaia_duplicate(tmp_path):
+    rows = [gaia_row(0), "", gaia_row(1), gaia_row(0)]
+    return write_jsonl(tmp_path / "m.jsonl", rows), "lines 1 and 4", "task_id"
+
+
+def bad_not_parquet(tmp_path):
+    path = tmp_path / "d.parquet"
+    path.write_text("id,question\n1,hello\n")
+    return path, "not a readable Parquet file", ""
+
+
+def bad_unknown_suffix(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text("id,question\n")
+    return path, "unknown question file type '.csv'", ""
+
+
+def bad_missing_file(tmp_path):
+    return tmp_path / "absent.jsonl", "no such file", ""
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        bad_missing_column, bad_null_ground_truth, bad_empty_ground_truth, bad_question_type,
+        bad_duplicate_id, bad_json_line, bad_missing_final_answer, bad_gaia_level,
+        bad_gaia_duplicate, bad_not_parquet, bad_unknown_suffix, bad_missing_file,
+    ],
+)  # fmt: skip
+def test_bad_files_fail_with_one_line_naming_file_place_and_field(tmp_path, make):
+    path, place, name = make(tmp_path)
+    with pytest.raises(DatasetError) as caught:
+        load_questions(path)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"{path}: ")
+    assert place in message
+    if name and name != "invalid JSON":
+        assert f"field '{name}'" in message
+    assert name in message
