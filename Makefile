@@ -34,6 +34,8 @@ format: setup
 bench: setup
 	$(PY) benchmarks/advantages.py
 	$(PY) benchmarks/buffer.py
+	$(PY) benchmarks/retrieval_server.py
+	$(PY) benchmarks/engine.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -59,7 +59,9 @@ class EmbeddedEngine:
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike[str], **kwargs: object) -> EmbeddedEngine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(
             path, local_files_only=True, dtype=torch.float32

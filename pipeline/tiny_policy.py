@@ -68,6 +68,9 @@ def build_tiny_policy(
     """Train the tokenizer, initialise the model, save both as an HF directory (atomically)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
     tokenizer = train_tokenizer(texts, vocab_size)
     config = Qwen2Config(

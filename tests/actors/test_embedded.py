@@ -1,0 +1,175 @@
+import asyncio
+
+import pytest
+import torch
+
+from actors.embedded import EmbeddedEngine
+from actors.engine import EngineError, SamplingParams
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.fixture
+def engine(tiny_policy_dir):
+    return EmbeddedEngine.from_pretrained(tiny_policy_dir, max_batch_size=8, seed=1)
+
+
+def steer(engine, script_ids=(), ban_ids=()):
+    """Force the real model's next tokens: step k of a single-row wave emits script_ids[k]; banned
+    ids never win. The model, its KV cache and the sampling code stay real."""
+    state = {"step": 0}
+
+    def hook(module, inputs, output):
+        logits = output.logits
+        for token in ban_ids:
+            logits[..., token] = -1e9
+        if state["step"] < len(script_ids):
+            logits[:, -1, script_ids[state["step"]]] = 1e9
+        state["step"] += 1
+        return output
+
+    return engine.model.register_forward_hook(hook)
+
+
+def test_logprobs_and_lengths_match_a_full_forward(engine):
+    tok = engine.tokenizer
+    prompt = tok.encode("Question 3: where was Varno Telik born?")
+    out = run(engine.generate(prompt, SamplingParams(max_new_tokens=24)))
+    assert len(out.token_ids) == len(out.logprobs) == len(out.versions) > 0
+    assert set(out.versions) == {0}
+    with torch.no_grad():
+        full = torch.log_softmax(
+            engine.model(torch.tensor([prompt + out.token_ids])).logits[0].float(), -1
+        )
+    expected = [full[len(prompt) - 1 + i, t].item() for i, t in enumerate(out.token_ids)]
+    assert out.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+def test_batched_greedy_equals_one_at_a_time(engine, tiny_policy_dir):
+    tok = engine.tokenizer
+    prompts = [tok.encode("x " * n + "where") for n in range(1, 9)]
+    params = SamplingParams(temperature=0.0, max_new_tokens=16)
+
+    async def batched():
+        return await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+
+    together = run(batched())
+    assert engine.waves == 1  # all eight concurrent requests went through one wave
+    alone = EmbeddedEngine.from_pretrained(tiny_policy_dir, max_batch_size=1)
+    for prompt, joint in zip(prompts, together, strict=True):
+        single = run(alone.generate(prompt, params))
+        assert single.token_ids == joint.token_ids
+        assert single.logprobs == pytest.approx(joint.logprobs, abs=1e-4)
+
+
+def test_stop_strings_end_the_turn_and_are_kept(engine):
+    tok = engine.tokenizer
+    script = tok.encode("<think> hm </think><search> Varno Telik </search> extra words")
+    handle = steer(engine, script)
+    try:
+        out = run(
+            engine.generate(
+                tok.encode("Q:"), SamplingParams(max_new_tokens=40, stop=("</search>", "</answer>"))
+            )
+        )
+    finally:
+        handle.remove()
+    text = tok.decode(out.token_ids)
+    assert (out.finish_reason, out.stop) == ("stop", "</search>")
+    assert text.endswith("</search>") and "extra" not in text
+
+
+def test_eos_and_length(engine):
+    tok = engine.tokenizer
+    handle = steer(engine, [tok.encode("a")[0], tok.eos_token_id])
+    try:
+        out = run(engine.generate(tok.encode("Q:"), SamplingParams(max_new_tokens=40)))
+    finally:
+        handle.remove()
+    assert (
+        out.finish_reason == "stop"
+        and out.token_ids[-1] == tok.eos_token_id
+        and len(out.token_ids) == 2
+    )
+    handle = steer(engine, ban_ids=engine._end_ids)
+    try:
+        out = run(engine.generate(tok.encode("Q:"), SamplingParams(max_new_tokens=7)))
+    finally:
+        handle.remove()
+    assert out.finish_reason == "length" and len(out.token_ids) == 7
+
+
+def test_weights_change_between_decode_steps(engine):
+    tok = engine.tokenizer
+    handle = steer(engine, ban_ids=engine._end_ids)
+    new_weights = {k: v + 0.01 * torch.randn_like(v) for k, v in engine.model.state_dict().items()}
+
+    async def scenario():
+        task = asyncio.create_task(
+            engine.generate(tok.encode("Q:"), SamplingParams(max_new_tokens=300))
+        )
+        while engine.generated_tokens < 20:
+            await asyncio.sleep(0.001)
+        await engine.update_weights(1, state_dict=new_weights)
+        assert engine.version == 1
+        return await task
+
+    try:
+        out = run(scenario())
+    finally:
+        handle.remove()
+    switch = out.versions.index(1)
+    assert 0 < switch < len(out.versions)
+    assert out.versions == [0] * switch + [1] * (
+        len(out.versions) - switch
+    )  # one trajectory, two versions
+    torch.testing.assert_close(
+        engine.model.state_dict()["model.norm.weight"], new_weights["model.norm.weight"]
+    )
+
+
+def test_weights_from_an_hf_checkpoint(engine, tmp_path):
+    tok = engine.tokenizer
+    engine.model.save_pretrained(tmp_path / "v5")
+    run(engine.update_weights(5, path=str(tmp_path / "v5")))
+    assert (
+        run(engine.generate(tok.encode("Q:"), SamplingParams(max_new_tokens=3))).versions
+        == [5, 5, 5][:3]
+    )
+    with pytest.raises(ValueError, match="do not fit the model"):
+        run(engine.update_weights(6, state_dict={"nonsense.weight": torch.zeros(1)}))
+    assert engine.version == 5
+
+
+def test_cancelled_requests_leave_the_others_alone(engine):
+    tok = engine.tokenizer
+    handle = steer(engine, ban_ids=engine._end_ids)
+
+    async def scenario():
+        params = SamplingParams(max_new_tokens=60)
+        doomed = asyncio.create_task(engine.generate(tok.encode("A"), params))
+        survivor = asyncio.create_task(engine.generate(tok.encode("B"), params))
+        while engine.generated_tokens < 10:
+            await asyncio.sleep(0.001)
+        doomed.cancel()
+        result = await survivor
+        with pytest.raises(asyncio.CancelledError):
+            await doomed
+        again = await engine.generate(tok.encode("C"), SamplingParams(max_new_tokens=5))
+        return result, again
+
+    try:
+        result, again = run(scenario())
+    finally:
+        handle.remove()
+    assert len(result.token_ids) == 60 and len(again.token_ids) == 5
+
+
+def test_prompts_at_the_position_limit_and_empty_prompts(engine):
+    limit = engine.model.config.max_position_embeddings
+    out = run(engine.generate([5] * limit, SamplingParams(max_new_tokens=10)))
+    assert (out.token_ids, out.finish_reason) == ([], "length")
+    with pytest.raises(EngineError, match="empty prompt"):
+        run(engine.generate([], SamplingParams()))
