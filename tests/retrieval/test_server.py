@@ -119,3 +119,47 @@ def test_a_failing_search_is_a_500_not_a_dead_server():
             assert r.status == 200 and (await r.json()) == {"result": [[]]}
 
     with_server(flaky, scenario)
+
+
+def test_the_server_cli_serves_an_index_on_loopback(index_dir):
+    import subprocess
+    import sys
+    import urllib.request
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "retrieval.server", "--index", str(index_dir), "--port", "0"],
+        cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("serving ") and "http://127.0.0.1:" in line, proc.stderr.read()
+        url = line.split()[-1]
+        with urllib.request.urlopen(f"{url}/health", timeout=30) as response:
+            assert json.loads(response.read())["passages"] == 40
+        request = urllib.request.Request(
+            f"{url}/retrieve",
+            data=json.dumps({"queries": ["figs"], "topk": 1}).encode(),
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert json.loads(response.read())["result"][0][0]["id"] == "city-5"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_the_server_cli_refuses_a_missing_index(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "retrieval.server", "--index", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert (
+        done.returncode == 2
+        and "not an index directory" in done.stderr
+        and "Traceback" not in done.stderr
+    )
