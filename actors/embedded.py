@@ -42,7 +42,8 @@ class EmbeddedEngine:
         self._version = version
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self._queue: deque[_Request] = deque()
-        self._wakeup = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="strata-engine"
@@ -86,7 +87,10 @@ class EmbeddedEngine:
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         if not prompt_ids:
             raise EngineError("empty prompt")
-        request = _Request(list(prompt_ids), params, asyncio.get_running_loop().create_future())
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # first use, or reused from another event loop (tests do)
+            self._loop, self._wakeup, self._worker = loop, asyncio.Event(), None
+        request = _Request(list(prompt_ids), params, loop.create_future())
         self._queue.append(request)
         self._wakeup.set()
         if self._worker is None or self._worker.done():
@@ -119,7 +123,7 @@ class EmbeddedEngine:
         await asyncio.wrap_future(done)
 
     async def close(self) -> None:
-        if self._worker is not None:
+        if self._worker is not None and self._loop is asyncio.get_running_loop():
             self._worker.cancel()
             await asyncio.gather(self._worker, return_exceptions=True)
         self._executor.shutdown(wait=True)

@@ -182,6 +182,9 @@ class GroupBuffer:
         Returns how many members it had (0 if the prompt has no open group)."""
         group = self._open.pop(prompt_id, None)
         if group is None:
+            if prompt_id not in self._closed:
+                # No member has arrived yet: its siblings still may, and must count as abandoned.
+                self._remember(prompt_id, "abandoned")
             return 0
         self._leave(tuple(group.members.values()), "abandoned", consumed_version=-1)
         self._remember(prompt_id, "abandoned")

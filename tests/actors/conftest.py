@@ -15,3 +15,22 @@ TEXTS = [
 @pytest.fixture(scope="session")
 def tiny_policy_dir(tmp_path_factory):
     return build_tiny_policy(tmp_path_factory.mktemp("policy") / "tiny", TEXTS, vocab_size=600)
+
+
+@pytest.fixture(scope="session")
+def world_index(tmp_path_factory):
+    """The small mini-GAIA world, indexed with the real MiniLM encoder: (index, search function)."""
+    import os
+
+    from retrieval.build import build
+    from retrieval.encoders import load_encoder
+    from retrieval.index import PassageIndex
+    from retrieval.server import index_search
+    from retrieval.world import build_world, write_world
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    root = tmp_path_factory.mktemp("world")
+    write_world(build_world(seed=0, size="small"), root / "world")
+    build(str(root / "world" / "corpus.jsonl"), str(root / "index"), quiet=True)
+    index = PassageIndex.load(root / "index")
+    return index, index_search(index, load_encoder(index.meta.encoder).encode_queries)

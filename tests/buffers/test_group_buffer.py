@@ -167,6 +167,18 @@ def test_abandon_counts_spills_and_never_trains(tmp_path):
     run(scenario())
 
 
+def test_abandoning_before_any_member_arrived_catches_the_stragglers():
+    async def scenario():
+        buffer = GroupBuffer(group_size=2, max_staleness=0)
+        assert buffer.abandon("early") == 0  # its first member's actor died before putting anything
+        await buffer.put(traj("early", 1))
+        stats = buffer.stats()
+        assert (stats.abandoned, stats.pending, stats.open_groups) == (1, 0, 0)
+        assert_accounting(buffer)
+
+    run(scenario())
+
+
 def test_group_timeout_abandons_while_the_learner_waits():
     async def scenario():
         buffer = GroupBuffer(group_size=2, max_staleness=0, group_timeout_s=0.05)

@@ -1,0 +1,216 @@
+"""The multi-turn tool-calling agent loop, token-in/token-out.
+
+A trajectory is the prompt ids, then turns of generated ids (loss_mask 1, with the engine's
+behaviour log-probs and versions) and tool observations appended as ids (loss_mask 0). Generated
+text is decoded to find the action but never re-tokenised: the ids stay the truth. How often
+decode-then-encode would have given other ids is measured (`retokenize_drift`).
+
+Each turn ends at `</search>`, `</python>` or `</answer>` (kept in the output). An answer ends the
+trajectory; a well-formed tool call gets its observation; anything else (no closed tag, an
+empty or unknown action, a tool not enabled) gets Search-R1's corrective observation, counted.
+The last turn may only answer.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from actors.engine import Generation, RolloutEngine, SamplingParams
+from actors.rewards import score
+from actors.tools import Tool, ToolStats, call_tool
+from buffers.records import Trajectory
+
+SEARCH_INSTRUCTION = (
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first every "
+    "time you get new information. After reasoning, if you find you lack some knowledge, you can call "
+    "a search engine by <search> query </search> and it will return the top searched results between "
+    "<information> and </information>. You can search as many times as your want. If you find no "
+    "further external knowledge needed, you can directly provide the answer inside <answer> and "
+    "</answer>, without detailed illustrations. For example, <answer> Beijing </answer>."
+)
+PYTHON_INSTRUCTION = (
+    " You can also run Python code by <python> code </python>; what it prints is returned between "
+    "<output> and </output>."
+)
+CORRECTION = (
+    "\nMy previous action is invalid. If I want to search, I should put the query between <search> "
+    "and </search>. If I want to give the final answer, I should put the answer between <answer> and "
+    "</answer>. Let me try again.\n"
+)
+_ACTION_CLOSE = {"search": "</search>", "python": "</python>", "answer": "</answer>"}
+
+
+class TaskLike(Protocol):
+    """What the loop needs of a question (pipeline.datasets.Question satisfies it)."""
+
+    id: str
+    question: str
+    ground_truth: tuple[str, ...]
+    data_source: str
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    max_turns: int = 4
+    max_new_tokens_per_turn: int = 128
+    max_response_tokens: int = 512
+    max_observation_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    reward: str | None = None  # None: chosen per data_source
+    format_weight: float = 0.0
+
+
+@dataclass
+class AgentStats:
+    trajectories: int = 0
+    turns: int = 0
+    invalid_actions: int = 0
+    retokenize_drift: int = 0  # trajectories whose decode->encode differs from the ids
+    finish: Counter = field(default_factory=Counter)
+    tools: ToolStats = field(default_factory=ToolStats)
+
+
+def instruction(tools: dict[str, Tool]) -> str:
+    return SEARCH_INSTRUCTION + (PYTHON_INSTRUCTION if "python" in tools else "")
+
+
+def parse_action(text: str, generation: Generation) -> tuple[str, str] | None:
+    """(action, argument) of a turn that ended at a closing tag, else None (an invalid action).
+
+    The argument is what follows the last opening tag before the closing one, so nested or
+    repeated opening tags resolve to the innermost text.
+    """
+    if generation.finish_reason != "stop" or generation.stop is None:
+        return None
+    action = next((a for a, close in _ACTION_CLOSE.items() if close == generation.stop), None)
+    if action is None:
+        return None
+    end = text.rfind(generation.stop)
+    start = text.rfind(f"<{action}>", 0, end)
+    if start < 0:
+        return None
+    return action, text[start + len(action) + 2 : end].strip()
+
+
+class AgentLoop:
+    def __init__(self, engine: RolloutEngine, tokenizer, tools: dict[str, Tool], settings: AgentSettings,
+                 actor_id: str = "actor-0") -> None:  # fmt: skip
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.tools = tools
+        self.settings = settings
+        self.actor_id = actor_id
+        self.stats = AgentStats()
+        # Stop on every action, enabled or not: a call to a missing tool is corrected at once.
+        self._stops = tuple(_ACTION_CLOSE.values())
+
+    def prompt_ids(self, task: TaskLike) -> list[int]:
+        messages = [
+            {"role": "user", "content": f"{instruction(self.tools)} Question: {task.question}\n"}
+        ]
+        if getattr(self.tokenizer, "chat_template", None):
+            text = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False
+            )
+        else:
+            text = messages[0]["content"]
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _observation_ids(self, open_tag: str, body: str, close_tag: str) -> list[int]:
+        """`\\n\\n<tag>body</tag>\\n\\n` as ids, the body cut to max_observation_tokens."""
+        body_ids = self.tokenizer.encode(body, add_special_tokens=False)[
+            : self.settings.max_observation_tokens
+        ]
+        encode = self.tokenizer.encode
+        return (
+            encode(f"\n\n{open_tag}", add_special_tokens=False)
+            + body_ids
+            + encode(f"{close_tag}\n\n", add_special_tokens=False)
+        )
+
+    async def run(self, task: TaskLike, prompt_id: str, sample_index: int) -> Trajectory:
+        """One trajectory; raises EngineError if the engine fails (the caller counts an abort)."""
+        s = self.settings
+        prompt = self.prompt_ids(task)
+        ids: list[int] = []
+        mask: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        generated_text: list[str] = []
+        tool_names: list[str] = []
+        finish = "no_answer"
+        for turn in range(s.max_turns + 1):
+            budget = min(s.max_new_tokens_per_turn, s.max_response_tokens - len(ids))
+            if budget <= 0:
+                finish = "length"
+                break
+            final = turn == s.max_turns
+            params = SamplingParams(
+                s.temperature, s.top_p, budget, ("</answer>",) if final else self._stops
+            )
+            generation = await self.engine.generate(prompt + ids, params)
+            self.stats.turns += 1
+            ids += generation.token_ids
+            mask += [1] * len(generation.token_ids)
+            logprobs += generation.logprobs
+            versions += generation.versions
+            text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=False)
+            generated_text.append(text)
+            if generation.finish_reason == "abort":
+                finish = "abort"
+                break
+            action = parse_action(text, generation)
+            if action is not None and action[0] == "answer":
+                finish = "answer"
+                break
+            if final:
+                finish = "no_answer"
+                break
+            tool = self.tools.get(action[0]) if action is not None and action[1] else None
+            if tool is not None:
+                tool_names.append(tool.name)
+                result = await call_tool(tool, action[1], self.stats.tools)
+                observation = self._observation_ids(tool.open_tag, result.text, tool.close_tag)
+            else:
+                self.stats.invalid_actions += 1
+                observation = self.tokenizer.encode(CORRECTION, add_special_tokens=False)
+            room = s.max_response_tokens - len(ids)
+            observation = observation[:room]
+            ids += observation
+            mask += [0] * len(observation)
+            logprobs += [0.0] * len(observation)
+            versions += [-1] * len(observation)
+        response = "".join(generated_text)
+        self._count(finish, ids, mask)
+        reward = score(
+            response, list(task.ground_truth), task.data_source, s.reward, s.format_weight
+        )
+        return Trajectory(
+            prompt_id=prompt_id,
+            sample_index=sample_index,
+            token_ids=ids,
+            loss_mask=mask,
+            behavior_logprobs=logprobs,
+            token_versions=versions,
+            reward=float(reward),
+            prompt_token_ids=prompt,
+            tool_names=tool_names,
+            stratum=len(tool_names),
+            data_source=task.data_source,
+            question=task.question,
+            ground_truth=list(task.ground_truth),
+            finish_reason=finish,
+            text=self.tokenizer.decode(ids, skip_special_tokens=False),
+            actor_id=self.actor_id,
+        )
+
+    def _count(self, finish: str, ids: list[int], mask: list[int]) -> None:
+        self.stats.trajectories += 1
+        self.stats.finish[finish] += 1
+        generated = [t for t, m in zip(ids, mask, strict=True) if m]
+        text = self.tokenizer.decode(generated, skip_special_tokens=False)
+        if self.tokenizer.encode(text, add_special_tokens=False) != generated:
+            self.stats.retokenize_drift += 1

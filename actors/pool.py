@@ -1,0 +1,123 @@
+"""Actor pool: `concurrency` agent loops sampling `group_size` trajectories per prompt into the buffer.
+
+Admission control bounds staleness before any token is generated (AReaL's rule): with the learner
+at version v, consuming `groups_per_step` groups per step, a new group may start only while
+
+    groups started <= (η + v + 1) * groups_per_step
+
+so no group can be older than η versions when its turn comes. A group, once started, always runs
+all its members to the end: the slow ones (many tool calls) are the strata the paper cares about
+most, so they are never cut short to make room. A member that fails (engine error) is counted and
+its group abandoned in the buffer; the pool goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from actors.agent import AgentLoop, TaskLike
+from actors.engine import EngineError
+from buffers.records import InvalidTrajectory, Trajectory
+
+
+class TrajectorySink(Protocol):
+    """What the pool needs of the buffer."""
+
+    async def put(self, trajectory: Trajectory) -> None: ...
+
+    def abandon(self, prompt_id: str) -> int: ...
+
+
+@dataclass
+class PoolStats:
+    groups_started: int = 0
+    trajectories: int = 0
+    aborted: int = 0
+    rejected: int = 0
+    admission_waits: int = 0
+
+
+class ActorPool:
+    def __init__(
+        self,
+        agent: AgentLoop,
+        sink: TrajectorySink,
+        tasks: Iterable[TaskLike],
+        *,
+        group_size: int,
+        concurrency: int,
+        max_staleness: int,
+        groups_per_step: int,
+        learner_version: Callable[[], int],
+        name: str = "pool-0",
+    ) -> None:
+        self.agent = agent
+        self.sink = sink
+        self._tasks: Iterator[TaskLike] = iter(tasks)
+        self.group_size = group_size
+        self.max_staleness = max_staleness
+        self.groups_per_step = groups_per_step
+        self.learner_version = learner_version
+        self.name = name
+        self._slots = asyncio.Semaphore(concurrency)
+        self._version_changed = asyncio.Event()
+        self._running: set[asyncio.Task] = set()
+        self._serial = itertools.count()
+        self.stats = PoolStats()
+
+    def admitted(self) -> bool:
+        """AReaL's staleness rule for starting one more group."""
+        limit = (self.max_staleness + self.learner_version() + 1) * self.groups_per_step
+        return self.stats.groups_started + 1 <= limit
+
+    def notify_version(self) -> None:
+        """Call when the learner publishes a new version: waiting admissions re-check."""
+        self._version_changed.set()
+
+    async def run(self, max_groups: int | None = None) -> PoolStats:
+        """Start groups until the tasks (or `max_groups`) run out, then wait for all members."""
+        try:
+            for started in itertools.count():
+                if max_groups is not None and started >= max_groups:
+                    break
+                task = next(self._tasks, None)
+                if task is None:
+                    break
+                while not self.admitted():
+                    self.stats.admission_waits += 1
+                    self._version_changed.clear()
+                    await self._version_changed.wait()
+                await self._start_group(task)
+            if self._running:
+                await asyncio.gather(*self._running)
+        finally:
+            for member in list(self._running):
+                member.cancel()
+        return self.stats
+
+    async def _start_group(self, task: TaskLike) -> None:
+        prompt_id = f"{task.id}@{self.name}:{next(self._serial)}"  # unique even when a task repeats
+        self.stats.groups_started += 1
+        for index in range(self.group_size):
+            await self._slots.acquire()  # in order: a group's members start before the next group's
+            member = asyncio.create_task(self._member(task, prompt_id, index))
+            self._running.add(member)
+            member.add_done_callback(self._running.discard)
+
+    async def _member(self, task: TaskLike, prompt_id: str, index: int) -> None:
+        try:
+            trajectory = await self.agent.run(task, prompt_id, index)
+            await self.sink.put(trajectory)
+            self.stats.trajectories += 1
+        except EngineError:
+            self.stats.aborted += 1
+            self.sink.abandon(prompt_id)
+        except InvalidTrajectory:
+            self.stats.rejected += 1
+            self.sink.abandon(prompt_id)
+        finally:
+            self._slots.release()

@@ -1,0 +1,120 @@
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+
+from actors.agent import AgentLoop, AgentSettings
+from actors.embedded import EmbeddedEngine
+from actors.engine import EngineError
+from actors.pool import ActorPool
+from buffers.group_buffer import GroupBuffer
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    question: str = "Where was Varno Telik born?"
+    ground_truth: tuple[str, ...] = ("Quorvex",)
+    data_source: str = "minigaia_l1"
+
+
+class Flaky:
+    """The real engine, failing chosen calls the way a dead server does, or slowing a prompt down."""
+
+    def __init__(self, engine, fail_calls=(), slow_prompt_len=None, delay=0.0):
+        self.engine, self.fail_calls, self.calls = engine, set(fail_calls), 0
+        self.slow_prompt_len, self.delay = slow_prompt_len, delay
+
+    @property
+    def version(self):
+        return self.engine.version
+
+    async def generate(self, prompt_ids, params):
+        self.calls += 1
+        if self.calls in self.fail_calls:
+            raise EngineError("server 127.0.0.1:30000 died")
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        return await self.engine.generate(prompt_ids, params)
+
+
+@pytest.fixture
+def engine(tiny_policy_dir):
+    return EmbeddedEngine.from_pretrained(tiny_policy_dir, max_batch_size=8)
+
+
+def make_pool(engine, buffer, tasks, version=lambda: 100, **kw):
+    loop = AgentLoop(
+        engine, engine.tokenizer, {}, AgentSettings(max_turns=1, max_new_tokens_per_turn=4)
+    )
+    options = dict(
+        group_size=3, concurrency=4, max_staleness=1, groups_per_step=2, learner_version=version
+    )
+    options.update(kw)
+    return ActorPool(loop, buffer, tasks, **options)
+
+
+def test_groups_of_every_prompt_reach_the_buffer(engine):
+    async def scenario():
+        buffer = GroupBuffer(group_size=3, max_staleness=1000)
+        pool = make_pool(engine, buffer, [Task(f"t{i}") for i in range(5)])
+        stats = await pool.run()
+        groups = [await buffer.next_group(0) for _ in range(5)]
+        return stats, groups, buffer.stats()
+
+    stats, groups, buffer_stats = asyncio.run(scenario())
+    assert (stats.groups_started, stats.trajectories, stats.aborted) == (5, 15, 0)
+    assert sorted(g.prompt_id.split("@")[0] for g in groups) == [f"t{i}" for i in range(5)]
+    assert all(sorted(t.sample_index for t in g.members) == [0, 1, 2] for g in groups)
+    assert buffer_stats.released == 15 and buffer_stats.pending == 0
+
+
+def test_admission_control_bounds_staleness(engine):
+    version = {"v": 0}
+
+    async def scenario():
+        buffer = GroupBuffer(group_size=3, max_staleness=1000)
+        pool = make_pool(
+            engine, buffer, [Task(f"t{i}") for i in range(20)], version=lambda: version["v"]
+        )
+        runner = asyncio.create_task(pool.run())
+        await asyncio.sleep(0.5)
+        first = pool.stats.groups_started  # (eta + v + 1) * groups_per_step = (1 + 0 + 1) * 2
+        waits = pool.stats.admission_waits
+        version["v"] = 1
+        pool.notify_version()
+        await asyncio.sleep(0.5)
+        second = pool.stats.groups_started
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+        return first, waits, second
+
+    first, waits, second = asyncio.run(scenario())
+    assert (first, second) == (4, 6) and waits >= 1
+
+
+def test_an_engine_failure_aborts_one_member_and_abandons_its_group(engine):
+    async def scenario():
+        buffer = GroupBuffer(group_size=3, max_staleness=1000)
+        pool = make_pool(engine, buffer, [Task("a"), Task("b")], concurrency=1)
+        pool.agent.engine = Flaky(engine, fail_calls={2})
+        stats = await pool.run()
+        released = await buffer.next_group(0)
+        return stats, released, buffer.stats()
+
+    stats, released, buffer_stats = asyncio.run(scenario())
+    assert (stats.aborted, stats.trajectories) == (1, 5)
+    assert released.prompt_id.startswith("b@")  # group "a" lost a member and was abandoned
+    assert buffer_stats.abandoned == 2 and buffer_stats.released == 3 and buffer_stats.pending == 0
+
+
+def test_slow_members_are_never_cut_short(engine):
+    async def scenario():
+        buffer = GroupBuffer(group_size=3, max_staleness=1000)
+        pool = make_pool(engine, buffer, [Task("slow"), Task("fast")], concurrency=2)
+        pool.agent.engine = Flaky(engine, delay=0.2)
+        stats = await pool.run()
+        return stats, [await buffer.next_group(0) for _ in range(2)]
+
+    stats, groups = asyncio.run(scenario())
+    assert stats.trajectories == 6 and all(g.size == 3 for g in groups)
