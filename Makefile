@@ -6,9 +6,20 @@ CONSTRAINTS ?= constraints/cpu.txt
 STAMP := $(VENV)/.strata-installed
 CONFIG ?= configs/local.yaml
 
-.PHONY: setup run test lint format bench clean
+.PHONY: setup system-deps run test lint format bench clean
 
-setup: $(STAMP)
+setup: $(STAMP) system-deps
+
+# bubblewrap isolates the agent's python tool (no network, read-only filesystem, own pids).
+# Installed when we are root with apt; otherwise the sandbox falls back to rlimits and says so.
+system-deps:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null \
+	      || echo "warning: could not install bubblewrap: the python tool will run with rlimits only"; \
+	  else \
+	    echo "note: bubblewrap (bwrap) is missing: install it for the python tool's full sandbox"; \
+	  fi; }
 
 # Re-installs only when the dependency list or the pin changes; a venv left half-made by an
 # interrupted install has no stamp, so the next `make setup` finishes it.
