@@ -5,9 +5,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from actors.agent import AgentSettings
+from actors.engine import RolloutEngine
+from actors.tools import Tool
 from buffers.group_buffer import GroupBuffer
 from buffers.spill import ParquetSpill
-from pipeline.config import BufferConfig
+from pipeline.config import ActorsConfig, BufferConfig, RetrievalConfig
+from pipeline.config import SGLangEngine as SGLangEngineConfig
 
 
 def make_buffer(config: BufferConfig, run_dir: str | os.PathLike[str]) -> GroupBuffer:
@@ -26,4 +30,52 @@ def make_buffer(config: BufferConfig, run_dir: str | os.PathLike[str]) -> GroupB
         max_resident_bytes=config.max_resident_mb * 1024 * 1024,
         group_timeout_s=config.group_timeout_s,
         spill=spill,
+    )
+
+
+def make_engine(
+    config: ActorsConfig, model_path: str | os.PathLike[str], seed: int = 0
+) -> RolloutEngine:
+    """The generation backend `actors.engine` names, serving the policy at `model_path`."""
+    engine = config.engine
+    if isinstance(engine, SGLangEngineConfig):
+        from actors.remote import SGLangEngine
+
+        return SGLangEngine(list(engine.urls), timeout_s=engine.timeout_s)
+    from actors.embedded import EmbeddedEngine
+
+    return EmbeddedEngine.from_pretrained(
+        model_path, max_batch_size=engine.max_batch_size, seed=seed
+    )
+
+
+def make_tools(
+    config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None
+) -> dict[str, Tool]:
+    """The agent's tools: search through the retrieval server at `search_url`, python in the sandbox."""
+    from actors.tools import PythonTool, SearchTool
+    from retrieval.client import RetrievalClient
+
+    tools: dict[str, Tool] = {}
+    if "search" in config.tools:
+        if search_url is None:
+            raise ValueError("the search tool is enabled but no retrieval server URL is known")
+        client = RetrievalClient(search_url, topk=retrieval.topk, timeout_s=retrieval.timeout_s)
+        tools["search"] = SearchTool(client, topk=retrieval.topk)
+    if "python" in config.tools:
+        tools["python"] = PythonTool(
+            timeout_s=config.python_timeout_s, memory_mb=config.python_memory_mb
+        )
+    return tools
+
+
+def agent_settings(config: ActorsConfig) -> AgentSettings:
+    return AgentSettings(
+        max_turns=config.max_turns,
+        max_new_tokens_per_turn=config.max_new_tokens_per_turn,
+        max_response_tokens=config.max_response_tokens,
+        max_observation_tokens=config.max_observation_tokens,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        reward=config.reward,
     )

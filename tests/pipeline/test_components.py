@@ -1,6 +1,7 @@
 import asyncio
 
 import pyarrow.parquet as pq
+import pytest
 
 from buffers.testing import synthetic_trajectory as traj
 from pipeline.components import make_buffer
@@ -26,3 +27,24 @@ def test_buffer_from_config_spills_into_the_run_dir(tmp_path):
 def test_no_spill_when_disabled(tmp_path):
     buffer = make_buffer(BufferConfig(spill=False), tmp_path)
     assert buffer.spill is None and not (tmp_path / "trajectories").exists()
+
+
+def test_actor_side_from_config(tmp_path):
+    from actors.remote import SGLangEngine
+    from actors.tools import PythonTool, SearchTool
+    from pipeline.components import agent_settings, make_engine, make_tools
+    from pipeline.config import ActorsConfig, RetrievalConfig
+
+    actors = ActorsConfig(
+        engine={"type": "sglang", "urls": ["http://127.0.0.1:30000"]}, tools=["search", "python"]
+    )
+    assert isinstance(make_engine(actors, tmp_path), SGLangEngine)
+    tools = make_tools(actors, RetrievalConfig(topk=5), "http://127.0.0.1:8000")
+    assert isinstance(tools["search"], SearchTool) and tools["search"].topk == 5
+    assert (
+        isinstance(tools["python"], PythonTool)
+        and tools["python"].timeout_s == actors.python_timeout_s
+    )
+    assert agent_settings(actors).max_turns == actors.max_turns
+    with pytest.raises(ValueError, match="no retrieval server URL"):
+        make_tools(actors, RetrievalConfig(), None)
