@@ -166,6 +166,15 @@ def _command(
     # The code's files live in a size-capped tmpfs rather than on the host disk, which no rlimit
     # caps (RLIMIT_FSIZE bounds one file, not how many); the script itself is mounted read-only.
     args += ["--tmpfs", "/tmp", "--chdir", SANDBOX_DIR]
+    # A virtualenv under /tmp (a CI checkout, say) would vanish under that tmpfs: show it again.
+    # bwrap would create the directories leading to it 0700, closed to the throwaway uid: make
+    # them 0755 first.
+    for path in sorted({sys.prefix, os.path.dirname(os.path.abspath(sys.executable))}):
+        if path.startswith("/tmp/"):
+            parts = path.strip("/").split("/")
+            for depth in range(2, len(parts)):
+                args += ["--perms", "0755", "--dir", "/" + "/".join(parts[:depth])]
+            args += ["--ro-bind", path, path]
     args += ["--perms", "0777", "--size", str(_SCRATCH_MB * 2**20), "--tmpfs", SANDBOX_DIR]
     args += ["--ro-bind", os.path.join(workdir, "main.py"), f"{SANDBOX_DIR}/main.py"]
     args += ["--dev", "/dev", "--proc", "/proc", "--unshare-net", "--unshare-pid"]

@@ -11,7 +11,14 @@ from actors import sandbox
 from actors.sandbox import run_python, sandbox_mode
 
 MODE = sandbox_mode()
-needs_bwrap = pytest.mark.skipif(MODE != "bwrap", reason="bubblewrap cannot run here")
+# Skip only where bubblewrap is not installed: installed but unable to run is a failure to see.
+needs_bwrap = pytest.mark.skipif(sandbox.find_bwrap() is None, reason="bubblewrap is not installed")
+
+
+def test_an_installed_bubblewrap_is_used():
+    if sandbox.find_bwrap() is None:
+        pytest.skip("bubblewrap is not installed")
+    assert MODE == "bwrap", sandbox._bwrap_problem(sandbox.find_bwrap())
 
 
 def run(code: str, timeout_s: float = 2.0, **kwargs) -> sandbox.PythonResult:
