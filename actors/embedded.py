@@ -108,7 +108,10 @@ class EmbeddedEngine:
         state_dict: Mapping[str, torch.Tensor] | None = None,
         path: str | None = None,
     ) -> None:
-        """Swap in new weights at the next decode step (or at once when idle)."""
+        """Swap in new weights at the next decode step (or at once when idle).
+
+        A `state_dict` is adopted, not copied (see `_apply_pending`): pass a snapshot.
+        """
         if state_dict is None:
             if path is None:
                 raise ValueError("update_weights needs a state_dict or a path")
@@ -162,16 +165,20 @@ class EmbeddedEngine:
             return
         version, state_dict, done = pending
         try:
-            missing, unexpected = self.model.load_state_dict(dict(state_dict), strict=False)
-            tied = (
-                {"lm_head.weight"}
-                if getattr(self.model.config, "tie_word_embeddings", False)
-                else set()
-            )
-            if unexpected or set(missing) - tied:
+            tie = getattr(self.model.config, "tie_word_embeddings", False)
+            tied = {"lm_head.weight"} if tie else set()
+            expected = set(self.model.state_dict())
+            missing, unexpected = expected - set(state_dict) - tied, set(state_dict) - expected
+            if missing or unexpected:
                 raise ValueError(
-                    f"weights do not fit the model: missing {missing}, unexpected {unexpected}"
+                    f"weights do not fit the model: missing {sorted(missing)}, "
+                    f"unexpected {sorted(unexpected)}"
                 )
+            # assign=True adopts the tensors instead of copying them: engines in one process can
+            # serve one published snapshot. The publisher must not modify it afterwards.
+            self.model.load_state_dict(dict(state_dict), strict=False, assign=True)
+            if tie:
+                self.model.tie_weights()
             self._version = version
             done.set_result(None)
         except Exception as exc:

@@ -1,0 +1,100 @@
+"""Publishing the learner's weights to the actors, with a version number that bounds staleness.
+
+`InProcessSync` hands one snapshot to engines living in this process (the embedded default): the
+snapshot is the only copy, engines adopt its tensors. `CheckpointSync` writes an HF checkpoint
+to a directory the servers can read and has each engine load it (SGLang's
+/update_weights_from_disk, vLLM's reload). Engines are anything with
+`update_weights(version, *, state_dict=None, path=None)` (the actors' RolloutEngine); the learner
+never imports the actor side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+
+class VersionedEngine(Protocol):
+    async def update_weights(self, version: int, *, state_dict: Mapping[str, Any] | None = None,
+                             path: str | None = None) -> None: ...  # fmt: skip
+
+
+class WeightSync(Protocol):
+    async def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> float:
+        """Make every engine serve `version`; returns the seconds it took."""
+        ...
+
+
+def _check_version(last: int | None, version: int) -> None:
+    if last is not None and version <= last:
+        raise ValueError(f"weight versions must increase: {version} after {last}")
+
+
+class InProcessSync:
+    def __init__(self, engines: Sequence[VersionedEngine]) -> None:
+        self.engines = list(engines)
+        self.last_version: int | None = None
+        self.seconds: list[float] = []
+
+    async def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> float:
+        _check_version(self.last_version, version)
+        start = time.perf_counter()
+        # One copy, detached from the learner's live parameters, shared by every engine.
+        snapshot = {name: tensor.detach().clone() for name, tensor in state_dict.items()}
+        await asyncio.gather(
+            *(e.update_weights(version, state_dict=snapshot) for e in self.engines)
+        )
+        self.last_version = version
+        self.seconds.append(time.perf_counter() - start)
+        return self.seconds[-1]
+
+
+class CheckpointSync:
+    """HF checkpoint per version under `directory` (the last `keep` are kept), loaded by path."""
+
+    def __init__(self, engines: Sequence[VersionedEngine], directory: str | os.PathLike[str], model: Any,
+                 tokenizer: Any = None, keep: int = 2) -> None:  # fmt: skip
+        self.engines = list(engines)
+        self.directory = Path(directory)
+        self.model = model  # anything with save_pretrained(dir, state_dict=...)
+        self.tokenizer = tokenizer
+        self.keep = keep
+        self.last_version: int | None = None
+        self.seconds: list[float] = []
+
+    async def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> float:
+        _check_version(self.last_version, version)
+        start = time.perf_counter()
+        path = await asyncio.to_thread(self._write, dict(state_dict), version)
+        await asyncio.gather(*(e.update_weights(version, path=str(path)) for e in self.engines))
+        self.last_version = version
+        self._prune()
+        self.seconds.append(time.perf_counter() - start)
+        return self.seconds[-1]
+
+    def _write(self, state_dict: dict[str, torch.Tensor], version: int) -> Path:
+        target = self.directory / f"v{version:06d}"
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=self.directory))
+        try:
+            self.model.save_pretrained(tmp, state_dict=state_dict)
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(tmp)
+            os.replace(tmp, target)  # a server never sees a half-written checkpoint
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return target
+
+    def _prune(self) -> None:
+        versions = sorted(p for p in self.directory.glob("v*") if p.is_dir())
+        for old in versions[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,223 @@
+"""The DeepSpeed learner on the tiny model: real DeepSpeed (gloo, one process), real HF save/load."""
+
+import asyncio
+import math
+
+import pytest
+import torch
+
+from buffers.group_buffer import GroupBuffer
+from buffers.records import Group
+from buffers.testing import synthetic_trajectory
+from learner.batch import build_batch, response_logprobs
+from learner.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from learner.trainer import Learner
+from learner.weight_sync import CheckpointSync, InProcessSync
+from pipeline.config import LearnerConfig
+from pipeline.tiny_policy import build_tiny_policy
+
+TEXTS = [
+    f"Question {i}: <search> Varno Telik </search> <answer> Quorvex {i} </answer>"
+    for i in range(1500)
+]
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory):
+    return build_tiny_policy(tmp_path_factory.mktemp("policy") / "tiny", TEXTS, vocab_size=500)
+
+
+def groups(seed: int, n: int = 2, size: int = 4, version: int = 0) -> list[Group]:
+    out = []
+    for g in range(n):
+        members = []
+        for i in range(size):
+            t = synthetic_trajectory(f"s{seed}g{g}", i, tokens=24, version=version, reward=float((i + g) % 2),
+                                     tool_names=["search"] * (i % 3), seed=seed * 100 + g)  # fmt: skip
+            t.token_ids %= 400
+            t.prompt_token_ids %= 400
+            members.append(t)
+        out.append(Group(f"s{seed}g{g}", tuple(members)))
+    return out
+
+
+def learner(policy, **overrides) -> Learner:
+    options = dict(lr=5e-3, micro_batch_size=3, zero_stage=0, max_steps=50)
+    options.update(overrides)
+    return Learner(policy, LearnerConfig(**options), group_size=4)
+
+
+def test_loss_decreases_on_a_fixed_batch(policy):
+    model = learner(policy)
+    batch = groups(0)
+    losses = [model.step(batch)["loss"] for _ in range(8)]
+    assert losses[-1] < losses[0] - 1e-3
+    assert model.version == 8
+
+
+def test_mask_and_alignment_reach_the_loss(policy):
+    model = learner(policy)
+    trajectories = list(groups(1)[0].members)
+    batch = build_batch(trajectories, torch.zeros(len(trajectories)), model.pad_id)
+    with torch.no_grad():
+        logits = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        logp, _ = response_logprobs(logits, batch)
+        t = trajectories[0]
+        ids = torch.tensor([list(t.prompt_token_ids) + list(t.token_ids)])
+        full = torch.log_softmax(model.model(input_ids=ids).logits[0].float(), -1)
+    p = len(t.prompt_token_ids)
+    expected = [full[p - 1 + j, tok].item() for j, tok in enumerate(t.token_ids)]
+    assert logp[0, : len(t.token_ids)].tolist() == pytest.approx(expected, abs=1e-4)
+    assert batch.response_mask[0, : len(t.token_ids)].tolist() == t.loss_mask.tolist()
+    assert batch.versions[0, : len(t.token_ids)].tolist() == t.token_versions.tolist()
+
+
+def test_masked_tokens_do_not_move_the_step(policy):
+    def first_step_loss(edit):
+        model = learner(policy, importance="none")
+        batch = groups(2)
+        for g in batch:
+            for t in g.members:
+                edit(t)
+        return model.step(batch)["loss"]
+
+    base = first_step_loss(lambda t: None)
+    # A masked (observation) token's behaviour log-prob is not part of the loss...
+    masked = first_step_loss(lambda t: t.behavior_logprobs.__setitem__(t.loss_mask == 0, -50.0))
+    assert masked == pytest.approx(base, abs=1e-6)
+    # ...a generated token's is.
+    generated = first_step_loss(lambda t: t.behavior_logprobs.__setitem__(t.loss_mask == 1, -0.01))
+    assert abs(generated - base) > 1e-4
+
+
+def test_bad_groups_are_counted_not_trained(policy):
+    model = learner(policy)
+    good = groups(3, n=1)
+    nan = groups(4, n=1)
+    nan[0].members[0].reward = math.nan
+    short = [Group("short", groups(5, n=1)[0].members[:3])]
+    wild = groups(6, n=1)
+    wild[0].members[1].stratum = -4
+    metrics = model.step(good + nan + short + wild)
+    assert metrics["groups"] == 1 and metrics["skipped_groups"] == 3
+    assert model.counts["invalid_groups"] == 3 and model.version == 1
+
+
+def test_zero_variance_groups_can_be_dropped(policy):
+    model = learner(policy, drop_zero_variance_groups=True)
+    flat = groups(7, n=1)
+    for t in flat[0].members:
+        t.reward = 1.0
+    assert model.step(flat + groups(8, n=1))["groups"] == 1
+    assert model.counts["zero_variance_groups"] == 1
+
+
+def test_a_group_older_than_eta_never_reaches_the_learner(policy):
+    model = learner(policy)
+
+    async def scenario():
+        buffer = GroupBuffer(group_size=4, max_staleness=1)
+        for g in groups(9, n=1, version=0) + groups(10, n=1, version=3):
+            for t in g.members:
+                await buffer.put(t)
+        model.version = 4  # the learner is at version 4: the version-0 group is 4 behind
+        group = await buffer.next_group(model.version)
+        return group, buffer.stats()
+
+    group, stats = asyncio.run(scenario())
+    assert group.policy_version == 3 and stats.dropped_stale == 4
+    metrics = model.step([group])
+    assert metrics["staleness_mean"] == 1.0
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_zero_stages_train_like_stage_0(policy, stage):
+    batch = groups(11)
+    reference = learner(policy, zero_stage=0)
+    sharded = learner(policy, zero_stage=stage)
+    for _ in range(2):
+        a, b = reference.step(batch), sharded.step(batch)
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-5)
+    for (name, p), q in zip(
+        reference.state_dict().items(), sharded.state_dict().values(), strict=True
+    ):
+        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_checkpoint_resume_equals_straight_training(policy, tmp_path):
+    batches = [groups(20 + i) for i in range(4)]
+    straight = learner(policy, importance="tis", kl_coef=0.01)
+    for b in batches:
+        straight.step(b)
+
+    first = learner(policy, importance="tis", kl_coef=0.01)
+    for b in batches[:2]:
+        first.step(b)
+    saved = save_checkpoint(first, tmp_path, extra={"data_cursor": 2})
+    resumed = learner(policy, importance="tis", kl_coef=0.01)
+    extra = load_checkpoint(resumed, tmp_path)
+    assert extra == {"data_cursor": 2} and resumed.version == 2
+    for b in batches[extra["data_cursor"] :]:
+        resumed.step(b)
+    assert resumed.version == straight.version == 4
+    for (name, p), q in zip(
+        straight.state_dict().items(), resumed.state_dict().values(), strict=True
+    ):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=name)
+
+    # The HF directory loads as an ordinary model with the saved weights.
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(saved / "hf")
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, first.model(ids).logits, atol=1e-5, rtol=1e-4)
+
+
+def test_resume_refuses_broken_or_foreign_checkpoints(policy, tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint to resume from"):
+        load_checkpoint(learner(policy), tmp_path)
+    model = learner(policy)
+    model.step(groups(30))
+    path = save_checkpoint(model, tmp_path)
+    (path / "hf" / "config.json").unlink()
+    with pytest.raises(CheckpointError, match="incomplete checkpoint, hf/config.json is missing"):
+        load_checkpoint(learner(policy), tmp_path)
+    save_checkpoint(model, tmp_path / "other")
+    other = build_tiny_policy(
+        tmp_path / "wider", TEXTS, vocab_size=500, hidden_size=64, heads=2, kv_heads=1
+    )
+    with pytest.raises(CheckpointError, match="checkpoint of another model"):
+        load_checkpoint(
+            Learner(other, LearnerConfig(micro_batch_size=3), group_size=4), tmp_path / "other"
+        )
+
+
+class RecordingEngine:
+    def __init__(self):
+        self.updates = []
+
+    async def update_weights(self, version, *, state_dict=None, path=None):
+        self.updates.append((version, state_dict, path))
+
+
+def test_weight_sync_snapshots_once_and_versions_increase(policy, tmp_path):
+    model = learner(policy)
+    engines = [RecordingEngine() for _ in range(4)]
+    sync = InProcessSync(engines)
+    model.step(groups(40))
+    seconds = asyncio.run(sync.publish(model.state_dict(), model.version))
+    assert seconds > 0 and {e.updates[0][0] for e in engines} == {1}
+    shared = engines[0].updates[0][1]
+    assert all(e.updates[0][1] is shared for e in engines)  # one snapshot for all
+    before = shared["model.norm.weight"].clone()
+    model.step(groups(41))  # training on does not touch what the engines serve
+    torch.testing.assert_close(shared["model.norm.weight"], before)
+    with pytest.raises(ValueError, match="must increase"):
+        asyncio.run(sync.publish(model.state_dict(), 1))
+
+    disk = CheckpointSync(engines[:1], tmp_path / "weights", model.model, model.tokenizer, keep=2)
+    for version in (2, 3, 4):
+        asyncio.run(disk.publish(model.state_dict(), version))
+    assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v000003", "v000004"]
+    assert engines[0].updates[-1][2].endswith("v000004")
