@@ -181,7 +181,7 @@ def test_resume_refuses_broken_or_foreign_checkpoints(policy, tmp_path):
     model.step(groups(30))
     path = save_checkpoint(model, tmp_path)
     (path / "hf" / "config.json").unlink()
-    with pytest.raises(CheckpointError, match="incomplete checkpoint, hf/config.json is missing"):
+    with pytest.raises(CheckpointError, match=r"incomplete checkpoint, hf/config\.json is missing"):
         load_checkpoint(learner(policy), tmp_path)
     save_checkpoint(model, tmp_path / "other")
     other = build_tiny_policy(
