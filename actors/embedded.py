@@ -49,6 +49,7 @@ class EmbeddedEngine:
             max_workers=1, thread_name_prefix="strata-engine"
         )
         self._weights_lock = threading.Lock()
+        self._busy = False  # a wave is decoding in the executor thread
         self._pending: tuple[int, Mapping[str, torch.Tensor], concurrent.futures.Future] | None = (
             None
         )
@@ -120,9 +121,12 @@ class EmbeddedEngine:
         with self._weights_lock:
             if self._pending is not None:
                 self._pending[2].cancel()  # superseded before it was applied
-            self._pending = (version, state_dict, done)
-        loop = asyncio.get_running_loop()
-        loop.run_in_executor(self._executor, self._apply_pending)  # applies now if no wave runs
+            if self._busy:
+                self._pending = (version, state_dict, done)  # the wave applies it at its next step
+            else:
+                self._apply(
+                    (version, state_dict, done)
+                )  # idle: no thread hop (the lock keeps waves out)
         await asyncio.wrap_future(done)
 
     async def close(self) -> None:
@@ -161,8 +165,12 @@ class EmbeddedEngine:
     def _apply_pending(self) -> None:
         with self._weights_lock:
             pending, self._pending = self._pending, None
-        if pending is None:
-            return
+        if pending is not None:
+            self._apply(pending)
+
+    def _apply(
+        self, pending: tuple[int, Mapping[str, torch.Tensor], concurrent.futures.Future]
+    ) -> None:
         version, state_dict, done = pending
         try:
             tie = getattr(self.model.config, "tie_word_embeddings", False)
@@ -184,8 +192,18 @@ class EmbeddedEngine:
         except Exception as exc:
             done.set_exception(exc)
 
-    @torch.inference_mode()
     def _run_wave(self, wave: list[_Request]) -> None:
+        with self._weights_lock:
+            self._busy = True
+        try:
+            self._decode_wave(wave)
+        finally:
+            with self._weights_lock:
+                self._busy = False
+            self._apply_pending()  # an update that arrived after the wave's last step
+
+    @torch.inference_mode()
+    def _decode_wave(self, wave: list[_Request]) -> None:
         from transformers import DynamicCache
 
         self.waves += 1

@@ -1,0 +1,113 @@
+"""Learner throughput (ZeRO 0 vs 2 on CPU) and weight publishing to 4 local engines vs one copy.
+
+The policy is the embedded default's tiny Qwen2 (2 layers, hidden 128) unless --hidden/--layers
+say otherwise; each step trains 4 groups of 8 trajectories of 256 response tokens.
+
+    python benchmarks/learner_step.py [--steps 5] [--hidden 128] [--layers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+
+import torch
+
+from actors.embedded import EmbeddedEngine
+from buffers.records import Group
+from buffers.testing import synthetic_trajectory
+from learner.trainer import Learner
+from learner.weight_sync import InProcessSync
+from pipeline.config import LearnerConfig
+from pipeline.tiny_policy import build_tiny_policy
+
+TEXTS = [
+    f"Question {i}: <search> Varno Telik </search> <answer> Quorvex {i} </answer>"
+    for i in range(2000)
+]
+
+
+def batch(seed: int, vocab: int) -> list[Group]:
+    out = []
+    for g in range(4):
+        members = []
+        for i in range(8):
+            t = synthetic_trajectory(
+                f"b{seed}g{g}", i, tokens=256, reward=float(i % 2), seed=seed * 10 + g
+            )
+            t.token_ids %= vocab
+            t.prompt_token_ids %= vocab
+            members.append(t)
+        out.append(Group(f"b{seed}g{g}", tuple(members)))
+    return out
+
+
+def tokens_per_second(path: str, stage: int, steps: int, vocab: int) -> float:
+    learner = Learner(
+        path, LearnerConfig(micro_batch_size=8, zero_stage=stage, max_steps=100), group_size=8
+    )
+    learner.step(batch(0, vocab))  # warm-up
+    tokens, elapsed = 0.0, 0.0
+    for s in range(steps):
+        start = time.perf_counter()
+        metrics = learner.step(batch(s + 1, vocab))
+        elapsed += time.perf_counter() - start
+        tokens += metrics["trained_tokens"]
+    return tokens / elapsed
+
+
+def publish_times(path: str, repeats: int) -> tuple[float, float, int]:
+    """(median publish to 4 embedded engines, median plain state-dict copy, bytes)."""
+    learner = Learner(path, LearnerConfig(micro_batch_size=8, max_steps=100), group_size=8)
+    engines = [EmbeddedEngine.from_pretrained(path) for _ in range(4)]
+    sync = InProcessSync(engines)
+    state = learner.state_dict()
+    size = sum(t.numel() * t.element_size() for t in state.values())
+
+    async def publish_all() -> list[float]:
+        return [
+            await sync.publish(learner.state_dict(), version) for version in range(1, repeats + 1)
+        ]
+
+    published = asyncio.run(publish_all())
+    copies = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        _ = {k: v.detach().clone() for k, v in state.items()}
+        copies.append(time.perf_counter() - start)
+    assert all(e.version == repeats for e in engines)
+    return statistics.median(published), statistics.median(copies), size
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        heads = max(2, args.hidden // 32)
+        path = str(build_tiny_policy(f"{tmp}/policy", TEXTS, layers=args.layers, hidden_size=args.hidden,
+                                     heads=heads, kv_heads=heads // 2, intermediate_size=4 * args.hidden))  # fmt: skip
+        vocab = 1900
+        zero0 = tokens_per_second(path, 0, args.steps, vocab)
+        zero2 = tokens_per_second(path, 2, args.steps, vocab)
+        published, copied, size = publish_times(path, args.repeats)
+    print(
+        f"learner on CPU, Qwen2 {args.layers} layers x hidden {args.hidden}, {torch.get_num_threads()} threads"
+    )
+    print(f"  ZeRO 0 : {zero0:8.0f} trained tokens/s")
+    print(f"  ZeRO 2 : {zero2:8.0f} trained tokens/s  ({zero2 / zero0:.2f}x of ZeRO 0)")
+    print(
+        f"  publish to 4 embedded engines : {published * 1e3:7.2f} ms  ({size / 1e6:.1f} MB state dict)"
+    )
+    print(f"  plain copy of the state dict  : {copied * 1e3:7.2f} ms")
+    print(f"  ratio: {published / copied:.2f}x (target <= 2x)")
+
+
+if __name__ == "__main__":
+    main()
