@@ -98,3 +98,24 @@ class CheckpointSync:
         versions = sorted(p for p in self.directory.glob("v*") if p.is_dir())
         for old in versions[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
+
+
+class RaySync:
+    """Engines inside Ray actors: the snapshot goes into the object store once (`ray.put`) and each
+    actor's `update_weights(version, state_dict)` receives it from there (zero-copy on one node)."""
+
+    def __init__(self, actors: Sequence[Any]) -> None:
+        self.actors = list(actors)
+        self.last_version: int | None = None
+        self.seconds: list[float] = []
+
+    async def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> float:
+        import ray
+
+        _check_version(self.last_version, version)
+        start = time.perf_counter()
+        ref = ray.put({name: tensor.detach().cpu() for name, tensor in state_dict.items()})
+        await asyncio.gather(*(actor.update_weights.remote(version, ref) for actor in self.actors))
+        self.last_version = version
+        self.seconds.append(time.perf_counter() - start)
+        return self.seconds[-1]
