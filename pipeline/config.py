@@ -53,6 +53,8 @@ class TinyModel(Section):
     """Longest sequence (prompt + response) the model accepts."""
     seed: int = Field(0, ge=0)
     """Seed of the initial weights."""
+    warm_start_s: float = Field(170.0, gt=0, le=86400)
+    """Time budget of the supervised warm start on the world's demonstrations (cached afterwards)."""
 
     @model_validator(mode="after")
     def _heads_divide(self) -> TinyModel:
@@ -99,6 +101,8 @@ class DataConfig(Section):
     """Visit questions in a seeded random order, reshuffled each epoch."""
     seed: int = Field(0, ge=0)
     """Seed of the world generator and of the question order."""
+    world_size: Literal["small", "medium"] = "small"
+    """mini_gaia: how big a world to generate."""
 
     @model_validator(mode="after")
     def _files_when_needed(self) -> DataConfig:
@@ -282,6 +286,10 @@ class RetrievalConfig(Section):
 class RuntimeBase(Section):
     runs_dir: str = Field("runs", min_length=1)
     """Parent of run directories when --run-dir is not given."""
+    cache_dir: str = Field("runs/cache", min_length=1)
+    """Built assets reused across runs: the mini-GAIA world, its index, the warm-started policy."""
+    threads: int = Field(0, ge=0, le=1024)
+    """torch threads per process (0: half the cores, at least 1: generation and training share them)."""
     seed: int = Field(0, ge=0)
     """Global seed."""
 

@@ -1,7 +1,9 @@
 """`python -m pipeline.launch CONFIG [--set k=v ...] [--run-dir DIR] [--dry-run]`.
 
-Today it validates the config, writes the resolved config into a fresh run directory and says so:
-the streaming pipeline (actors, buffer, learner) lands with the issues that build it.
+Validates the config, writes the resolved config into a fresh run directory, builds or reuses the
+assets (world, index, warm-started policy) and streams: actors generate, the learner trains on
+each complete group, weights go back to the actors, until `learner.max_steps`. The `local` runtime
+runs here; the `ray` runtime and the GPU recipes say what they need when it is missing.
 """
 
 from __future__ import annotations
@@ -76,12 +78,86 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"strata: error: cannot write the run directory: {exc}", file=sys.stderr)
         return 2
-    print(f"strata: config {args.config} is valid; resolved config written to {written}")
+    problem = unavailable(config)
+    if problem:
+        print(f"strata: error: {problem}", file=sys.stderr)
+        return 2
     print(
-        "strata: the streaming pipeline (actors -> buffer -> learner) is not built yet; "
-        "this run only validated the config. Try `make bench` for the advantage benchmark."
+        f"strata: config {args.config} is valid; resolved config written to {written}", flush=True
     )
-    return 0
+    return run(config, args.config, run_dir)
+
+
+def unavailable(config: StrataConfig) -> str | None:
+    """Why this machine cannot run `config`, in one line, or None."""
+    import torch
+
+    from pipeline.config import RayRuntime, SGLangEngine
+
+    gpu = torch.cuda.is_available()
+    if isinstance(config.actors.engine, SGLangEngine) and not gpu:
+        return (
+            "this config generates with SGLang servers and trains with ZeRO-3, which need CUDA GPUs; "
+            "this machine has none: run configs/local.yaml (the embedded CPU default) instead"
+        )
+    if config.learner.zero_stage == 3 and not gpu:
+        return "learner.zero_stage 3 needs CUDA GPUs here: use --set learner.zero_stage=2 on CPU"
+    if isinstance(config.runtime, RayRuntime):
+        return "runtime.type ray is not built yet in this version: use runtime.type local (--set runtime.type=local)"
+    return None
+
+
+def _progress_line(metrics: dict, max_steps: int) -> None:
+    print(
+        f"step {metrics['step']:>4}/{max_steps}  {metrics['elapsed_s']:6.1f}s  "
+        f"{metrics['generated_tokens_per_s']:6.0f} tok/s  {metrics['trajectories_per_s']:5.2f} traj/s  "
+        f"reward {metrics.get('reward_mean', float('nan')):.3f}  tool calls {metrics.get('tool_calls_mean', 0):.2f}  "
+        f"staleness {metrics.get('staleness_mean', 0):.2f}  buffer {metrics['buffer_ready']}r/{metrics['buffer_open']}o  "
+        f"loss {metrics.get('loss', float('nan')):+.4f}",
+        flush=True,
+    )
+
+
+def run(config: StrataConfig, config_path: str, run_dir: Path) -> int:
+    import asyncio
+    import signal
+
+    from pipeline.assets import prepare_assets
+    from pipeline.local_runtime import RunSummary, run_local
+    from pipeline.report import learning_signal, write_report
+
+    def terminate(signum, frame):  # SIGTERM ends the run like Ctrl-C: checkpoint, flush, stop
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        assets = prepare_assets(config)
+    except (OSError, ValueError) as exc:
+        print(f"strata: error: {exc}", file=sys.stderr)
+        return 2
+    summary = RunSummary()
+
+    async def main():
+        await run_local(
+            config, assets, run_dir, lambda m: _progress_line(m, config.learner.max_steps), summary
+        )
+
+    interrupted = False
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        interrupted = True
+        print("strata: interrupted: checkpointed and flushed what was running", file=sys.stderr)
+    if not summary.steps and not interrupted:
+        return 1
+    report = write_report(run_dir, config_path, summary)
+    first, last = learning_signal(summary.metrics)
+    print(
+        f"strata: {summary.steps} steps, {summary.trajectories} trajectories in {summary.seconds:.0f}s; "
+        f"learner busy {summary.busy_fraction:.0%}; mean reward first 20% {first:.3f} -> last 20% {last:.3f}; "
+        f"report {report}"
+    )
+    return 130 if interrupted else 0
 
 
 if __name__ == "__main__":

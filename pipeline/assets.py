@@ -1,0 +1,110 @@
+"""What a run needs on disk, built once and reused: the mini-GAIA world, its faiss index and the
+warm-started tiny policy. Each lives in the cache under a name that says what it was built from,
+and each builder writes atomically, so an interrupted build is simply redone next time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.config import PretrainedModel, StrataConfig, TinyModel
+
+
+@dataclass(frozen=True)
+class Assets:
+    world_dir: Path | None  # the mini-GAIA world (None for other data types)
+    index_dir: Path | None  # the retrieval index (None when a server URL is configured)
+    policy_dir: Path  # an HF model directory
+
+
+def _say(message: str, quiet: bool) -> None:
+    if not quiet:
+        print(f"strata: {message}", flush=True)
+
+
+def prepare_world(config: StrataConfig, quiet: bool = False) -> Path:
+    from retrieval.world import build_world, write_world
+
+    target = (
+        Path(config.runtime.cache_dir) / f"world-{config.data.world_size}-seed{config.data.seed}"
+    )
+    if not (target / "world.json").is_file():
+        _say(f"building the mini-GAIA world ({config.data.world_size}) in {target}", quiet)
+        write_world(
+            build_world(config.data.seed, config.data.world_size), target, force=target.exists()
+        )
+    return target
+
+
+def prepare_index(config: StrataConfig, corpus: Path, quiet: bool = False) -> Path:
+    from retrieval.build import build
+    from retrieval.corpus import corpus_hash
+
+    if config.retrieval.index_dir is not None:
+        return Path(config.retrieval.index_dir)
+    digest = corpus_hash(corpus)[:12]
+    encoder = config.retrieval.encoder.replace("/", "_")
+    target = Path(config.runtime.cache_dir) / f"index-{digest}-{encoder}-{config.retrieval.index}"
+    meta = target / "meta.json"
+    if not (
+        meta.is_file() and json.loads(meta.read_text()).get("corpus_sha256", "").startswith(digest)
+    ):
+        _say(f"indexing {corpus} with {config.retrieval.encoder} into {target}", quiet)
+        build(
+            str(corpus),
+            str(target),
+            config.retrieval.encoder,
+            config.retrieval.index,
+            force=True,
+            quiet=quiet,
+        )
+    return target
+
+
+def prepare_policy(config: StrataConfig, world_dir: Path | None, quiet: bool = False) -> Path:
+    if isinstance(config.model, PretrainedModel):
+        path = Path(config.model.path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"model.path {path} is not an HF model directory (no config.json)"
+            )
+        return path
+    assert isinstance(config.model, TinyModel)
+    if world_dir is None:
+        raise ValueError(
+            "model.type tiny is warm-started on the mini-GAIA world: set data.type mini_gaia"
+        )
+    from pipeline.warm_start import warm_start
+
+    target = (
+        Path(config.runtime.cache_dir) / f"policy-tiny-seed{config.model.seed}-{world_dir.name}"
+    )
+    return warm_start(
+        world_dir,
+        target,
+        config.model,
+        tools=tuple(config.actors.tools),
+        time_budget_s=config.model.warm_start_s,
+        progress=not quiet,
+    )
+
+
+def prepare_assets(config: StrataConfig, quiet: bool = False) -> Assets:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    world = prepare_world(config, quiet) if config.data.type == "mini_gaia" else None
+    index = None
+    if "search" in config.actors.tools and config.retrieval.url is None:
+        corpus = (
+            Path(config.retrieval.corpus)
+            if config.retrieval.corpus
+            else (world / "corpus.jsonl" if world else None)
+        )
+        if corpus is None:
+            raise ValueError(
+                "the search tool needs retrieval.url, retrieval.index_dir or retrieval.corpus"
+            )
+        index = prepare_index(config, corpus, quiet)
+    return Assets(world, index, prepare_policy(config, world, quiet))

@@ -1,0 +1,100 @@
+"""`report.md` of a run: what it did, whether it learned, and plots against learner step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def learning_signal(metrics: list[dict]) -> tuple[float, float]:
+    """Mean reward over the first and the last 20% of steps (at least one step each)."""
+    rewards = [m["reward_mean"] for m in metrics if "reward_mean" in m]
+    if not rewards:
+        return float("nan"), float("nan")
+    k = max(1, len(rewards) // 5)
+    return float(np.mean(rewards[:k])), float(np.mean(rewards[-k:]))
+
+
+def _series(metrics: list[dict], key: str) -> tuple[list[int], list[float]]:
+    points = [(m["step"], m[key]) for m in metrics if key in m and m[key] == m[key]]  # NaN dropped
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def _plots(metrics: list[dict], run_dir: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [
+        ("reward.png", "mean reward", ["reward_mean"]),
+        ("tool_calls.png", "tool calls per trajectory", ["tool_calls_mean"]),
+        ("staleness.png", "staleness (versions)", ["staleness_mean"]),
+        ("throughput.png", "throughput", ["trajectories_per_s", "generated_tokens_per_s"]),
+    ]
+    strata = sorted(
+        {
+            k.split("/")[1]
+            for m in metrics
+            for k in m
+            if k.startswith("stratum/") and k.endswith("/reward")
+        },
+        key=int,
+    )
+    names = []
+    for name, title, keys in panels:
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        for key in keys:
+            ax.plot(*_series(metrics, key), marker="o", label=key)
+        ax.set_xlabel("learner step")
+        ax.set_title(title)
+        ax.legend(loc="best", fontsize=8)
+        fig.tight_layout()
+        fig.savefig(run_dir / name, dpi=100)
+        plt.close(fig)
+        names.append(name)
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    for stratum in strata:
+        ax.plot(
+            *_series(metrics, f"stratum/{stratum}/reward"),
+            marker=".",
+            label=f"{stratum} tool calls",
+        )
+    ax.set_xlabel("learner step")
+    ax.set_title("mean reward per stratum")
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(run_dir / "strata.png", dpi=100)
+    plt.close(fig)
+    names.append("strata.png")
+    return names
+
+
+def write_report(run_dir: Path, config_path: str, summary) -> Path:
+    metrics = summary.metrics
+    first, last = learning_signal(metrics)
+    learned = "yes" if last > first else "no"
+    lines = [
+        f"# Strata run: {run_dir.name}",
+        "",
+        f"Config `{config_path}`, resolved in `config.yaml`.",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| learner steps | {summary.steps} |",
+        f"| trajectories trained | {summary.trajectories} |",
+        f"| wall time | {summary.seconds:.1f} s |",
+        f"| learner busy fraction | {summary.busy_fraction:.2f} (training while the actors generate) |",
+        f"| mean reward, first 20% of steps | {first:.3f} |",
+        f"| mean reward, last 20% of steps | {last:.3f} |",
+        f"| learned (last > first) | {learned} |",
+        f"| final checkpoint | `{summary.checkpoint}` |",
+        "",
+    ]
+    if metrics:
+        for name in _plots(metrics, run_dir):
+            lines += [f"![{name}]({name})", ""]
+    target = run_dir / "report.md"
+    target.write_text("\n".join(lines))
+    return target
