@@ -145,6 +145,9 @@ def run(config: StrataConfig, config_path: str, run_dir: Path) -> int:
     interrupted = False
     try:
         asyncio.run(main())
+    except OSError as exc:  # e.g. the metrics port is taken
+        print(f"strata: error: {exc} (set metrics.port, or metrics.enabled=false)", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         interrupted = True
         print("strata: interrupted: checkpointed and flushed what was running", file=sys.stderr)

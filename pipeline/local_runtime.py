@@ -106,6 +106,14 @@ async def run_local(
                                concurrency=config.actors.concurrency, max_staleness=config.buffer.max_staleness,
                                groups_per_step=config.learner.groups_per_step,
                                learner_version=lambda: learner.version, name=f"pool-{index}"))  # fmt: skip
+    run_metrics = None
+    if config.metrics.enabled:
+        from pipeline.metrics import RunMetrics
+
+        run_metrics = RunMetrics()
+        port = run_metrics.serve(config.metrics.host, config.metrics.port)
+        (run_dir / "metrics_url").write_text(f"http://{config.metrics.host}:{port}/metrics\n")
+        print(f"strata: metrics on http://{config.metrics.host}:{port}/metrics", flush=True)
     pool_tasks = [asyncio.create_task(pool.run()) for pool in pools]
     metrics_file = (run_dir / "metrics.jsonl").open("a")
     start = time.perf_counter()
@@ -135,6 +143,12 @@ async def run_local(
                            generated_tokens_per_s=engine.generated_tokens / elapsed,
                            buffer_ready=stats.ready_groups, buffer_open=stats.open_groups,
                            dropped_stale=stats.dropped_stale, abandoned=stats.abandoned)  # fmt: skip
+            if run_metrics is not None:
+                members = [t for g in groups for t in g.members]
+                run_metrics.observe_step(metrics, members, busy - waited)
+                run_metrics.sample(
+                    stats, {"embedded-0": engine}, [p.agent.stats.tools for p in pools]
+                )
             metrics_file.write(json.dumps(metrics) + "\n")
             metrics_file.flush()
             summary.metrics.append(metrics)
@@ -161,4 +175,6 @@ async def run_local(
         await engine.close()
         if runner is not None:
             await runner.cleanup()
+        if run_metrics is not None:
+            run_metrics.close()
     return summary

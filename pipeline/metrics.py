@@ -1,0 +1,117 @@
+"""Prometheus metrics of a run (design.md §6), served on metrics.host:metrics.port.
+
+One registry per run. The runtime calls `observe_step` after each learner step and `sample` for
+the gauges and counters it reads off the buffer, the pools and the engines; every name starts with
+`strata_`, counters end in `_total`, durations in `_seconds`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16)
+TOOL_CALL_BUCKETS = (0, 1, 2, 3, 4, 6, 8)
+
+
+@dataclass
+class RunMetrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.trajectories = Counter(
+            "strata_trajectories_total", "Trajectories by fate", ["status"], registry=r
+        )
+        self.groups_completed = Counter(
+            "strata_groups_completed_total", "Groups released to the learner", registry=r
+        )
+        self.generated_tokens = Counter(
+            "strata_generated_tokens_total", "Tokens sampled by the engines", registry=r
+        )
+        self.learner_steps = Counter("strata_learner_steps_total", "Optimiser steps", registry=r)
+        self.policy_version = Gauge("strata_policy_version", "Learner's policy version", registry=r)
+        self.actor_version = Gauge(
+            "strata_actor_policy_version", "Version an actor serves", ["actor"], registry=r
+        )
+        self.staleness = Histogram("strata_staleness", "Version lag of trained tokens at consumption",
+                                   buckets=STALENESS_BUCKETS, registry=r)  # fmt: skip
+        self.buffer_groups = Gauge(
+            "strata_buffer_groups", "Groups in the buffer", ["state"], registry=r
+        )
+        self.reward = Gauge(
+            "strata_reward", "Mean reward of the last step", ["stratum"], registry=r
+        )
+        self.tool_calls = Histogram("strata_tool_calls_per_trajectory", "Tool calls per trajectory",
+                                    buckets=TOOL_CALL_BUCKETS, registry=r)  # fmt: skip
+        self.tool_seconds = Counter(
+            "strata_tool_call_seconds", "Seconds spent in tool calls", ["tool"], registry=r
+        )
+        self.tool_errors = Counter(
+            "strata_tool_errors_total", "Failed tool calls", ["tool"], registry=r
+        )
+        self.weight_sync = Histogram(
+            "strata_weight_sync_seconds", "Weight publish time", registry=r
+        )
+        self.step_seconds = Histogram(
+            "strata_learner_step_seconds", "Learner step time", registry=r
+        )
+        self.idle_seconds = Counter(
+            "strata_learner_idle_seconds_total", "Learner time waiting for groups", registry=r
+        )
+        self._seen: dict[str, float] = {}
+
+    def serve(self, host: str, port: int) -> int:
+        """Start the HTTP endpoint; returns the bound port (port 0 picks a free one)."""
+        server, _ = start_http_server(port, addr=host, registry=self.registry)
+        self._server = server
+        return server.server_port
+
+    def close(self) -> None:
+        server = getattr(self, "_server", None)
+        if server is not None:
+            server.shutdown()
+
+    def _advance(self, counter, key: str, total: float, **labels: str) -> None:
+        """Counters from cumulative totals read elsewhere: add what is new since the last read."""
+        delta = total - self._seen.get(key, 0.0)
+        if delta > 0:
+            (counter.labels(**labels) if labels else counter).inc(delta)
+            self._seen[key] = total
+
+    def observe_step(self, metrics: dict, trajectories: list, idle_s: float) -> None:
+        self.learner_steps.inc()
+        self.groups_completed.inc(metrics.get("groups", 0))
+        self.policy_version.set(metrics.get("version", 0))
+        self.step_seconds.observe(metrics.get("step_seconds", 0.0))
+        if "weight_sync_seconds" in metrics:
+            self.weight_sync.observe(metrics["weight_sync_seconds"])
+        self.idle_seconds.inc(max(0.0, idle_s))
+        for key, value in metrics.items():
+            if key.startswith("stratum/") and key.endswith("/reward"):
+                self.reward.labels(stratum=key.split("/")[1]).set(value)
+        for t in trajectories:
+            self.tool_calls.observe(len(t.tool_names))
+            self.staleness.observe(max(0, int(metrics.get("version", 1)) - 1 - t.policy_version))
+
+    def sample(self, buffer_stats, engines: dict[str, object], tool_stats: list) -> None:
+        for status in ("released", "dropped_stale", "abandoned", "rejected"):
+            self._advance(
+                self.trajectories, f"traj/{status}", getattr(buffer_stats, status), status=status
+            )
+        self.buffer_groups.labels(state="open").set(buffer_stats.open_groups)
+        self.buffer_groups.labels(state="ready").set(buffer_stats.ready_groups)
+        for name, engine in engines.items():
+            self.actor_version.labels(actor=name).set(engine.version)
+            self._advance(
+                self.generated_tokens, f"tokens/{name}", getattr(engine, "generated_tokens", 0)
+            )
+        for stats in tool_stats:
+            for tool in stats.calls:
+                self._advance(
+                    self.tool_seconds, f"secs/{id(stats)}/{tool}", stats.seconds[tool], tool=tool
+                )
+                self._advance(
+                    self.tool_errors, f"errs/{id(stats)}/{tool}", stats.errors[tool], tool=tool
+                )
