@@ -111,6 +111,7 @@ async def run_local(
         from pipeline.metrics import RunMetrics
 
         run_metrics = RunMetrics()
+        run_metrics.declare_tools(list(tools))
         port = run_metrics.serve(config.metrics.host, config.metrics.port)
         (run_dir / "metrics_url").write_text(f"http://{config.metrics.host}:{port}/metrics\n")
         print(f"strata: metrics on http://{config.metrics.host}:{port}/metrics", flush=True)

@@ -61,6 +61,13 @@ class RunMetrics:
             "strata_learner_idle_seconds_total", "Learner time waiting for groups", registry=r
         )
         self._seen: dict[str, float] = {}
+        for status in ("released", "dropped_stale", "abandoned", "rejected"):
+            self.trajectories.labels(status=status)  # every series exists from the first scrape
+
+    def declare_tools(self, tools: list[str]) -> None:
+        for tool in tools:
+            self.tool_seconds.labels(tool=tool)
+            self.tool_errors.labels(tool=tool)
 
     def serve(self, host: str, port: int) -> int:
         """Start the HTTP endpoint; returns the bound port (port 0 picks a free one)."""
