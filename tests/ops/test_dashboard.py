@@ -71,14 +71,14 @@ def test_every_panel_query_returns_data_from_a_live_run(tmp_path):
             if steps >= 8:
                 break
         assert steps >= 8, "the run ended early"
-        time.sleep(3)
         dashboard = json.loads((ROOT / "ops" / "grafana" / "strata.json").read_text())
-        empty = [
-            t["expr"]
-            for p in dashboard["panels"]
-            for t in p["targets"]
-            if not query(prom_port, t["expr"])
-        ]
+        exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+        deadline = time.monotonic() + 60  # rates need two scrapes inside their window
+        while True:
+            empty = [expr for expr in exprs if not query(prom_port, expr)]
+            if not empty or time.monotonic() > deadline:
+                break
+            time.sleep(1)
         assert not empty, empty
     finally:
         run.send_signal(signal.SIGTERM)
