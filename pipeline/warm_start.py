@@ -1,0 +1,556 @@
+"""Warm start of the embedded default's tiny policy: supervised fine-tuning on the world's demos.
+
+    python -m pipeline.warm_start --world DIR --out DIR [--size small] [--seed S] [--index DIR]
+
+A policy with random weights never closes a tag, so RL from scratch has no signal. The warm
+start builds the tokenizer and model from the world's text (`build_tiny_policy`, nothing is
+downloaded), then fine-tunes on `demos.jsonl` laid out token for token as `AgentLoop` lays out a
+trajectory: its prompt ids, then generated turns (loss) and tool observations (no loss) with the
+loop's own observation ids. The demos mix strategies on purpose (no search, one, two, python, a
+retry), so the policy learns the format and keeps the mix that stratified GRPO then sorts out.
+
+Training stops at the time budget (tokenizer included) or when the epoch loss plateaus; the HF
+directory is written atomically with a `warm_start.json` whose key makes a second call free.
+`format_rate` runs the real agent loop, search server and sandbox on held-out test questions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import math
+import os
+import random
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from types import SimpleNamespace
+
+from actors.agent import AgentLoop, AgentSettings, instruction
+from actors.rewards import format_reward
+from actors.tools import PythonTool, SearchTool
+from pipeline.config import TinyModel
+
+CODE_VERSION = 1
+"""Bump when the data layout or the training changes: every cached warm start is then rebuilt."""
+CACHE_FILE = "warm_start.json"
+LOCAL_AGENT = AgentSettings(
+    max_turns=4, max_new_tokens_per_turn=64, max_response_tokens=384, max_observation_tokens=128
+)
+"""The agent of configs/local.yaml: demos are laid out as it lays out trajectories."""
+ARCHITECTURE = ("layers", "hidden_size", "heads", "kv_heads", "intermediate_size", "vocab_size",
+                "max_position", "seed")  # fmt: skip
+"""The TinyModel fields that make the weights (and key the cache); the others are run settings."""
+_TOOL_TAGS = {"search": SearchTool, "python": PythonTool}  # the classes carry name and tags
+_OBSERVATION = re.compile(r"(<information>|<output>)(.*?)(</information>|</output>)", re.S)
+_ACTION_ENDS = ("</search>", "</python>", "</answer>")
+
+
+class WarmStartError(ValueError):
+    """A world or a demo the warm start cannot use; the message says what to do, in one line."""
+
+
+@dataclass(frozen=True)
+class Training:
+    lr: float = 3e-3
+    batch_tokens: int = 2048
+    """Padded tokens per optimiser step (sequences of similar length are batched together)."""
+    max_epochs: int = 30
+    warmup_steps: int = 10
+    final_lr: float = 0.1
+    """The learning rate decays (cosine, over the time budget) to this fraction of `lr`."""
+    plateau: float = 0.02
+    """Stop when an epoch lowers the mean loss by less than this fraction of the previous one."""
+
+
+@dataclass(frozen=True)
+class SftExample:
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]  # over response_ids: 1 generated, 0 observation
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+# --------------------------------------------------------------------------------- data layout
+
+
+def layout_agent(tokenizer, tools: Sequence[str], settings: AgentSettings) -> AgentLoop:
+    """An agent loop used for its prompt and observation layout only: it never generates."""
+    return AgentLoop(None, tokenizer, {t: _TOOL_TAGS[t] for t in tools}, settings)  # type: ignore[arg-type]
+
+
+def split_demo(response: str) -> list[tuple[str, str, str] | str]:
+    """The demo's turns in order: generated text (str) and observations (open, body, close).
+
+    The agent's observation layout brings its own blank lines around the tags, so the newline a
+    demo writes after a closing tag is not generated text; nor is the newline demos write after
+    `<information>` part of the body (SearchTool's result starts at `Doc 1`).
+    """
+    parts: list[tuple[str, str, str] | str] = []
+    start = 0
+    for match in _OBSERVATION.finditer(response):
+        open_tag, body, close_tag = match.groups()
+        parts += [response[start : match.start()], (open_tag, body.removeprefix("\n"), close_tag)]
+        start = match.end()
+    parts.append(response[start:])
+    return [p if isinstance(p, tuple) else p.lstrip("\n") for p in parts]
+
+
+def demo_example(demo: Mapping, agent: AgentLoop) -> SftExample:
+    """The token sequence the agent loop produces when it generates what the demo generated."""
+    prompt = agent.prompt_ids(SimpleNamespace(question=demo["question"]))  # type: ignore[arg-type]
+    ids: list[int] = []
+    mask: list[int] = []
+    for part in split_demo(demo["response"]):
+        if isinstance(part, tuple):
+            piece, value = agent._observation_ids(*part), 0
+        else:
+            ends = [i + len(e) for e in _ACTION_ENDS if (i := part.find(e)) >= 0]
+            if min(ends, default=-1) != len(part):  # the engine stops at the first action tag
+                raise WarmStartError(
+                    f"demo {demo.get('id')}: a turn must end at its first </search>, </python> or "
+                    f"</answer>, got {part[-40:]!r}; rebuild the world with python -m retrieval.world"
+                )
+            piece, value = agent.tokenizer.encode(part, add_special_tokens=False), 1
+        ids += piece
+        mask += [value] * len(piece)
+    return SftExample(prompt, ids, mask)
+
+
+# ---------------------------------------------------------------------------------------- cache
+
+
+def _architecture(model: TinyModel) -> dict:
+    return {name: getattr(model, name) for name in ARCHITECTURE}
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def cache_key(world_dir: str | os.PathLike[str], model: TinyModel, tools: Sequence[str],
+              settings: AgentSettings, training: Training, time_budget_s: float) -> str:  # fmt: skip
+    """sha256 over everything the warm-started weights depend on (the seed is in `model`)."""
+    world = Path(world_dir)
+    inputs = {
+        "demos": _sha256(world / "demos.jsonl"),
+        "corpus": _sha256(world / "corpus.jsonl"),  # the tokenizer is trained on it
+        "model": _architecture(model),
+        "tools": list(tools),
+        "observation_tokens": settings.max_observation_tokens,
+        "training": asdict(training),
+        "time_budget_s": time_budget_s,
+        "code_version": CODE_VERSION,
+    }
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+
+
+def cached(out_dir: str | os.PathLike[str], key: str) -> dict | None:
+    """The record of a finished warm start in `out_dir` with this key, else None."""
+    record = Path(out_dir) / CACHE_FILE
+    try:
+        info = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return info if info.get("key") == key and (record.parent / "config.json").is_file() else None
+
+
+# ------------------------------------------------------------------------------------- training
+
+
+def _read_world(world: Path) -> tuple[list[dict], list[str]]:
+    """(demos, corpus passage texts)."""
+    lines = {}
+    for name in ("demos.jsonl", "corpus.jsonl"):
+        if not (world / name).is_file():
+            raise WarmStartError(f"{world / name} is missing; build the world with python -m retrieval.world --out {world}")  # fmt: skip
+        lines[name] = [json.loads(line) for line in (world / name).read_text("utf-8").splitlines()]
+    if not lines["demos.jsonl"]:
+        raise WarmStartError(f"{world / 'demos.jsonl'} holds no demos; rebuild the world")
+    return lines["demos.jsonl"], [p["contents"] for p in lines["corpus.jsonl"]]
+
+
+def _batches(examples: list[SftExample], batch_tokens: int, rng: random.Random) -> list[list[int]]:
+    """Indices of examples grouped by length (little padding), in a shuffled order."""
+    batches, batch = [], []
+    for i in sorted(range(len(examples)), key=lambda i: len(examples[i])):
+        if batch and len(examples[i]) * (len(batch) + 1) > batch_tokens:
+            batches.append(batch)
+            batch = []
+        batch.append(i)
+    batches.append(batch)
+    rng.shuffle(batches)
+    return batches
+
+
+def shared_prefix(examples: Sequence[SftExample]) -> list[int]:
+    """The prompt ids every example starts with (the instruction): encoded once per step."""
+    first = examples[0].prompt_ids
+    n = min(len(e.prompt_ids) for e in examples) - 1  # keep one prompt token per row
+    for e in examples:
+        n = next((i for i in range(n) if e.prompt_ids[i] != first[i]), n)
+    return first[:n]
+
+
+def _tensors(batch: Sequence[SftExample], skip: int, pad: int):
+    """(input ids, attention mask, labels) after the first `skip` prompt ids, right-padded:
+    labels[t] is the token at t + 1 where that token was generated, else -100."""
+    import torch
+
+    width = max(len(e) for e in batch) - skip
+    ids = torch.full((len(batch), width), pad, dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    attention = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, e in enumerate(batch):
+        ids[row, : len(e) - skip] = torch.tensor((e.prompt_ids + e.response_ids)[skip:])
+        attention[row, : len(e) - skip] = 1
+        target = [t if m else -100 for t, m in zip(e.response_ids, e.loss_mask, strict=True)]
+        start = len(e.prompt_ids) - skip - 1
+        labels[row, start : start + len(target)] = torch.tensor(target)
+    return ids, attention, labels
+
+
+def sft_loss(model, batch: Sequence[SftExample], prefix: Sequence[int], pad: int):
+    """(mean cross-entropy over the generated tokens, their count, tokens attended).
+
+    The shared prefix runs once as a batch of one and its keys and values are repeated for the
+    rows (gradients flow through them); logits are computed only where a token is predicted.
+    """
+    import torch
+    import torch.nn.functional as F
+    from transformers import DynamicCache
+
+    ids, attention, labels = _tensors(batch, len(prefix), pad)
+    cache, p, rows = DynamicCache(), len(prefix), len(batch)
+    decoder = model.get_decoder()
+    if p:
+        decoder(input_ids=torch.tensor([list(prefix)]), past_key_values=cache, use_cache=True)
+        cache.batch_repeat_interleave(rows)
+    hidden = decoder(
+        input_ids=ids,
+        attention_mask=torch.cat([torch.ones((rows, p), dtype=torch.long), attention], 1),
+        position_ids=(p + torch.arange(ids.shape[1])).expand(rows, -1),
+        past_key_values=cache if p else None,
+        use_cache=bool(p),
+    ).last_hidden_state
+    where = labels != -100
+    logits = model.get_output_embeddings()(hidden[where])
+    return F.cross_entropy(logits.float(), labels[where]), int(where.sum()), int(attention.sum()) + p * rows  # fmt: skip
+
+
+def _learning_rate(training: Training, step: int, progress: float) -> float:
+    """Linear warmup, then cosine decay to `final_lr` as `progress` (share of the time budget
+    spent) goes from 0 to 1: the budget, not an epoch count, says when training ends."""
+    warmup = min(1.0, (step + 1) / training.warmup_steps)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return training.lr * warmup * (training.final_lr + (1 - training.final_lr) * cosine)
+
+
+def _train(model, examples: list[SftExample], pad: int, training: Training, deadline: float,
+           seed: int, progress: bool) -> dict:  # fmt: skip
+    """AdamW on the generated tokens until the deadline, a loss plateau or max_epochs."""
+    import torch
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=training.lr, betas=(0.9, 0.95), weight_decay=0.0)  # fmt: skip
+    rng, prefix, origin = random.Random(seed), shared_prefix(examples), time.monotonic()
+    step, step_s, epochs, losses, stopped = 0, 0.0, [], [], "max_epochs"
+    model.train()
+    for epoch in range(1, training.max_epochs + 1):
+        start, total, tokens, generated = time.monotonic(), 0.0, 0, 0
+        for batch in _batches(examples, training.batch_tokens, rng):
+            began = time.monotonic()
+            if began + 1.5 * step_s > deadline:
+                stopped = "time_budget"
+                break
+            loss, n, attended = sft_loss(model, [examples[i] for i in batch], prefix, pad)
+            for group in optimizer.param_groups:
+                group["lr"] = _learning_rate(training, step, (began - origin) / max(1e-6, deadline - origin))  # fmt: skip
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            step, losses = step + 1, [*losses, loss.item()]
+            total, generated, tokens = total + loss.item() * n, generated + n, tokens + attended
+            step_s = time.monotonic() - began
+        if generated:
+            seconds = time.monotonic() - start
+            epochs.append({"epoch": epoch, "loss": total / generated, "tokens_per_s": tokens / seconds,
+                           "seconds": seconds, "complete": stopped != "time_budget"})  # fmt: skip
+            if progress:
+                part = " (partial: time budget)" if stopped == "time_budget" else ""
+                print(f"epoch {epoch}: loss {total / generated:.3f} on generated tokens, "
+                      f"{tokens / seconds:,.0f} tokens/s, {seconds:.1f}s{part}", flush=True)  # fmt: skip
+        done = [e["loss"] for e in epochs if e["complete"]]
+        if stopped == "time_budget":
+            break
+        if len(done) >= 2 and done[-2] - done[-1] < training.plateau * done[-2]:
+            stopped = "plateau"
+            break
+    final = sum(losses[-10:]) / len(losses[-10:]) if losses else None
+    return {"steps": step, "first_loss": losses[0] if losses else None, "final_loss": final,
+            "stopped": stopped, "epochs": epochs}  # fmt: skip
+
+
+def _replace_dir(tmp: Path, target: Path) -> None:
+    """Move the finished `tmp` to `target`; an earlier `target` is removed only afterwards."""
+    old = target.with_name(f".{target.name}.old-{os.getpid()}")
+    if target.exists():
+        target.rename(old)
+    try:
+        tmp.rename(target)
+    except BaseException:
+        if old.exists() and not target.exists():
+            old.rename(target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def warm_start(world_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
+               model: TinyModel | Mapping | None = None, *, tools: Sequence[str] = ("search", "python"),
+               settings: AgentSettings = LOCAL_AGENT, training: Training = Training(),
+               time_budget_s: float = 170.0, progress: bool = True) -> Path:  # fmt: skip
+    """Build and fine-tune the tiny policy on the world's demos; returns the HF directory.
+
+    `time_budget_s` bounds the whole call, tokenizer included. `settings` must be the run's agent
+    settings (the observation cut is part of the layout). A directory holding a warm start with
+    the same key is returned at once.
+    """
+    began = time.monotonic()
+    world, target = Path(world_dir), Path(out_dir)
+    spec = model if isinstance(model, TinyModel) else TinyModel.model_validate(dict(model or {}))
+    if unknown := set(tools) - set(_TOOL_TAGS):
+        raise WarmStartError(f"unknown tools {sorted(unknown)}: choose from {sorted(_TOOL_TAGS)}")
+    demos, corpus = _read_world(world)
+    key = cache_key(world, spec, tools, settings, training, time_budget_s)
+    if cached(target, key) is not None:
+        if progress:
+            print(f"warm start: {target} is up to date (key {key[:12]})", flush=True)
+        return target
+    if target.exists() and any(target.iterdir()) and not (target / CACHE_FILE).is_file():
+        raise WarmStartError(f"{target} holds files but no {CACHE_FILE}; not replacing it: choose another output directory")  # fmt: skip
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    from pipeline.tiny_policy import build_tiny_policy
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
+    try:
+        # The tokenizer sees every prompt as the agent writes it, so the instruction that opens
+        # each of them is learnt as whole words.
+        opening = instruction({t: _TOOL_TAGS[t] for t in tools})  # type: ignore[arg-type]
+        prompts = [f"{opening} Question: {d['question']}\n" for d in demos]
+        build_tiny_policy(tmp / "init", corpus + prompts + [d["response"] for d in demos], **_architecture(spec))  # fmt: skip
+        tokenizer = AutoTokenizer.from_pretrained(tmp / "init", local_files_only=True)
+        policy = AutoModelForCausalLM.from_pretrained(tmp / "init", local_files_only=True, dtype=torch.float32)  # fmt: skip
+        agent = layout_agent(tokenizer, tools, settings)
+        examples = [demo_example(d, agent) for d in demos]
+        if progress:
+            print(f"warm start: {len(examples)} demos, {sum(map(len, examples)):,} tokens; tokenizer "
+                  f"and model built in {time.monotonic() - began:.1f}s", flush=True)  # fmt: skip
+        torch.manual_seed(spec.seed)
+        deadline = began + time_budget_s - 3.0  # what saving takes
+        result = _train(policy, examples, tokenizer.pad_token_id, training, deadline, spec.seed, progress)  # fmt: skip
+        final = tmp / "model"
+        policy.eval().save_pretrained(final)
+        tokenizer.save_pretrained(final)
+        record = {"key": key, "code_version": CODE_VERSION, "model": _architecture(spec),
+                  "tools": list(tools), "demos": len(examples),
+                  "seconds": round(time.monotonic() - began, 1), **result}  # fmt: skip
+        (final / CACHE_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        final.chmod(0o755)
+        _replace_dir(final, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if progress:
+        print(f"warm start: {_summary(result)}, {time.monotonic() - began:.1f}s -> {target}", flush=True)  # fmt: skip
+    return target
+
+
+def _summary(record: Mapping) -> str:
+    if not record["steps"]:
+        return "no training step fitted in the time budget: the weights are random"
+    return (f"{record['steps']} steps, loss {record['first_loss']:.3f} -> "
+            f"{record['final_loss']:.3f} ({record['stopped']})")  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------ measuring
+
+
+@dataclass(frozen=True)
+class FormatReport:
+    temperature: float  # 0: greedy
+    trajectories: int
+    well_formed: float
+    """Share whose generated text passes `format_reward`: tags closed, none nested, and it ends
+    with its one answer. A trajectory cut by the response budget is not well formed."""
+    answered: float
+    """Share that ended with an answer (the loop's finish reason)."""
+    mean_tool_calls: float
+    tool_calls: dict[int, float]
+    """Share of trajectories by number of tool calls: the strategy mix."""
+    exact_match: float
+    finish: dict[str, int]
+    seconds: float
+
+    @classmethod
+    def of(cls, temperature: float, results: list[tuple], seconds: float) -> FormatReport:
+        """Figures over (trajectory, its generated text) pairs."""
+        n = len(results)
+        calls = Counter(t.num_tool_calls for t, _ in results)
+        return cls(
+            temperature, n,
+            well_formed=sum(format_reward(text) for _, text in results) / n,
+            answered=sum(t.finish_reason == "answer" for t, _ in results) / n,
+            mean_tool_calls=sum(k * v for k, v in calls.items()) / n,
+            tool_calls={k: v / n for k, v in sorted(calls.items())},
+            exact_match=sum(t.reward for t, _ in results) / n,
+            finish=dict(Counter(t.finish_reason for t, _ in results)),
+            seconds=seconds,
+        )  # fmt: skip
+
+    def line(self) -> str:
+        mix = ", ".join(f"{k}: {v:.0%}" for k, v in self.tool_calls.items())
+        name = "greedy" if self.temperature <= 0 else f"T={self.temperature:g}"
+        return (
+            f"{name:>6}: well-formed {self.well_formed:.0%}, answered {self.answered:.0%}, exact "
+            f"match {self.exact_match:.0%}, tool calls {self.mean_tool_calls:.2f} ({mix}); "
+            f"finish {self.finish}; {self.trajectories} questions in {self.seconds:.0f}s"
+        )
+
+
+def generated_text(trajectory, tokenizer) -> str:
+    """The policy's own text: the generated runs of a trajectory, decoded run by run (as the
+    loop decodes its turns), without the observations between them."""
+    runs: list[list[int]] = [[]]
+    for token, mask in zip(trajectory.token_ids.tolist(), trajectory.loss_mask.tolist(), strict=True):  # fmt: skip
+        if mask:
+            runs[-1].append(token)
+        elif runs[-1]:
+            runs.append([])
+    return "".join(tokenizer.decode(r, skip_special_tokens=False) for r in runs)
+
+
+def pick_questions(questions: Sequence, n: int | None, seed: int = 0) -> list:
+    """`n` questions drawn over the whole split (every level), in file order; None: all."""
+    if n is None or n >= len(questions):
+        return list(questions)
+    return [questions[i] for i in sorted(random.Random(seed).sample(range(len(questions)), n))]
+
+
+def format_rate(model_dir: str | os.PathLike[str], world_dir: str | os.PathLike[str],
+                n: int | None = None, *, temperatures: Sequence[float] = (0.0, 1.0),
+                tools: Sequence[str] = ("search", "python"), settings: AgentSettings = LOCAL_AGENT,
+                index_dir: str | os.PathLike[str] | None = None, concurrency: int = 32,
+                seed: int = 0) -> list[FormatReport]:  # fmt: skip
+    """Run the real agent loop on `n` held-out test questions, once per temperature, searching a
+    MiniLM index of the world through the real retrieval server on 127.0.0.1.
+
+    `index_dir`: an index of the world's corpus, built there first if missing; None builds one
+    in a temporary directory (about ten seconds).
+    """
+    from pipeline.datasets import load_world
+
+    questions = pick_questions(load_world(world_dir)[1], n, seed)
+    with tempfile.TemporaryDirectory(prefix="strata-warm-index-") as scratch:
+        index = Path(index_dir) if index_dir is not None else Path(scratch) / "index"
+        if not (index / "meta.json").is_file():
+            from retrieval.build import build
+
+            build(str(Path(world_dir) / "corpus.jsonl"), str(index), quiet=True)
+        run = _measure(Path(model_dir), index, questions, temperatures, tools, settings, concurrency, seed)  # fmt: skip
+        return asyncio.run(run)
+
+
+async def _measure(model_dir: Path, index: Path, questions: list, temperatures: Sequence[float],
+                   tools: Sequence[str], settings: AgentSettings, concurrency: int,
+                   seed: int) -> list[FormatReport]:  # fmt: skip
+    from actors.embedded import EmbeddedEngine
+    from retrieval.client import RetrievalClient
+    from retrieval.server import load_app, serve
+
+    runner, port = await serve(load_app(str(index)), "127.0.0.1", 0)
+    engine = EmbeddedEngine.from_pretrained(model_dir, max_batch_size=concurrency, seed=seed)
+    gate = asyncio.Semaphore(concurrency)
+    try:
+        async with RetrievalClient(f"http://127.0.0.1:{port}") as client:
+            available = {"search": SearchTool(client), "python": PythonTool()}
+            chosen = {name: available[name] for name in tools}
+
+            async def one(agent: AgentLoop, i: int, question) -> tuple:
+                async with gate:
+                    trajectory = await agent.run(question, question.id, i)
+                return trajectory, generated_text(trajectory, engine.tokenizer)
+
+            reports = []
+            for temperature in temperatures:
+                agent = AgentLoop(engine, engine.tokenizer, chosen,
+                                  replace(settings, temperature=temperature, reward="exact_match"))  # fmt: skip
+                start = time.monotonic()
+                results = await asyncio.gather(*(one(agent, i, q) for i, q in enumerate(questions)))
+                reports.append(FormatReport.of(temperature, results, time.monotonic() - start))
+            return reports
+    finally:
+        await engine.close()
+        await runner.cleanup()
+
+
+# ------------------------------------------------------------------------------------------ CLI
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pipeline.warm_start", description=__doc__.split("\n")[0])  # fmt: skip
+    p.add_argument("--world", required=True, help="world directory (built there if it has none)")
+    p.add_argument("--out", required=True, help="HF model directory to write (cached by key)")
+    p.add_argument("--size", default="small", help="size of the world if it is built (small)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights, the data order and a built world")  # fmt: skip
+    p.add_argument("--time-budget", type=float, default=170.0, help="seconds for the warm start (170)")  # fmt: skip
+    p.add_argument("--eval-n", type=int, help="test questions to measure (default: all)")
+    p.add_argument("--no-eval", action="store_true", help="skip the format measurement")
+    p.add_argument("--index", help="index of the world's corpus for the measurement (built if missing)")  # fmt: skip
+    p.add_argument("--max-response-tokens", type=int, default=LOCAL_AGENT.max_response_tokens,
+                   help="the agent's response budget when measuring (configs/local.yaml: 384)")  # fmt: skip
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from pipeline.datasets import DatasetError
+    from retrieval.world import WorldError, build_world, write_world
+
+    try:
+        world = Path(args.world)
+        if not (world / "world.json").is_file():
+            write_world(build_world(args.seed, args.size), world)
+            print(f"built the {args.size} world (seed {args.seed}) in {world}", flush=True)
+        start = time.monotonic()
+        path = warm_start(world, args.out, TinyModel(seed=args.seed), time_budget_s=args.time_budget)  # fmt: skip
+        record = json.loads((path / CACHE_FILE).read_text(encoding="utf-8"))
+        print(f"warm start: {_summary(record)}; {time.monotonic() - start:.1f}s this call", flush=True)  # fmt: skip
+        if not args.no_eval:
+            settings = replace(LOCAL_AGENT, max_response_tokens=args.max_response_tokens)
+            for report in format_rate(path, world, args.eval_n, settings=settings, index_dir=args.index):  # fmt: skip
+                print(report.line(), flush=True)
+    except (WarmStartError, DatasetError, WorldError) as exc:
+        print(f"strata warm-start: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""`python -m pipeline.launch` end to end on the embedded default, as a user runs it (subprocess)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+import torch
+
+from buffers.reader import read_trajectories
+
+ROOT = Path(__file__).resolve().parents[2]
+SHORT = [
+    "--set", "model.warm_start_s=15", "--set", "learner.groups_per_step=1", "--set", "buffer.group_size=4",
+    "--set", "actors.concurrency=8", "--set", "actors.max_turns=2", "--set", "actors.max_new_tokens_per_turn=32",
+    "--set", "actors.max_response_tokens=160", "--set", "learner.micro_batch_size=4", "--set", "metrics.port=0",
+]  # fmt: skip
+REQUIRED_METRICS = [
+    "strata_trajectories_total", "strata_groups_completed_total", "strata_generated_tokens_total",
+    "strata_learner_steps_total", "strata_policy_version", "strata_actor_policy_version", "strata_staleness",
+    "strata_buffer_groups", "strata_reward", "strata_tool_calls_per_trajectory", "strata_tool_call_seconds",
+    "strata_tool_errors_total", "strata_weight_sync_seconds", "strata_learner_step_seconds",
+    "strata_learner_idle_seconds_total",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+def launch(run_dir, cache, *extra, **popen):
+    argv = [sys.executable, "-m", "pipeline.launch", "configs/local.yaml", "--run-dir", str(run_dir),
+            "--set", f"runtime.cache_dir={cache}", *SHORT, *extra]  # fmt: skip
+    return subprocess.Popen(
+        argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
+    )
+
+
+def test_a_short_run_streams_trains_and_leaves_a_complete_run_dir(tmp_path, cache):
+    run_dir = tmp_path / "run"
+    proc = launch(run_dir, cache, "--set", "learner.max_steps=3", "--set", "buffer.max_staleness=1")
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-2000:]
+    assert "step    3/3" in out and "report" in out
+
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [s["version"] for s in steps] == [1.0, 2.0, 3.0]  # versions increase, one per step
+
+    table, bad = read_trajectories(
+        run_dir / "trajectories", ["prompt_id", "policy_version", "status", "consumed_version"]
+    )
+    assert not bad and table.num_rows >= 12
+    released = table.filter(pc.equal(table["status"], "released"))
+    counts = (
+        released.group_by("prompt_id")
+        .aggregate([("prompt_id", "count")])["prompt_id_count"]
+        .to_pylist()
+    )
+    assert counts and set(counts) == {4}  # every trained group has group_size rows
+    lag = pc.subtract(released["consumed_version"], released["policy_version"]).to_pylist()
+    assert max(lag) <= 1  # staleness within eta
+
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / "step-000003" / "hf")
+    assert hf.config.model_type == "qwen2"
+    report = (run_dir / "report.md").read_text()
+    assert "| learner steps | 3 |" in report and (run_dir / "reward.png").is_file()
+    assert yaml_config_is_resolved(run_dir)
+
+
+def yaml_config_is_resolved(run_dir) -> bool:
+    from pipeline.config_loader import load_config
+
+    config = load_config(run_dir / "config.yaml")
+    return config.learner.max_steps == 3 and config.buffer.group_size == 4
+
+
+def test_sigterm_checkpoints_and_leaves_nothing_running(tmp_path, cache):
+    run_dir = tmp_path / "run"
+    proc = launch(run_dir, cache, "--set", "learner.max_steps=10000")
+    started = time.monotonic()
+    for line in proc.stdout:
+        if line.startswith("step "):
+            break
+        assert time.monotonic() - started < 600
+    children = subprocess.run(
+        ["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True
+    ).stdout.split()
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    assert proc.returncode == 130
+    assert (run_dir / "checkpoints" / "latest").is_file() and (run_dir / "report.md").is_file()
+    time.sleep(0.5)
+    for pid in map(int, children):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks the message for machines without a GPU"
+)
+@pytest.mark.parametrize("config", ["configs/gaia.yaml", "configs/search_r1.yaml"])
+def test_gpu_recipes_say_what_they_need_on_cpu(tmp_path, config):
+    done = subprocess.run([sys.executable, "-m", "pipeline.launch", config, "--run-dir", str(tmp_path / "r")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2
+    assert (
+        done.stderr.count("\n") == 1
+        and "configs/local.yaml" in done.stderr
+        and "GPU" in done.stderr
+    )

@@ -1,0 +1,216 @@
+"""The warm start: demos laid out as the agent loop lays out trajectories, a short real training
+run on the small world (cached on the second call), and the format measurement end to end."""
+
+import asyncio
+import json
+import re
+import shutil
+import time
+from dataclasses import replace
+
+import pytest
+
+from actors.agent import AgentLoop
+from actors.engine import Generation
+from actors.tools import PythonTool, SearchTool
+from pipeline.config import TinyModel
+from pipeline.warm_start import (
+    CACHE_FILE,
+    LOCAL_AGENT,
+    Training,
+    WarmStartError,
+    _learning_rate,
+    cache_key,
+    cached,
+    demo_example,
+    format_rate,
+    layout_agent,
+    sft_loss,
+    shared_prefix,
+    warm_start,
+)
+from retrieval.corpus import read_corpus
+from retrieval.world import build_world, write_world
+
+BUDGET_S = 25.0
+TOOLS = ("search", "python")
+# The local agent with room for the longest demo: the layout is compared where nothing is cut.
+ROOMY = replace(LOCAL_AGENT, max_response_tokens=1024)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    out = tmp_path_factory.mktemp("warm") / "world"
+    write_world(build_world(seed=0, size="small"), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def warm(world, tmp_path_factory):
+    """A 25-second warm start of the default-size policy: (directory, seconds it took)."""
+    start = time.monotonic()
+    path = warm_start(world, tmp_path_factory.mktemp("warm") / "policy", time_budget_s=BUDGET_S)
+    return path, time.monotonic() - start
+
+
+@pytest.fixture(scope="module")
+def tokenizer(warm):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(warm[0], local_files_only=True)
+
+
+def demos(world) -> list[dict]:
+    return [json.loads(line) for line in (world / "demos.jsonl").read_text().splitlines()]
+
+
+# ------------------------------------------------------------------------------------- layout
+
+
+class ReplayEngine:
+    """Generates the demo's turns, one per call, ending where the engine would stop."""
+
+    version = 0
+
+    def __init__(self, tokenizer, turns: list[list[int]]):
+        self.tokenizer, self.turns = tokenizer, list(turns)
+
+    async def generate(self, prompt_ids, params):
+        ids = self.turns.pop(0)
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        stop = next(s for s in params.stop if text.endswith(s))
+        return Generation(ids, [0.0] * len(ids), [0] * len(ids), "stop", stop)
+
+
+class DemoRetrieval:
+    """The retrieval client at its boundary: each query returns the passages the demo shows."""
+
+    def __init__(self, response: str, corpus):
+        by_title = {p.title: p for p in corpus}
+        self.hits = {}
+        for query, shown in re.findall(r"<search>(.*?)</search><information>(.*?)</information>",
+                                       response, re.S):  # fmt: skip
+            titles = re.findall(r"Doc \d+\(Title: (.*?)\) ", shown)
+            self.hits[" ".join(query.split())] = [(by_title[t], 1.0) for t in titles]
+
+    async def search(self, query, topk=3):
+        return self.hits[query]
+
+
+@pytest.mark.parametrize("strategy", ["two_searches_python", "retry_search", "no_search"])
+def test_a_demo_is_the_sequence_the_agent_loop_produces(world, tokenizer, strategy):
+    # The longest demo of the strategy: its observations run past the agent's cut.
+    demo = max((d for d in demos(world) if d["strategy"] == strategy), key=lambda d: len(d["response"]))  # fmt: skip
+    # The turns the policy generates: the demo without its observations and the newline after them.
+    turns = re.split(r"<information>.*?</information>\n|<output>.*?</output>\n", demo["response"],
+                     flags=re.S)  # fmt: skip
+    engine = ReplayEngine(tokenizer, [tokenizer.encode(t, add_special_tokens=False) for t in turns])
+    tools = {
+        "search": SearchTool(DemoRetrieval(demo["response"], read_corpus(world / "corpus.jsonl"))),
+        "python": PythonTool(),
+    }
+    loop = AgentLoop(engine, tokenizer, tools, ROOMY)
+    task = type("Task", (), {"id": demo["id"], "question": demo["question"],
+                             "ground_truth": (demo["answer"],), "data_source": "minigaia"})  # fmt: skip
+    trajectory = asyncio.run(loop.run(task, demo["id"], 0))
+    assert trajectory.finish_reason == "answer" and not engine.turns
+
+    example = demo_example(demo, layout_agent(tokenizer, TOOLS, ROOMY))
+    assert example.prompt_ids == trajectory.prompt_token_ids.tolist()
+    assert example.response_ids == trajectory.token_ids.tolist()
+    assert example.loss_mask == trajectory.loss_mask.tolist()
+    generated = [t for t, m in zip(example.response_ids, example.loss_mask, strict=True) if m]
+    assert tokenizer.decode(generated, skip_special_tokens=False) == "".join(turns)
+    assert example.loss_mask[-1] == 1 and turns[-1].endswith("</answer>")
+    if strategy == "two_searches_python":
+        bodies = re.findall(r"<information>(.*?)</information>", demo["response"], re.S)
+        assert max(len(tokenizer.encode(b)) for b in bodies) > ROOMY.max_observation_tokens
+
+
+def test_the_learning_rate_warms_up_then_decays_over_the_budget():
+    t = Training(lr=1.0, warmup_steps=10, final_lr=0.1)
+    assert _learning_rate(t, 0, 0.0) == pytest.approx(0.1)
+    assert _learning_rate(t, 9, 0.0) == pytest.approx(1.0)
+    assert _learning_rate(t, 50, 0.5) == pytest.approx(0.55)
+    assert _learning_rate(t, 50, 1.0) == _learning_rate(t, 50, 2.0) == pytest.approx(0.1)
+
+
+def test_the_shared_prefix_changes_nothing_in_the_loss(world, warm, tokenizer):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(warm[0], local_files_only=True)
+    agent = layout_agent(tokenizer, TOOLS, LOCAL_AGENT)
+    batch = [demo_example(d, agent) for d in demos(world)[:4]]
+    prefix = shared_prefix(batch)
+    assert len(prefix) > 50  # the instruction
+    with torch.no_grad():
+        fast, n, _ = sft_loss(model, batch, prefix, tokenizer.pad_token_id)
+        total = 0.0
+        for e in batch:  # one sequence at a time, the model's own shifted loss
+            labels = [-100] * len(e.prompt_ids) + [t if m else -100 for t, m in zip(e.response_ids, e.loss_mask, strict=True)]  # fmt: skip
+            out = model(input_ids=torch.tensor([e.prompt_ids + e.response_ids]), labels=torch.tensor([labels]))  # fmt: skip
+            total += out.loss.item() * sum(e.loss_mask)
+    assert n == sum(sum(e.loss_mask) for e in batch)
+    assert fast.item() == pytest.approx(total / n, rel=1e-4)
+
+
+# -------------------------------------------------------------------------------- warm start
+
+
+def test_a_short_warm_start_learns_and_writes_a_loadable_model(warm):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path, seconds = warm
+    record = json.loads((path / CACHE_FILE).read_text())
+    assert seconds < BUDGET_S + 5
+    assert record["steps"] > 0 and record["final_loss"] < record["first_loss"] - 0.5
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    assert model.config.num_hidden_layers == 2 and model.config.hidden_size == 128
+    assert tokenizer.convert_tokens_to_ids("</answer>") != tokenizer.unk_token_id
+    assert not [p.name for p in path.parent.iterdir() if p.name.startswith(".")]  # no leftovers
+
+
+def test_a_second_call_is_served_from_the_cache(world, warm, capsys):
+    path, _ = warm
+    weights = path / "model.safetensors"
+    written = weights.stat().st_mtime_ns
+    start = time.monotonic()
+    assert warm_start(world, path, time_budget_s=BUDGET_S) == path
+    assert time.monotonic() - start < 2.0
+    assert weights.stat().st_mtime_ns == written
+    assert "up to date" in capsys.readouterr().out
+
+
+def test_the_cache_key_follows_the_demos(world, warm, tmp_path):
+    copy = tmp_path / "world"
+    shutil.copytree(world, copy)
+    args = (TinyModel(), TOOLS, LOCAL_AGENT, Training(), BUDGET_S)
+    key = cache_key(copy, *args)
+    assert key == cache_key(world, *args) and cached(warm[0], key) is not None
+    lines = (copy / "demos.jsonl").read_text().splitlines(keepends=True)
+    (copy / "demos.jsonl").write_text("".join(lines[:-1]))
+    changed = cache_key(copy, *args)
+    assert changed != key and cached(warm[0], changed) is None
+    assert cache_key(world, TinyModel(seed=1), *args[1:]) != key
+    assert cache_key(world, args[0], ("search",), *args[2:]) != key
+
+
+def test_a_world_without_demos_is_refused_in_one_line(tmp_path):
+    with pytest.raises(WarmStartError, match=r"demos\.jsonl is missing; build the world"):
+        warm_start(tmp_path, tmp_path / "policy")
+
+
+# ----------------------------------------------------------------------------- measurement
+
+
+def test_the_format_rate_runs_the_agent_end_to_end(world, warm):
+    reports = format_rate(warm[0], world, n=8, temperatures=(0.0, 1.0))
+    assert [r.temperature for r in reports] == [0.0, 1.0]
+    for r in reports:
+        assert r.trajectories == 8 and sum(r.finish.values()) == 8
+        for share in (r.well_formed, r.answered, r.exact_match, *r.tool_calls.values()):
+            assert 0.0 <= share <= 1.0
+        assert sum(r.tool_calls.values()) == pytest.approx(1.0)
+        assert 0 <= r.mean_tool_calls <= LOCAL_AGENT.max_turns
