@@ -333,7 +333,9 @@ class SGLangEngine:
 
         async def broadcast() -> None:  # a server failing mid-broadcast blocks it until timeout
             for bucket in buckets:
-                await asyncio.to_thread(remote_nccl.broadcast, self._weights_group, [t for _, t in bucket])
+                await asyncio.to_thread(
+                    remote_nccl.broadcast, self._weights_group, [t for _, t in bucket]
+                )
 
         await self._update_everywhere(version, update, broadcast)
 
@@ -364,7 +366,12 @@ class SGLangEngine:
         ]  # fmt: skip
         group, *_ = await asyncio.gather(
             asyncio.to_thread(
-                remote_nccl.join_weights_group, master_address, master_port, world_size, group_name, backend
+                remote_nccl.join_weights_group,
+                master_address,
+                master_port,
+                world_size,
+                group_name,
+                backend,
             ),
             *joins,
         )

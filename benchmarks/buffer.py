@@ -106,7 +106,9 @@ def main() -> None:
         f"  put -> next_group : {rate:10,.0f} trajectories/s over {n:,} made beforehand "
         "(every put validated; target >= 50,000)"
     )
-    print(f"  of which validate : {validate_us:10.1f} us per trajectory (5 whole-array checks, measured alone)")
+    print(
+        f"  of which validate : {validate_us:10.1f} us per trajectory (5 whole-array checks, measured alone)"
+    )
     print(
         f"  resident memory  : {measured / raw:10.3f} x raw payload (measured {measured / 1e6:.1f} MB "
         f"for {raw / 1e6:.1f} MB raw; buffer accounts {accounted / 1e6:.1f} MB; target <= 1.3)"

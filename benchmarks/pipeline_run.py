@@ -36,13 +36,17 @@ def measure(steps: int, eta: int, cache: str, run_dir: Path) -> RunSummary:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--cache", default="runs/cache", help="where the world, index and policy are (re)used")
+    parser.add_argument(
+        "--cache", default="runs/cache", help="where the world, index and policy are (re)used"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         streaming = measure(args.steps, 2, args.cache, Path(tmp) / "streaming")
         synchronous = measure(args.steps, 0, args.cache, Path(tmp) / "synchronous")
     rows = [("streaming (eta 2)", streaming), ("synchronous (eta 0)", synchronous)]
-    print(f"local runtime, embedded default, {args.steps} learner steps of 2 groups x 4 trajectories")
+    print(
+        f"local runtime, embedded default, {args.steps} learner steps of 2 groups x 4 trajectories"
+    )
     for name, s in rows:
         print(f"  {name:<20}: {s.trajectories / s.seconds:6.2f} trajectories/s, learner busy {s.busy_fraction:5.0%}, "
               f"{s.seconds:6.1f} s")  # fmt: skip

@@ -126,8 +126,12 @@ def test_weights_change_between_decode_steps(engine):
         len(out.versions) - switch
     )  # one trajectory, two versions
     served = engine.model.state_dict()
-    assert served["model.norm.weight"].data_ptr() == new_weights["model.norm.weight"].data_ptr()  # adopted
-    assert engine.model.lm_head.weight.data_ptr() == served["model.embed_tokens.weight"].data_ptr()  # tied
+    assert (
+        served["model.norm.weight"].data_ptr() == new_weights["model.norm.weight"].data_ptr()
+    )  # adopted
+    assert (
+        engine.model.lm_head.weight.data_ptr() == served["model.embed_tokens.weight"].data_ptr()
+    )  # tied
 
 
 def test_weights_from_an_hf_checkpoint(engine, tmp_path):
