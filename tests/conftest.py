@@ -17,3 +17,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+DISTRIBUTED_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                    "CROSS_RANK", "CROSS_SIZE")  # fmt: skip
+
+
+def child_env() -> dict[str, str]:
+    """The environment for a `python -m pipeline.launch` child: without the torch.distributed
+    variables an in-process learner test left behind (a child would rendezvous on our port)."""
+    return {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARS}

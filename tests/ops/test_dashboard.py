@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import child_env
+
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = shutil.which("prometheus")
 
@@ -50,7 +52,7 @@ def test_every_panel_query_returns_data_from_a_live_run(tmp_path):
          "--set", "learner.max_steps=100000", "--set", "learner.groups_per_step=1", "--set", "buffer.group_size=4",
          "--set", "actors.max_turns=2", "--set", "actors.max_new_tokens_per_turn=24",
          "--set", "actors.max_response_tokens=120", "--set", f"metrics.port={metrics_port}"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=child_env(),
     )  # fmt: skip
     config = tmp_path / "prometheus.yml"
     config.write_text(

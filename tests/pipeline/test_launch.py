@@ -2,8 +2,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
+import pipeline.launch
 from pipeline.config_loader import load_config
 from pipeline.launch import main
 
@@ -23,16 +25,26 @@ def test_dry_run_prints_the_resolved_config_and_writes_nothing(capsys, tmp_path,
     assert list(tmp_path.iterdir()) == []
 
 
-def test_run_writes_the_resolved_config_into_the_run_dir(capsys, tmp_path):
+@pytest.fixture
+def no_training(monkeypatch):
+    """These tests are about the CLI and the run directory; training is tested in test_local_run."""
+    calls = []
+    monkeypatch.setattr(
+        pipeline.launch, "run", lambda config, path, run_dir: calls.append(run_dir) or 0
+    )
+    return calls
+
+
+def test_run_writes_the_resolved_config_into_the_run_dir(capsys, tmp_path, no_training):
     run_dir = tmp_path / "run"
     assert main([LOCAL, "--run-dir", str(run_dir), "--set", "buffer.group_size=4"]) == 0
     written = load_config(run_dir / "config.yaml")
     assert written.buffer.group_size == 4
     assert [p.name for p in run_dir.iterdir()] == ["config.yaml"]  # no temporary file left
-    assert "not built yet" in capsys.readouterr().out
+    assert no_training == [run_dir]
 
 
-def test_default_run_dirs_are_fresh(tmp_path, capsys):
+def test_default_run_dirs_are_fresh(tmp_path, capsys, no_training):
     overrides = ["--set", f"runtime.runs_dir={tmp_path}"]
     assert main([LOCAL, *overrides]) == 0
     assert main([LOCAL, *overrides]) == 0
@@ -40,14 +52,14 @@ def test_default_run_dirs_are_fresh(tmp_path, capsys):
     assert len(runs) == 2 and all(name.startswith("local-") for name in runs)
 
 
-def test_an_existing_run_dir_is_never_overwritten(tmp_path, capsys):
+def test_an_existing_run_dir_is_never_overwritten(tmp_path, capsys, no_training):
     (tmp_path / "keep.txt").write_text("earlier run")
     assert main([LOCAL, "--run-dir", str(tmp_path)]) == 2
     assert "already exists" in capsys.readouterr().err
     assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
 
 
-def test_bad_value_is_one_line_and_writes_nothing(tmp_path, capsys):
+def test_bad_value_is_one_line_and_writes_nothing(tmp_path, capsys, no_training):
     run_dir = tmp_path / "run"
     assert main([LOCAL, "--run-dir", str(run_dir), "--set", "learner.alpha=2"]) == 2
     err = capsys.readouterr().err

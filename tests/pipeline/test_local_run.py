@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from buffers.reader import read_trajectories
+from tests.conftest import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = [
@@ -38,7 +39,13 @@ def launch(run_dir, cache, *extra, **popen):
     argv = [sys.executable, "-m", "pipeline.launch", "configs/local.yaml", "--run-dir", str(run_dir),
             "--set", f"runtime.cache_dir={cache}", *SHORT, *extra]  # fmt: skip
     return subprocess.Popen(
-        argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
+        argv,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+        **popen,
     )
 
 
@@ -109,7 +116,7 @@ def test_sigterm_checkpoints_and_leaves_nothing_running(tmp_path, cache):
 @pytest.mark.parametrize("config", ["configs/gaia.yaml", "configs/search_r1.yaml"])
 def test_gpu_recipes_say_what_they_need_on_cpu(tmp_path, config):
     done = subprocess.run([sys.executable, "-m", "pipeline.launch", config, "--run-dir", str(tmp_path / "r")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=child_env())  # fmt: skip
     assert done.returncode == 2
     assert (
         done.stderr.count("\n") == 1
