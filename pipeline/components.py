@@ -78,4 +78,5 @@ def agent_settings(config: ActorsConfig) -> AgentSettings:
         temperature=config.temperature,
         top_p=config.top_p,
         reward=config.reward,
+        format_weight=config.format_weight,
     )

@@ -167,6 +167,8 @@ class ActorsConfig(Section):
     """Nucleus sampling mass."""
     reward: Literal["exact_match", "f1", "gaia"] = "exact_match"
     """Outcome reward of the final <answer>."""
+    format_weight: float = Field(0.0, ge=0, le=1)
+    """Added reward for a well-formed response (tags closed, one final answer); 0: outcome only."""
     python_timeout_s: float = Field(5.0, gt=0, le=600)
     """Wall-clock limit of one sandboxed python call."""
     python_memory_mb: int = Field(512, ge=32, le=65536)

@@ -46,5 +46,6 @@ def test_actor_side_from_config(tmp_path):
         and tools["python"].timeout_s == actors.python_timeout_s
     )
     assert agent_settings(actors).max_turns == actors.max_turns
+    assert agent_settings(ActorsConfig(format_weight=0.2)).format_weight == 0.2
     with pytest.raises(ValueError, match="no retrieval server URL"):
         make_tools(actors, RetrievalConfig(), None)
