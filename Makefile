@@ -47,6 +47,8 @@ bench: setup
 	$(PY) benchmarks/buffer.py
 	$(PY) benchmarks/retrieval_server.py
 	$(PY) benchmarks/engine.py
+	$(PY) benchmarks/learner_step.py
+	$(PY) benchmarks/pipeline_run.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
