@@ -67,12 +67,11 @@ async def run_local(
     """Stream until learner.max_steps. `summary` (if given) is filled in place, so the caller
     still has it when the run is interrupted."""
     from actors.agent import AgentLoop
-    from actors.embedded import EmbeddedEngine
     from actors.pool import ActorPool
     from learner.checkpoint import save_checkpoint
     from learner.trainer import Learner
     from learner.weight_sync import InProcessSync
-    from pipeline.components import agent_settings, make_buffer, make_tools
+    from pipeline.components import agent_settings, make_buffer, make_engine, make_tools
     from pipeline.datasets import load_world
     from retrieval.server import load_app, serve
 
@@ -84,11 +83,7 @@ async def run_local(
         app = load_app(str(assets.index_dir))
         runner, port = await serve(app, config.retrieval.host, config.retrieval.port)
         search_url = f"http://{config.retrieval.host}:{port}"
-    engine = EmbeddedEngine.from_pretrained(
-        assets.policy_dir,
-        max_batch_size=config.actors.engine.max_batch_size,
-        seed=config.runtime.seed,
-    )
+    engine = make_engine(config.actors, assets.policy_dir, seed=config.runtime.seed)
     tools = make_tools(config.actors, config.retrieval, search_url)
     learner = Learner(assets.policy_dir, config.learner, group_size=config.buffer.group_size,
                       temperature=config.actors.temperature, tools=tuple(config.actors.tools),
