@@ -78,12 +78,20 @@ def test_admission_control_bounds_staleness(engine):
             engine, buffer, [Task(f"t{i}") for i in range(20)], version=lambda: version["v"]
         )
         runner = asyncio.create_task(pool.run())
-        await asyncio.sleep(0.5)
+
+        async def blocked(times: int) -> None:
+            # Wait (not a fixed sleep: slow machines) until admission has stopped the pool.
+            for _ in range(6000):
+                if pool.stats.admission_waits >= times:
+                    return
+                await asyncio.sleep(0.01)
+
+        await blocked(1)
         first = pool.stats.groups_started  # (eta + v + 1) * groups_per_step = (1 + 0 + 1) * 2
         waits = pool.stats.admission_waits
         version["v"] = 1
         pool.notify_version()
-        await asyncio.sleep(0.5)
+        await blocked(2)
         second = pool.stats.groups_started
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
