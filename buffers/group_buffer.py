@@ -42,6 +42,8 @@ class BufferStats:
     abandoned: int
     rejected: int
     pending: int
+    abandoned_groups: int
+    """Groups given up on (an actor died, a timeout), also those none of whose members arrived."""
     open_groups: int
     ready_groups: int
     resident_bytes: int
@@ -78,6 +80,7 @@ class GroupBuffer:
         self._open: dict[str, _OpenGroup] = {}
         self._ready: deque[Group] = deque()
         self._closed: OrderedDict[str, str] = OrderedDict()
+        self._abandoned_groups = 0
         self._counts: Counter[tuple[str, int]] = Counter()  # (event, stratum) -> trajectories
         self._pending: Counter[int] = Counter()  # stratum -> trajectories held
         self._resident = 0
@@ -212,6 +215,7 @@ class GroupBuffer:
             self.spill.append(members, status, consumed_version)
 
     def _remember(self, prompt_id: str, status: str) -> None:
+        self._abandoned_groups += status == "abandoned"  # a prompt is closed once
         self._closed[prompt_id] = status
         if len(self._closed) > _CLOSED_MEMORY:
             self._closed.popitem(last=False)
@@ -238,6 +242,7 @@ class GroupBuffer:
         total = {e: sum(v[e] for v in per_stratum.values()) for e in (*events, "pending")}
         return BufferStats(
             **total,
+            abandoned_groups=self._abandoned_groups,
             open_groups=len(self._open),
             ready_groups=len(self._ready),
             resident_bytes=self._resident,

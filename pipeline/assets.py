@@ -64,7 +64,8 @@ def prepare_index(config: StrataConfig, corpus: Path, quiet: bool = False) -> Pa
     return target
 
 
-def prepare_policy(config: StrataConfig, world_dir: Path | None, quiet: bool = False) -> Path:
+def prepare_policy(config: StrataConfig, world_dir: Path | None, quiet: bool = False,
+                   index_dir: Path | None = None) -> Path:  # fmt: skip
     if isinstance(config.model, PretrainedModel):
         path = Path(config.model.path)
         if not (path / "config.json").is_file():
@@ -89,6 +90,8 @@ def prepare_policy(config: StrataConfig, world_dir: Path | None, quiet: bool = F
         tools=tuple(config.actors.tools),
         time_budget_s=config.model.warm_start_s,
         progress=not quiet,
+        index_dir=index_dir,  # demos then show what this run's searches return
+        topk=config.retrieval.topk,
     )
 
 
@@ -107,4 +110,4 @@ def prepare_assets(config: StrataConfig, quiet: bool = False) -> Assets:
                 "the search tool needs retrieval.url, retrieval.index_dir or retrieval.corpus"
             )
         index = prepare_index(config, corpus, quiet)
-    return Assets(world, index, prepare_policy(config, world, quiet))
+    return Assets(world, index, prepare_policy(config, world, quiet, index))

@@ -320,6 +320,8 @@ class RayRuntime(RuntimeBase):
     """CPUs reserved for the learner."""
     learner_num_gpus: float = Field(0.0, ge=0)
     """GPUs reserved for the learner."""
+    retrieval_num_cpus: float = Field(0.0, ge=0)
+    """CPUs reserved for the retrieval server (0: it shares them; it mostly waits on requests)."""
 
 
 RuntimeConfig = Annotated[

@@ -1,9 +1,11 @@
-"""`python -m pipeline.launch CONFIG [--set k=v ...] [--run-dir DIR] [--dry-run]`.
+"""`python -m pipeline.launch CONFIG [--set k=v ...] [--run-dir DIR] [--dry-run] [--resume]`.
 
 Validates the config, writes the resolved config into a fresh run directory, builds or reuses the
 assets (world, index, warm-started policy) and streams: actors generate, the learner trains on
-each complete group, weights go back to the actors, until `learner.max_steps`. The `local` runtime
-runs here; the `ray` runtime and the GPU recipes say what they need when it is missing.
+each complete group, weights go back to the actors, until `learner.max_steps`. Runtimes: `local`
+(one process) and `ray` (roles as Ray actors); the GPU recipes say what they need when it is
+missing. `--resume --run-dir DIR` goes on from DIR's latest checkpoint with DIR's own settings
+(only `learner.max_steps` may change).
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--dry-run", action="store_true", help="validate, print the resolved config as YAML, exit"
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on with the run in --run-dir from its latest checkpoint (raise learner.max_steps to train longer)",
     )
     return parser
 
@@ -70,7 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             sys.stdout.write(dump_config(config))
             return 0
-        run_dir = new_run_dir(config, args.config, args.run_dir)
+        if args.resume:
+            run_dir = resumable_run_dir(config, args.run_dir)
+        else:
+            run_dir = new_run_dir(config, args.config, args.run_dir)
         written = write_resolved_config(config, run_dir)
     except ConfigError as exc:
         print(f"strata: error: {exc}", file=sys.stderr)
@@ -85,7 +95,42 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"strata: config {args.config} is valid; resolved config written to {written}", flush=True
     )
-    return run(config, args.config, run_dir)
+    return run(config, args.config, run_dir, resume=args.resume)
+
+
+RESUMABLE_CHANGES = {"learner.max_steps"}
+
+
+def _flat(data: dict, prefix: str = "") -> dict[str, object]:
+    flat: dict[str, object] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def resumable_run_dir(config: StrataConfig, requested: str | None) -> Path:
+    """The run directory to resume, checked: it has a checkpoint and was run with `config`'s
+    settings (apart from `RESUMABLE_CHANGES`)."""
+    if requested is None:
+        raise ConfigError("--resume needs --run-dir DIR: the directory of the run to go on with")
+    run_dir = Path(requested)
+    if not (run_dir / "checkpoints" / "latest").is_file():
+        raise ConfigError(
+            f"--resume: {run_dir} holds no checkpoint (no checkpoints/latest): start it without --resume"
+        )
+    saved = load_config(run_dir / "config.yaml")
+    old, new = _flat(saved.model_dump(mode="json")), _flat(config.model_dump(mode="json"))
+    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    changed = [k for k in changed if k not in RESUMABLE_CHANGES]
+    if changed:
+        raise ConfigError(
+            f"--resume: the settings differ from the run's own {run_dir / 'config.yaml'} in "
+            f"{', '.join(changed)}: resume with the same config (only learner.max_steps may change)"
+        )
+    return run_dir
 
 
 def unavailable(config: StrataConfig) -> str | None:
@@ -103,7 +148,10 @@ def unavailable(config: StrataConfig) -> str | None:
     if config.learner.zero_stage == 3 and not gpu:
         return "learner.zero_stage 3 needs CUDA GPUs here: use --set learner.zero_stage=2 on CPU"
     if isinstance(config.runtime, RayRuntime):
-        return "runtime.type ray is not built yet in this version: use runtime.type local (--set runtime.type=local)"
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            return "runtime.type ray needs the ray package: pip install 'ray>=2.30', or use --set runtime.type=local"
     return None
 
 
@@ -118,13 +166,15 @@ def _progress_line(metrics: dict, max_steps: int) -> None:
     )
 
 
-def run(config: StrataConfig, config_path: str, run_dir: Path) -> int:
+def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = False) -> int:
     import asyncio
     import signal
 
+    from learner.checkpoint import CheckpointError
     from pipeline.assets import prepare_assets
-    from pipeline.local_runtime import RunSummary, run_local
+    from pipeline.config import RayRuntime
     from pipeline.report import learning_signal, write_report
+    from pipeline.streaming import RunSummary, RuntimeUnavailable
 
     def terminate(signum, frame):  # SIGTERM ends the run like Ctrl-C: checkpoint, flush, stop
         raise KeyboardInterrupt
@@ -136,17 +186,26 @@ def run(config: StrataConfig, config_path: str, run_dir: Path) -> int:
         print(f"strata: error: {exc}", file=sys.stderr)
         return 2
     summary = RunSummary()
+    progress = lambda m: _progress_line(m, config.learner.max_steps)  # noqa: E731
+    if isinstance(config.runtime, RayRuntime):
+        from pipeline.ray_runtime import run_ray as runtime
+    else:
+        from pipeline.local_runtime import run_local as runtime
 
     async def main():
-        await run_local(
-            config, assets, run_dir, lambda m: _progress_line(m, config.learner.max_steps), summary
-        )
+        await runtime(config, assets, run_dir, progress, summary, resume=resume)
 
     interrupted = False
     try:
         asyncio.run(main())
     except OSError as exc:  # e.g. the metrics port is taken
         print(f"strata: error: {exc} (set metrics.port, or metrics.enabled=false)", file=sys.stderr)
+        return 2
+    except RuntimeUnavailable as exc:
+        print(f"strata: error: {exc}", file=sys.stderr)
+        return 2
+    except CheckpointError as exc:
+        print(f"strata: error: --resume: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         interrupted = True
@@ -155,9 +214,15 @@ def run(config: StrataConfig, config_path: str, run_dir: Path) -> int:
         return 1
     report = write_report(run_dir, config_path, summary)
     first, last = learning_signal(summary.metrics)
+    restarts = (
+        f"actor restarts {summary.actor_restarts}; "
+        if isinstance(config.runtime, RayRuntime)
+        else ""
+    )
+    resumed = f" (resumed at step {summary.resumed_from})" if summary.resumed_from else ""
     print(
-        f"strata: {summary.steps} steps, {summary.trajectories} trajectories in {summary.seconds:.0f}s; "
-        f"learner busy {summary.busy_fraction:.0%}; mean reward first 20% {first:.3f} -> last 20% {last:.3f}; "
+        f"strata: {summary.steps} steps{resumed}, {summary.trajectories} trajectories in {summary.seconds:.0f}s; "
+        f"learner busy {summary.busy_fraction:.0%}; {restarts}mean reward first 20% {first:.3f} -> last 20% {last:.3f}; "
         f"report {report}"
     )
     return 130 if interrupted else 0

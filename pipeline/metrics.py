@@ -27,6 +27,9 @@ class RunMetrics:
         self.groups_completed = Counter(
             "strata_groups_completed_total", "Groups released to the learner", registry=r
         )
+        self.groups_abandoned = Counter(
+            "strata_groups_abandoned_total", "Groups given up on (actor died, timeout)", registry=r
+        )
         self.generated_tokens = Counter(
             "strata_generated_tokens_total", "Tokens sampled by the engines", registry=r
         )
@@ -81,11 +84,13 @@ class RunMetrics:
             server.shutdown()
 
     def _advance(self, counter, key: str, total: float, **labels: str) -> None:
-        """Counters from cumulative totals read elsewhere: add what is new since the last read."""
-        delta = total - self._seen.get(key, 0.0)
+        """Counters from cumulative totals read elsewhere: add what is new since the last read.
+        A total that went down was reset (a restarted actor counts from 0 again)."""
+        seen = self._seen.get(key, 0.0)
+        delta = total - seen if total >= seen else total
         if delta > 0:
             (counter.labels(**labels) if labels else counter).inc(delta)
-            self._seen[key] = total
+        self._seen[key] = total
 
     def observe_step(self, metrics: dict, trajectories: list, idle_s: float) -> None:
         self.learner_steps.inc()
@@ -102,23 +107,19 @@ class RunMetrics:
             self.tool_calls.observe(len(t.tool_names))
             self.staleness.observe(max(0, int(metrics.get("version", 1)) - 1 - t.policy_version))
 
-    def sample(self, buffer_stats, engines: dict[str, object], tool_stats: list) -> None:
+    def sample(self, buffer_stats, actors: dict) -> None:
+        """Read the buffer's counters and each actor's (`streaming.ActorStats` by actor name)."""
         for status in ("released", "dropped_stale", "abandoned", "rejected"):
             self._advance(
                 self.trajectories, f"traj/{status}", getattr(buffer_stats, status), status=status
             )
+        self._advance(self.groups_abandoned, "groups/abandoned", buffer_stats.abandoned_groups)
         self.buffer_groups.labels(state="open").set(buffer_stats.open_groups)
         self.buffer_groups.labels(state="ready").set(buffer_stats.ready_groups)
-        for name, engine in engines.items():
-            self.actor_version.labels(actor=name).set(engine.version)
-            self._advance(
-                self.generated_tokens, f"tokens/{name}", getattr(engine, "generated_tokens", 0)
-            )
-        for stats in tool_stats:
-            for tool in stats.calls:
-                self._advance(
-                    self.tool_seconds, f"secs/{id(stats)}/{tool}", stats.seconds[tool], tool=tool
-                )
-                self._advance(
-                    self.tool_errors, f"errs/{id(stats)}/{tool}", stats.errors[tool], tool=tool
-                )
+        for name, actor in actors.items():
+            self.actor_version.labels(actor=name).set(actor.version)
+            self._advance(self.generated_tokens, f"tokens/{name}", actor.generated_tokens)
+            for tool in actor.tools.calls:
+                secs, errs = actor.tools.seconds[tool], actor.tools.errors[tool]
+                self._advance(self.tool_seconds, f"secs/{name}/{tool}", secs, tool=tool)
+                self._advance(self.tool_errors, f"errs/{name}/{tool}", errs, tool=tool)

@@ -37,7 +37,7 @@ from actors.tools import PythonTool, SearchTool
 from pipeline.config import TinyModel
 from pipeline.format_rate import LOCAL_AGENT, format_rate
 
-CODE_VERSION = 1
+CODE_VERSION = 2
 """Bump when the data layout or the training changes: every cached warm start is then rebuilt."""
 CACHE_FILE = "warm_start.json"
 ARCHITECTURE = ("layers", "hidden_size", "heads", "kv_heads", "intermediate_size", "vocab_size",
@@ -46,6 +46,7 @@ ARCHITECTURE = ("layers", "hidden_size", "heads", "kv_heads", "intermediate_size
 _TOOL_TAGS = {"search": SearchTool, "python": PythonTool}  # the classes carry name and tags
 _OBSERVATION = re.compile(r"(<information>|<output>)(.*?)(</information>|</output>)", re.S)
 _ACTION_ENDS = ("</search>", "</python>", "</answer>")
+_SEARCH_STEP = re.compile(r"<search>(.*?)</search>(\s*)<information>(.*?)</information>", re.S)
 
 
 class WarmStartError(ValueError):
@@ -100,6 +101,33 @@ def split_demo(response: str) -> list[tuple[str, str, str] | str]:
     return [p if isinstance(p, tuple) else p.lstrip("\n") for p in parts]
 
 
+def retrieved_observations(demos: Sequence[Mapping], index_dir: str | os.PathLike[str],
+                           topk: int) -> list[dict]:  # fmt: skip
+    """The demos with every search result replaced by what the run's index returns for that query.
+
+    The world writes each search's result as the gold passage among random ones of its kind; the
+    agent will see the retriever's top `topk` instead. Training on exactly those observations
+    (queries normalised as `SearchTool` sends them) makes a demo the trajectory the agent loop
+    would produce, so a policy that issues a demo's query sees the context it was trained on.
+    """
+    from actors.tools import MAX_QUERY_CHARS
+    from retrieval.corpus import format_passages
+    from retrieval.server import load_search
+
+    def normal(query: str) -> str:
+        return " ".join(query.split())[:MAX_QUERY_CHARS]
+
+    queries = sorted({normal(m.group(1)) for d in demos for m in _SEARCH_STEP.finditer(d["response"])} - {""})  # fmt: skip
+    search = load_search(str(index_dir))
+    shown = {q: format_passages([p for p, _ in hits]) for q, hits in zip(queries, search(queries, topk), strict=True)}  # fmt: skip
+
+    def swap(m: re.Match) -> str:
+        body = shown.get(normal(m.group(1)), m.group(3).removeprefix("\n"))
+        return f"<search>{m.group(1)}</search>{m.group(2)}<information>\n{body}</information>"
+
+    return [{**d, "response": _SEARCH_STEP.sub(swap, d["response"])} for d in demos]
+
+
 def demo_example(demo: Mapping, agent: AgentLoop) -> SftExample:
     """The token sequence the agent loop produces when it generates what the demo generated."""
     prompt = agent.prompt_ids(SimpleNamespace(question=demo["question"]))  # type: ignore[arg-type]
@@ -132,8 +160,19 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _index_identity(index_dir: str | os.PathLike[str] | None, topk: int) -> dict | None:
+    """What the retrieved observations depend on: the index's corpus, encoder and kind, and k."""
+    if index_dir is None:
+        return None
+    meta = json.loads((Path(index_dir) / "meta.json").read_text(encoding="utf-8"))
+    return {k: meta.get(k) for k in ("corpus_sha256", "encoder", "encoder_style", "kind")} | {
+        "topk": topk
+    }
+
+
 def cache_key(world_dir: str | os.PathLike[str], model: TinyModel, tools: Sequence[str],
-              settings: AgentSettings, training: Training, time_budget_s: float) -> str:  # fmt: skip
+              settings: AgentSettings, training: Training, time_budget_s: float,
+              retrieval: dict | None = None) -> str:  # fmt: skip
     """sha256 over everything the warm-started weights depend on (the seed is in `model`)."""
     world = Path(world_dir)
     inputs = {
@@ -144,6 +183,7 @@ def cache_key(world_dir: str | os.PathLike[str], model: TinyModel, tools: Sequen
         "observation_tokens": settings.max_observation_tokens,
         "training": asdict(training),
         "time_budget_s": time_budget_s,
+        "retrieval": retrieval,
         "code_version": CODE_VERSION,
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
@@ -312,12 +352,14 @@ def _replace_dir(tmp: Path, target: Path) -> None:
 def warm_start(world_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
                model: TinyModel | Mapping | None = None, *, tools: Sequence[str] = ("search", "python"),
                settings: AgentSettings = LOCAL_AGENT, training: Training = Training(),
-               time_budget_s: float = 170.0, progress: bool = True) -> Path:  # fmt: skip
+               time_budget_s: float = 170.0, progress: bool = True,
+               index_dir: str | os.PathLike[str] | None = None, topk: int = 3) -> Path:  # fmt: skip
     """Build and fine-tune the tiny policy on the world's demos; returns the HF directory.
 
     `time_budget_s` bounds the whole call, tokenizer included. `settings` must be the run's agent
-    settings (the observation cut is part of the layout). A directory holding a warm start with
-    the same key is returned at once.
+    settings (the observation cut is part of the layout). `index_dir`: the run's search index;
+    the demos' search results are then what it returns (`retrieved_observations`), else the
+    world's own. A directory holding a warm start with the same key is returned at once.
     """
     began = time.monotonic()
     world, target = Path(world_dir), Path(out_dir)
@@ -325,7 +367,10 @@ def warm_start(world_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str
     if unknown := set(tools) - set(_TOOL_TAGS):
         raise WarmStartError(f"unknown tools {sorted(unknown)}: choose from {sorted(_TOOL_TAGS)}")
     demos, corpus = _read_world(world)
-    key = cache_key(world, spec, tools, settings, training, time_budget_s)
+    if "search" not in tools:
+        index_dir = None
+    retrieval = _index_identity(index_dir, topk)
+    key = cache_key(world, spec, tools, settings, training, time_budget_s, retrieval)
     if cached(target, key) is not None:
         if progress:
             print(f"warm start: {target} is up to date (key {key[:12]})", flush=True)
@@ -352,6 +397,8 @@ def warm_start(world_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str
         tokenizer = AutoTokenizer.from_pretrained(tmp / "init", local_files_only=True)
         policy = AutoModelForCausalLM.from_pretrained(tmp / "init", local_files_only=True, dtype=torch.float32)  # fmt: skip
         agent = layout_agent(tokenizer, tools, settings)
+        if index_dir is not None:
+            demos = retrieved_observations(demos, index_dir, topk)
         examples = [demo_example(d, agent) for d in demos]
         if progress:
             print(f"warm start: {len(examples)} demos, {sum(map(len, examples)):,} tokens; tokenizer "
@@ -363,7 +410,7 @@ def warm_start(world_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str
         policy.eval().save_pretrained(final)
         tokenizer.save_pretrained(final)
         record = {"key": key, "code_version": CODE_VERSION, "model": _architecture(spec),
-                  "tools": list(tools), "demos": len(examples),
+                  "tools": list(tools), "demos": len(examples), "retrieval": retrieval,
                   "seconds": round(time.monotonic() - began, 1), **result}  # fmt: skip
         (final / CACHE_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         final.chmod(0o755)
@@ -394,7 +441,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--time-budget", type=float, default=170.0, help="seconds for the warm start (170)")  # fmt: skip
     p.add_argument("--eval-n", type=int, help="test questions to measure (default: all)")
     p.add_argument("--no-eval", action="store_true", help="skip the format measurement")
-    p.add_argument("--index", help="index of the world's corpus for the measurement (built if missing)")  # fmt: skip
+    p.add_argument("--index", help="index of the world's corpus: the demos' search results and the measurement use it (built if missing)")  # fmt: skip
     p.add_argument("--max-response-tokens", type=int, default=LOCAL_AGENT.max_response_tokens,
                    help="the agent's response budget when measuring (configs/local.yaml: 384)")  # fmt: skip
     return p
@@ -411,8 +458,13 @@ def main(argv: list[str] | None = None) -> int:
         if not (world / "world.json").is_file():
             write_world(build_world(args.seed, args.size), world)
             print(f"built the {args.size} world (seed {args.seed}) in {world}", flush=True)
+        if args.index and not (Path(args.index) / "meta.json").is_file():
+            from retrieval.build import build
+
+            build(str(world / "corpus.jsonl"), args.index, quiet=True)
         start = time.monotonic()
-        path = warm_start(world, args.out, TinyModel(seed=args.seed), time_budget_s=args.time_budget)  # fmt: skip
+        path = warm_start(world, args.out, TinyModel(seed=args.seed), time_budget_s=args.time_budget,
+                          index_dir=args.index)  # fmt: skip
         record = json.loads((path / CACHE_FILE).read_text(encoding="utf-8"))
         print(f"warm start: {_summary(record)}; {time.monotonic() - start:.1f}s this call", flush=True)  # fmt: skip
         if not args.no_eval:

@@ -186,8 +186,13 @@ def index_search(index: PassageIndex, encode: Callable[[list[str]], np.ndarray])
     return search
 
 
-def load_app(index_dir: str, max_batch: int = 64, max_wait_ms: float = 2.0) -> web.Application:
-    """The server for an index directory, with the encoder its meta.json names."""
+def load_search(index_dir: str) -> SearchFn:
+    """Search an index directory in-process, with the encoder its meta.json names (what the
+    server answers, without the server)."""
+    return _load(index_dir)[0]
+
+
+def _load(index_dir: str) -> tuple[SearchFn, dict]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     index = PassageIndex.load(index_dir)
     encoder = load_encoder(index.meta.encoder, style=index.meta.encoder_style)
@@ -197,7 +202,13 @@ def load_app(index_dir: str, max_batch: int = 64, max_wait_ms: float = 2.0) -> w
         "dim": index.meta.dim,
         "index": index.meta.kind,
     }
-    return create_app(index_search(index, encoder.encode_queries), info, max_batch, max_wait_ms)
+    return index_search(index, encoder.encode_queries), info
+
+
+def load_app(index_dir: str, max_batch: int = 64, max_wait_ms: float = 2.0) -> web.Application:
+    """The server for an index directory, with the encoder its meta.json names."""
+    search, info = _load(index_dir)
+    return create_app(search, info, max_batch, max_wait_ms)
 
 
 async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:

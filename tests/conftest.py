@@ -27,3 +27,10 @@ def child_env() -> dict[str, str]:
     """The environment for a `python -m pipeline.launch` child: without the torch.distributed
     variables an in-process learner test left behind (a child would rendezvous on our port)."""
     return {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARS}
+
+
+@pytest.fixture(scope="session")
+def run_cache(tmp_path_factory):
+    """One `runtime.cache_dir` for every end-to-end run of the session: the world, its index and
+    the warm-started policy are built by the first run and reused by the others."""
+    return tmp_path_factory.mktemp("run-cache")

@@ -161,6 +161,7 @@ def test_abandon_counts_spills_and_never_trains(tmp_path):
         assert (await buffer.next_group(0)).prompt_id == "next"
         stats = await buffer.close()
         assert (stats.abandoned, stats.released, stats.pending) == (3, 3, 0)
+        assert stats.abandoned_groups == 1  # abandoned twice, one group
         statuses = pq.read_table(tmp_path).column("status").to_pylist()
         assert sorted(statuses) == ["abandoned"] * 3 + ["released"] * 3
 
@@ -171,9 +172,11 @@ def test_abandoning_before_any_member_arrived_catches_the_stragglers():
     async def scenario():
         buffer = GroupBuffer(group_size=2, max_staleness=0)
         assert buffer.abandon("early") == 0  # its first member's actor died before putting anything
+        assert buffer.abandon("early") == 0  # and its second
         await buffer.put(traj("early", 1))
         stats = buffer.stats()
         assert (stats.abandoned, stats.pending, stats.open_groups) == (1, 0, 0)
+        assert stats.abandoned_groups == 1
         assert_accounting(buffer)
 
     run(scenario())

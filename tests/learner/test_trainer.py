@@ -221,3 +221,25 @@ def test_weight_sync_snapshots_once_and_versions_increase(policy, tmp_path):
         asyncio.run(disk.publish(model.state_dict(), version))
     assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v000003", "v000004"]
     assert engines[0].updates[-1][2].endswith("v000004")
+
+
+def test_a_step_makes_rewarded_responses_more_likely(policy):
+    """The direction of the update, not only its size: after one step the rewarded members of
+    each group gain log-probability relative to the unrewarded ones (a sign error in the
+    advantages or the surrogate would reverse this while the loss still went down)."""
+    model = learner(policy, lr=1e-3)
+    batch = groups(3)
+    members = [t for g in batch for t in g.members]
+    rewards = torch.tensor([t.reward for t in members])
+
+    def logp() -> torch.Tensor:
+        b = build_batch(members, torch.zeros(len(members)), model.pad_id)
+        with torch.no_grad():
+            logits = model.model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
+            values, _ = response_logprobs(logits, b)
+        return (values * b.response_mask).sum(-1)
+
+    before = logp()
+    model.step(batch)
+    gain = logp() - before
+    assert gain[rewards == 1].mean() > gain[rewards == 0].mean() + 0.1

@@ -30,7 +30,9 @@ def no_training(monkeypatch):
     """These tests are about the CLI and the run directory; training is tested in test_local_run."""
     calls = []
     monkeypatch.setattr(
-        pipeline.launch, "run", lambda config, path, run_dir: calls.append(run_dir) or 0
+        pipeline.launch,
+        "run",
+        lambda config, path, run_dir, resume=False: calls.append(run_dir) or 0,
     )
     return calls
 
@@ -91,3 +93,9 @@ def test_cli_as_a_user_runs_it(tmp_path):
         "(pass the path of a YAML config, e.g. configs/local.yaml)"
     )
     assert "Traceback" not in bad.stderr
+
+
+def test_resume_needs_the_run_dir(tmp_path, capsys, no_training):
+    assert main([LOCAL, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--resume needs --run-dir" in err and not no_training

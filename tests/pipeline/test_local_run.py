@@ -30,9 +30,9 @@ REQUIRED_METRICS = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cache")
+@pytest.fixture
+def cache(run_cache):
+    return run_cache
 
 
 def launch(run_dir, cache, *extra, **popen):
@@ -123,3 +123,41 @@ def test_gpu_recipes_say_what_they_need_on_cpu(tmp_path, config):
         and "configs/local.yaml" in done.stderr
         and "GPU" in done.stderr
     )
+
+
+def test_resume_goes_on_from_the_latest_checkpoint(tmp_path, cache):
+    run_dir = tmp_path / "run"
+    first = launch(run_dir, cache, "--set", "learner.max_steps=2")
+    _, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err[-2000:]
+    spilled = len(list((run_dir / "trajectories").glob("part-*.parquet")))
+
+    again = launch(run_dir, cache, "--set", "learner.max_steps=4", "--resume")
+    out, err = again.communicate(timeout=600)
+    assert again.returncode == 0, err[-2000:]
+    assert "step    3/4" in out and "step    1/4" not in out  # steps 1-2 are not redone
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [s["version"] for s in steps] == [1.0, 2.0, 3.0, 4.0]
+    assert (run_dir / "checkpoints" / "step-000004" / "hf" / "config.json").is_file()
+    assert len(list((run_dir / "trajectories").glob("part-*.parquet"))) > spilled  # appended
+    table, bad = read_trajectories(run_dir / "trajectories", ["status", "consumed_version"])
+    consumed = table.filter(pc.equal(table["status"], "released"))["consumed_version"].to_pylist()
+    assert not bad and set(consumed) == {0, 1, 2, 3}  # the resumed learner went on from version 2
+    assert "| learner steps | 4 |" in (run_dir / "report.md").read_text()
+
+
+def test_resume_refuses_other_settings_and_runs_without_a_checkpoint(tmp_path, cache):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("{}\n")
+    done = launch(run_dir, cache, "--resume")
+    _, err = done.communicate(timeout=120)
+    assert done.returncode == 2 and err.count("\n") == 1 and "no checkpoint" in err
+
+    resolved = launch(run_dir, cache, "--dry-run")  # the run's own settings, as a run writes them
+    (run_dir / "config.yaml").write_text(resolved.communicate(timeout=120)[0])
+    (run_dir / "checkpoints" / "latest").write_text("step-000002\n")
+    done = launch(run_dir, cache, "--resume", "--set", "learner.alpha=0.9")
+    _, err = done.communicate(timeout=120)
+    assert done.returncode == 2 and err.count("\n") == 1
+    assert "in learner.alpha:" in err and "only learner.max_steps may change" in err

@@ -25,6 +25,7 @@ from pipeline.warm_start import (
     demo_example,
     format_rate,
     layout_agent,
+    retrieved_observations,
     sft_loss,
     shared_prefix,
     warm_start,
@@ -200,6 +201,30 @@ def test_the_cache_key_follows_the_demos(world, warm, tmp_path):
 def test_a_world_without_demos_is_refused_in_one_line(tmp_path):
     with pytest.raises(WarmStartError, match=r"demos\.jsonl is missing; build the world"):
         warm_start(tmp_path, tmp_path / "policy")
+
+
+def test_demo_searches_show_what_the_runs_index_returns(world, tmp_path):
+    from retrieval.build import build
+    from retrieval.corpus import format_passages
+    from retrieval.server import load_search
+
+    index = tmp_path / "index"
+    build(str(world / "corpus.jsonl"), str(index), quiet=True)
+    original = demos(world)[:40]
+    swapped = retrieved_observations(original, index, topk=3)
+    search = load_search(str(index))
+    step = re.compile(r"<search>(.*?)</search><information>\n(.*?)</information>", re.S)
+    changed = 0
+    for before, after in zip(original, swapped, strict=True):
+        for m in step.finditer(after["response"]):
+            query = " ".join(m.group(1).split())
+            assert m.group(2) == format_passages([p for p, _ in search([query], 3)[0]])
+        same = lambda r: step.sub("<search>\\1</search>", r)  # noqa: E731
+        assert same(before["response"]) == same(after["response"])  # only the results differ
+        changed += before["response"] != after["response"]
+    assert changed > 0
+    key = lambda r: cache_key(world, TinyModel(), TOOLS, LOCAL_AGENT, Training(), 10.0, r)  # noqa: E731
+    assert key(None) != key({"corpus_sha256": "x", "topk": 3})
 
 
 # ----------------------------------------------------------------------------- measurement

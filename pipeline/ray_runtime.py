@@ -1,0 +1,405 @@
+"""The `ray` runtime: generation, the learner and the retrieval server as Ray actors.
+
+    runtime: {type: ray, address: null}     # null: a private cluster on 127.0.0.1
+
+Each actor pool's generation side (an engine, its tools and the agent loop) is one Ray actor
+(`GenerationWorker`, `runtime.actor_num_cpus/gpus` each, `actors.num_pools` of them, each running
+up to `actors.concurrency` agent loops); the learner is another (`LearnerWorker`,
+`runtime.learner_num_cpus/gpus`), and so is the retrieval server. Pools and learner scale
+independently: more pools add generation, the learner is untouched.
+
+The driver (this process) keeps what is cheap and central: the group buffer with its spill, the
+pools' admission control (`ActorPool`, whose agent here is a `RemoteAgent`), the streaming loop
+(`pipeline.streaming.stream`, the same as the local runtime's) and the Prometheus endpoint, which
+the driver fills with every role's figures. Weights travel through the object store: the
+learner's snapshot is stored once and every generation actor loads it from there.
+
+A generation actor that dies is restarted by Ray (`max_restarts=-1`); its in-flight trajectories
+fail, are counted as aborted and their groups abandoned; the restarted actor catches up to the
+latest published weights before it generates again.
+
+Ray binds to 127.0.0.1 here: `_node_ip_address` plus RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (see
+environment.md). Joining a multi-node cluster (`runtime.address`) needs the retrieval server
+reachable from every node: set `retrieval.host` to an address the nodes can reach.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from actors.engine import EngineError
+from buffers.records import InvalidTrajectory, Trajectory
+from pipeline.assets import Assets
+from pipeline.config import RayRuntime, StrataConfig
+from pipeline.streaming import (
+    CURSOR_KEY,
+    ActorStats,
+    RunSummary,
+    RuntimeUnavailable,
+    previous_metrics,
+    stream,
+    task_stream,
+)
+
+
+def _threads(num_cpus: float, configured: int) -> int:
+    return configured or max(1, int(num_cpus))
+
+
+class GenerationWorker:
+    """One actor pool's generation side: engine, tools and agent loop, built on first use inside
+    the actor's event loop (so a restarted actor rebuilds itself the same way)."""
+
+    def __init__(self, config: dict, policy_dir: str, search_url: str | None, name: str,
+                 threads: int) -> None:  # fmt: skip
+        import torch
+
+        self.config = StrataConfig.model_validate(config)
+        self.policy_dir, self.search_url, self.name = policy_dir, search_url, name
+        torch.set_num_threads(threads)
+        self.agent = None
+        self._building: asyncio.Lock | None = None
+        self._catching_up: asyncio.Lock | None = None
+
+    async def _ready(self):
+        if self.agent is None:
+            self._building = self._building or asyncio.Lock()
+            async with self._building:
+                if self.agent is None:
+                    from actors.agent import AgentLoop
+                    from pipeline.components import agent_settings, make_engine, make_tools
+
+                    actors = self.config.actors
+                    engine = make_engine(actors, self.policy_dir, seed=self.config.runtime.seed)
+                    tools = make_tools(actors, self.config.retrieval, self.search_url)
+                    self.agent = AgentLoop(engine, engine.tokenizer, tools, agent_settings(actors),
+                                           actor_id=self.name)  # fmt: skip
+        return self.agent
+
+    async def run(self, task: Any, prompt_id: str, index: int, latest: list) -> Trajectory:
+        """One trajectory. `latest` is [version, ObjectRef of its weights] (or []): an actor that
+        is behind it (it was just restarted) loads them first."""
+        agent = await self._ready()
+        if latest and agent.engine.version < latest[0]:
+            self._catching_up = self._catching_up or asyncio.Lock()
+            async with self._catching_up:
+                if agent.engine.version < latest[0]:
+                    await agent.engine.update_weights(latest[0], state_dict=await latest[1])
+        return await agent.run(task, prompt_id, index)
+
+    async def update_weights(self, version: int, state_dict: Mapping[str, Any]) -> int:
+        agent = await self._ready()
+        if agent.engine.version < version:
+            await agent.engine.update_weights(version, state_dict=state_dict)
+        return agent.engine.version
+
+    async def stats(self) -> tuple[int, ActorStats]:
+        """(process id, figures): a new process id means Ray restarted this actor."""
+        from actors.tools import ToolStats
+
+        if self.agent is None:
+            return os.getpid(), ActorStats(0, 0, ToolStats())
+        engine = self.agent.engine
+        return os.getpid(), ActorStats(engine.version, getattr(engine, "generated_tokens", 0),
+                                       self.agent.stats.tools)  # fmt: skip
+
+    async def close(self) -> None:
+        if self.agent is not None:
+            if "search" in self.agent.tools:
+                await self.agent.tools["search"].client.close()
+            await self.agent.engine.close()
+
+
+class LearnerWorker:
+    """The learner (DeepSpeed) in its own process; weights leave it as CPU tensors."""
+
+    def __init__(self, config: dict, policy_dir: str, threads: int) -> None:
+        import torch
+
+        from learner.trainer import Learner
+
+        torch.set_num_threads(threads)
+        c = StrataConfig.model_validate(config)
+        self.learner = Learner(policy_dir, c.learner, group_size=c.buffer.group_size,
+                               temperature=c.actors.temperature, tools=tuple(c.actors.tools),
+                               max_turns=c.actors.max_turns)  # fmt: skip
+
+    def version(self) -> int:
+        return self.learner.version
+
+    def step(self, groups: list) -> dict:
+        return self.learner.step(groups)
+
+    def state_dict(self) -> dict:
+        return {name: t.detach().cpu() for name, t in self.learner.state_dict().items()}
+
+    def save(self, directory: str, extra: dict) -> str:
+        from learner.checkpoint import save_checkpoint
+
+        return str(save_checkpoint(self.learner, directory, extra))
+
+    def load(self, directory: str) -> dict:
+        from learner.checkpoint import load_checkpoint
+
+        return load_checkpoint(self.learner, directory)
+
+
+class RetrievalWorker:
+    """The retrieval HTTP server, serving from this actor's event loop."""
+
+    async def start(self, index_dir: str, host: str, port: int) -> int:
+        from retrieval.server import load_app, serve
+
+        self.runner, bound = await serve(load_app(index_dir), host, port)
+        return bound
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+def _ray_errors() -> tuple[type[BaseException], ...]:
+    import ray.exceptions as rx
+
+    return tuple(
+        getattr(rx, name)
+        for name in ("RayActorError", "ActorUnavailableError", "ActorDiedError")
+        if hasattr(rx, name)
+    )
+
+
+class RemoteAgent:
+    """What an `ActorPool` needs of an agent loop, running in a `GenerationWorker`. Failures come
+    back as the pool expects them: a dead or failing actor is an `EngineError` (the member is
+    aborted and its group abandoned), a bad record an `InvalidTrajectory`."""
+
+    def __init__(self, handle: Any, name: str, latest: list) -> None:
+        self.handle, self.actor_id, self.latest = handle, name, latest
+        self.failures = 0
+
+    async def run(self, task: Any, prompt_id: str, sample_index: int) -> Trajectory:
+        from ray.exceptions import RayTaskError
+
+        try:
+            return await self.handle.run.remote(task, prompt_id, sample_index, list(self.latest))
+        except RayTaskError as exc:
+            self.failures += 1
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, (EngineError, InvalidTrajectory)):
+                raise cause from None
+            raise EngineError(f"{self.actor_id}: {cause!r}") from None
+        except _ray_errors() as exc:
+            self.failures += 1
+            raise EngineError(
+                f"{self.actor_id} is gone ({type(exc).__name__}); Ray restarts it"
+            ) from None
+
+
+class RayRoles:
+    """The learner and the generation actors, seen from the driver's streaming loop."""
+
+    def __init__(self, learner: Any, workers: dict[str, Any], latest: list) -> None:
+        self.learner, self.workers, self.latest = learner, workers, latest
+        self._version = 0
+        self._stats: dict[str, ActorStats] = {}
+        self._pids: dict[str, set[int]] = {name: set() for name in workers}
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def sync_version(self) -> int:
+        self._version = await self.learner.version.remote()
+        return self._version
+
+    async def step(self, groups) -> dict:
+        metrics = await self.learner.step.remote(groups)
+        self._version = int(metrics["version"])
+        return metrics
+
+    async def publish(self) -> float:
+        start = time.perf_counter()
+        ref = self.learner.state_dict.remote()  # stored once; every actor reads the same object
+        self.latest[:] = [self._version, ref]
+        calls = [w.update_weights.remote(self._version, ref) for w in self.workers.values()]
+        # A dead actor must not stall training: it catches up from `latest` when it is back.
+        await asyncio.gather(*calls, return_exceptions=True)
+        return time.perf_counter() - start
+
+    async def checkpoint(self, directory: Path, extra: dict) -> Path:
+        return Path(await self.learner.save.remote(str(directory.resolve()), extra))
+
+    async def actor_stats(self) -> dict[str, ActorStats]:
+        names = list(self.workers)
+        replies = await asyncio.gather(
+            *(self.workers[n].stats.remote() for n in names), return_exceptions=True
+        )
+        for name, reply in zip(names, replies, strict=True):
+            if isinstance(reply, BaseException):
+                continue  # restarting: its last figures stand
+            pid, stats = reply
+            self._pids[name].add(pid)
+            self._stats[name] = stats
+        return dict(self._stats)
+
+    @property
+    def restarts(self) -> int:
+        return sum(max(0, len(pids) - 1) for pids in self._pids.values())
+
+
+def start_ray(runtime: RayRuntime, needed: dict[str, float]) -> None:
+    """Join `runtime.address` or start a private cluster bound to `runtime.node_ip`; check it has
+    the CPUs and GPUs the roles ask for (Ray would otherwise wait for them forever)."""
+    import ray
+
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    if not runtime.address:  # a private cluster gets this machine's CPUs and GPUs: check first
+        import torch
+
+        _check_resources(
+            needed, {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
+        )
+    elif not _reachable(runtime.address):  # ray.init would retry for minutes
+        raise RuntimeUnavailable(
+            f"no Ray cluster answers at runtime.address {runtime.address}: start one there "
+            "(ray start --head --node-ip-address=127.0.0.1) or leave runtime.address null for a private one"
+        )
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        if runtime.address:
+            ray.init(address=runtime.address, _node_ip_address=runtime.node_ip,
+                     logging_level="WARNING", log_to_driver=True)  # fmt: skip
+        else:
+            ray.init(_node_ip_address=runtime.node_ip, num_cpus=os.cpu_count() or 1,
+                     num_gpus=torch.cuda.device_count(), include_dashboard=False,
+                     logging_level="WARNING", log_to_driver=True)  # fmt: skip
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        where = runtime.address or runtime.node_ip
+        raise RuntimeUnavailable(
+            f"cannot start or join the Ray cluster at {where}: {exc}"
+        ) from None
+    finally:
+        signal.signal(signal.SIGTERM, handler)  # ours: checkpoint and flush on SIGTERM
+    try:
+        _check_resources(needed, ray.cluster_resources())
+    except RuntimeUnavailable:
+        ray.shutdown()
+        raise
+
+
+def _reachable(address: str, timeout_s: float = 5.0) -> bool:
+    """Whether host:port accepts a TCP connection (other address forms are left to Ray)."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or "://" in address:
+        return True
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _check_resources(needed: dict[str, float], have: Mapping[str, float]) -> None:
+    for resource, amount in needed.items():
+        if amount > have.get(resource, 0.0) + 1e-9:
+            raise RuntimeUnavailable(
+                f"the roles ask for {amount:g} {resource} but the Ray cluster has {have.get(resource, 0):g}: "
+                "lower runtime.actor_num_cpus / learner_num_cpus (fractions work) or actors.num_pools"
+            )
+
+
+async def run_ray(
+    config: StrataConfig,
+    assets: Assets,
+    run_dir: Path,
+    progress=None,
+    summary: RunSummary | None = None,
+    resume: bool = False,
+) -> RunSummary:
+    """Stream until learner.max_steps with every role in a Ray actor (see the module doc)."""
+    import ray
+
+    from actors.pool import ActorPool
+    from pipeline.components import make_buffer
+    from pipeline.datasets import load_world
+    from pipeline.local_runtime import start_metrics
+
+    runtime = config.runtime
+    assert isinstance(runtime, RayRuntime)
+    summary = summary if summary is not None else RunSummary()
+    pools_n = config.actors.num_pools
+    needed = {
+        "CPU": pools_n * runtime.actor_num_cpus + runtime.learner_num_cpus + runtime.retrieval_num_cpus,
+        "GPU": pools_n * runtime.actor_num_gpus + runtime.learner_num_gpus,
+    }  # fmt: skip
+    start_ray(runtime, needed)
+    run_metrics = retrieval = None
+    workers: dict[str, Any] = {}
+    try:
+        plain = config.model_dump(mode="json")
+        policy = str(Path(assets.policy_dir).resolve())
+        search_url = config.retrieval.url
+        if "search" in config.actors.tools and search_url is None:
+            retrieval = ray.remote(RetrievalWorker).options(
+                num_cpus=runtime.retrieval_num_cpus, name="strata-retrieval"
+            ).remote()  # fmt: skip
+            port = await retrieval.start.remote(
+                str(Path(assets.index_dir).resolve()), config.retrieval.host, config.retrieval.port
+            )
+            search_url = f"http://{config.retrieval.host}:{port}"
+        learner = ray.remote(LearnerWorker).options(
+            num_cpus=runtime.learner_num_cpus, num_gpus=runtime.learner_num_gpus, name="strata-learner"
+        ).remote(plain, policy, _threads(runtime.learner_num_cpus, runtime.threads))  # fmt: skip
+        generation = ray.remote(GenerationWorker)
+        threads = _threads(runtime.actor_num_cpus, runtime.threads)
+        for i in range(pools_n):
+            name = f"pool-{i}"
+            workers[name] = generation.options(
+                num_cpus=runtime.actor_num_cpus, num_gpus=runtime.actor_num_gpus, name=f"strata-{name}",
+                max_restarts=-1, max_task_retries=0, max_concurrency=config.actors.concurrency + 8,
+            ).remote(plain, policy, search_url, name, threads)  # fmt: skip
+        latest: list = []
+        roles = RayRoles(learner, workers, latest)
+        await roles.sync_version()  # waits for the learner to be built
+        skip = 0
+        if resume:
+            extra = await learner.load.remote(str((run_dir / "checkpoints").resolve()))
+            skip = int(extra.get(CURSOR_KEY, 0))
+            summary.resumed_from = await roles.sync_version()
+            summary.metrics = previous_metrics(run_dir, summary.resumed_from)
+        if roles.version:
+            await roles.publish()
+        buffer = make_buffer(config.buffer, run_dir)
+        train, _ = load_world(assets.world_dir)
+        tasks = task_stream(train[: config.data.num_questions], config.data.seed, config.data.shuffle, skip)  # fmt: skip
+        base = roles.version
+        pools = [
+            ActorPool(RemoteAgent(handle, name, latest), buffer, tasks,
+                      group_size=config.buffer.group_size, concurrency=config.actors.concurrency,
+                      max_staleness=config.buffer.max_staleness,
+                      groups_per_step=config.learner.groups_per_step,
+                      learner_version=lambda: roles.version - base, name=name)
+            for name, handle in workers.items()
+        ]  # fmt: skip
+        if config.metrics.enabled:
+            run_metrics = start_metrics(config, run_dir, list(config.actors.tools))
+        started = lambda: skip + sum(p.stats.groups_started for p in pools)  # noqa: E731
+        try:
+            return await stream(config, roles, buffer, pools, run_dir, summary, progress, run_metrics, started)  # fmt: skip
+        finally:
+            summary.actor_restarts = roles.restarts
+    finally:
+        closing = [w.close.remote() for w in workers.values()]
+        if retrieval is not None:
+            closing.append(retrieval.stop.remote())
+        await asyncio.gather(*closing, return_exceptions=True)
+        if run_metrics is not None:
+            run_metrics.close()
+        ray.shutdown()

@@ -1,0 +1,109 @@
+"""`runtime.type: ray` end to end on CPU, as a user runs it: a private Ray cluster on 127.0.0.1,
+two generation actors, the learner and the retrieval server as Ray actors. One generation actor
+is killed mid-run (SIGKILL, like an OOM kill); the run goes on, then SIGTERM ends it cleanly."""
+
+import json
+import signal
+import time
+import urllib.request
+
+import psutil
+import pyarrow.compute as pc
+import pytest
+
+from buffers.reader import read_trajectories
+from tests.pipeline.test_local_run import REQUIRED_METRICS, launch
+
+RAY = ["--set", "runtime.type=ray", "--set", "actors.num_pools=2", "--set", "runtime.actor_num_cpus=0.5",
+       "--set", "runtime.learner_num_cpus=1", "--set", "actors.concurrency=4",
+       "--set", "buffer.max_staleness=1"]  # fmt: skip
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    return psutil.Process(pid).children(recursive=True)
+
+
+def generation_workers(pid: int) -> list[psutil.Process]:
+    found = []
+    for p in descendants(pid):
+        try:
+            if "GenerationWorker" in " ".join(p.cmdline()):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_for_step(proc, step: int, seen: list[str]) -> None:
+    started = time.monotonic()
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("step ") and int(line.split()[1].split("/")[0]) >= step:
+            return
+        assert time.monotonic() - started < 600, "".join(seen[-20:])
+    raise AssertionError(
+        "the run ended early:\n" + "".join(seen[-20:]) + proc.stderr.read()[-3000:]
+    )
+
+
+def test_ray_runtime_survives_a_killed_actor_and_stops_cleanly(tmp_path, run_cache):
+    run_dir = tmp_path / "run"
+    proc = launch(run_dir, run_cache, *RAY, "--set", "learner.max_steps=10000")
+    seen: list[str] = []
+    try:
+        wait_for_step(proc, 1, seen)
+        workers = generation_workers(proc.pid)
+        assert len(workers) == 2, [p.cmdline() for p in descendants(proc.pid)]
+        workers[0].kill()  # a crash: its in-flight trajectories fail, Ray restarts the actor
+        wait_for_step(proc, 4, seen)
+        url = (run_dir / "metrics_url").read_text().strip()
+        with urllib.request.urlopen(url, timeout=10) as response:
+            exported = response.read().decode()
+        processes = descendants(proc.pid)
+        restarted = generation_workers(proc.pid)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 130, err[-3000:]
+    for name in REQUIRED_METRICS:
+        assert name in exported, name
+    assert 'strata_actor_policy_version{actor="pool-1"}' in exported
+
+    assert len(restarted) == 2 and workers[0].pid not in {p.pid for p in restarted}
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [s["version"] for s in steps] == [float(i) for i in range(1, len(steps) + 1)]
+    assert steps[-1]["aborted"] >= 1 and steps[-1]["abandoned_groups"] >= 1  # counted, not lost
+    assert "actor restarts 1" in "".join(seen) + out
+
+    table, bad = read_trajectories(
+        run_dir / "trajectories", ["prompt_id", "policy_version", "status", "consumed_version", "actor_id"]
+    )  # fmt: skip
+    released = table.filter(pc.equal(table["status"], "released"))
+    counts = released.group_by("prompt_id").aggregate([("prompt_id", "count")])
+    assert not bad and set(counts["prompt_id_count"].to_pylist()) == {4}
+    lag = pc.subtract(released["consumed_version"], released["policy_version"]).to_pylist()
+    assert max(lag) <= 1
+    assert set(released["actor_id"].to_pylist()) == {"pool-0", "pool-1"}  # both pools generated
+
+    from transformers import AutoModelForCausalLM
+
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    hf = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / latest / "hf")
+    assert hf.config.model_type == "qwen2"
+    time.sleep(1.0)
+    left = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, [p.cmdline() for p in left]  # no Ray process outlives the run
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        ("runtime.learner_num_cpus=64", "ask for 65 CPU"),
+        ("runtime.address=127.0.0.1:1", "127.0.0.1:1"),
+    ],
+)
+def test_ray_runtime_says_what_is_missing(tmp_path, run_cache, setting, expected):
+    proc = launch(tmp_path / "run", run_cache, "--set", "runtime.type=ray", "--set", setting)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and expected in err
+    assert err.strip().count("\n") == 0, err
