@@ -155,15 +155,21 @@ def unavailable(config: StrataConfig) -> str | None:
     return None
 
 
-def _progress_line(metrics: dict, max_steps: int) -> None:
-    print(
-        f"step {metrics['step']:>4}/{max_steps}  {metrics['elapsed_s']:6.1f}s  "
+def _progress_line(metrics: dict, max_steps: int, console=None) -> None:
+    """One line per learner step, through rich: coloured on a terminal, plain text in a pipe or a
+    log (never wrapped, so each step stays one line to grep)."""
+    from rich.console import Console
+
+    console = console or Console(soft_wrap=True, highlight=False)
+    console.print(
+        f"[bold]step {metrics['step']:>4}/{max_steps}[/bold]  {metrics['elapsed_s']:6.1f}s  "
         f"{metrics['generated_tokens_per_s']:6.0f} tok/s  {metrics['trajectories_per_s']:5.2f} traj/s  "
-        f"reward {metrics.get('reward_mean', float('nan')):.3f}  tool calls {metrics.get('tool_calls_mean', 0):.2f}  "
+        f"[green]reward {metrics.get('reward_mean', float('nan')):.3f}[/green]  "
+        f"tool calls {metrics.get('tool_calls_mean', 0):.2f}  "
         f"staleness {metrics.get('staleness_mean', 0):.2f}  buffer {metrics['buffer_ready']}r/{metrics['buffer_open']}o  "
         f"loss {metrics.get('loss', float('nan')):+.4f}",
-        flush=True,
     )
+    console.file.flush()
 
 
 def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = False) -> int:
@@ -186,7 +192,10 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
         print(f"strata: error: {exc}", file=sys.stderr)
         return 2
     summary = RunSummary()
-    progress = lambda m: _progress_line(m, config.learner.max_steps)  # noqa: E731
+    from rich.console import Console
+
+    console = Console(soft_wrap=True, highlight=False)
+    progress = lambda m: _progress_line(m, config.learner.max_steps, console)  # noqa: E731
     if isinstance(config.runtime, RayRuntime):
         from pipeline.ray_runtime import run_ray as runtime
     else:
