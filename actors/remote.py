@@ -60,7 +60,14 @@ class _Server:
     failed_at: float | None = None  # monotonic time of the last transport failure
 
 
-class SGLangEngine:
+class RemoteEngine:
+    """What every HTTP inference-server engine shares: least-loaded routing over `urls`, cooldown
+    of failed servers, timeouts, per-server versions and stats, and the pause -> update -> resume
+    round of a weight update. Subclasses speak a server's wire format (`generate`, `_pause`,
+    `_resume`, the update calls)."""
+
+    name = "remote"
+
     def __init__(
         self,
         urls: list[str],
@@ -77,7 +84,7 @@ class SGLangEngine:
         "abort" returns them early with finish_reason "abort". Older servers ignore it and abort."""
         if not urls:
             raise EngineError(
-                "the sglang engine needs at least one server URL (actors.engine.urls)"
+                f"the {self.name} engine needs at least one server URL (actors.engine.urls)"
             )
         self._servers = [_Server(url.rstrip("/"), version) for url in urls]
         self.timeout_s = timeout_s
@@ -92,7 +99,7 @@ class SGLangEngine:
         self._session: aiohttp.ClientSession | None = None
         self._weights_group: Any = None  # torch ProcessGroup of update_weights_distributed
 
-    async def __aenter__(self) -> SGLangEngine:
+    async def __aenter__(self) -> RemoteEngine:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -121,39 +128,6 @@ class SGLangEngine:
         if self._session is not None:
             await self._session.close()
             self._session = None
-
-    # ------------------------------------------------------------------------------- generate
-
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        if not prompt_ids:
-            raise EngineError("empty prompt")
-        server = self._pick()
-        body = {
-            "input_ids": list(prompt_ids),
-            "sampling_params": {
-                "temperature": float(params.temperature),  # 0.0: greedy
-                "top_p": float(params.top_p),
-                "max_new_tokens": int(params.max_new_tokens),
-                "stop": list(params.stop),
-                "no_stop_trim": True,  # the stop string stays in the output, as the protocol says
-                "skip_special_tokens": False,
-            },
-            "return_logprob": True,
-        }
-        believed = server.version  # the safe side if the answer does not say: never fresher
-        server.in_flight += 1
-        server.requests += 1
-        try:
-            payload = await self._post(server, "generate", body, self._timeout)
-            generation = _parse_generation(payload, believed, server.url)
-        except EngineError:
-            server.aborts += 1
-            raise
-        finally:
-            server.in_flight -= 1
-        if generation.finish_reason == "abort":
-            server.server_aborts += 1
-        return generation
 
     def _live(self) -> list[_Server]:
         now = time.monotonic()
@@ -219,6 +193,102 @@ class SGLangEngine:
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
             raise EngineError(f"GET {url} failed: {type(exc).__name__}: {exc}") from None
 
+    async def _pause(self, server: _Server) -> None:
+        raise NotImplementedError
+
+    async def _resume(self, server: _Server) -> None:
+        raise NotImplementedError
+
+    async def _update_everywhere(self, version: int, update, sender=None) -> None:
+        """Pause every server, run `update(server)` on those that paused, then continue them, even
+        after a failed update so that none stays paused. A dead server does not hold the others
+        back, except with a `sender` (the NCCL broadcast, run alongside the updates): every
+        receiver must take part. Raises, naming each server that failed, once all are done."""
+        servers = self._servers
+        paused = await asyncio.gather(*(self._pause(s) for s in servers), return_exceptions=True)
+        problems: dict[str, list[str]] = {}
+        for server, result in zip(servers, paused, strict=True):
+            if isinstance(result, BaseException):
+                problems[server.url] = [f"pause failed: {result}"]
+        ready = [s for s in servers if s.url not in problems]
+        if sender is not None and problems:
+            ready = []  # a broadcast to a missing receiver would hang
+        jobs = [update(s) for s in ready] + ([sender()] if sender is not None and ready else [])
+        outcomes = await asyncio.gather(*jobs, return_exceptions=True)
+        for where, outcome in zip([s.url for s in ready] + ["broadcast"], outcomes, strict=False):
+            if isinstance(outcome, BaseException) and not isinstance(outcome, EngineError):
+                raise outcome  # a bug or a cancellation, not a server problem
+            if isinstance(outcome, EngineError):
+                problems.setdefault(where, []).append(str(outcome))
+        if "broadcast" in problems:
+            problems.update({s.url: ["the broadcast failed"] for s in ready})
+        for server in ready:
+            if server.url not in problems:
+                server.version = version
+        to_resume = [
+            s for s, p in zip(servers, paused, strict=True) if not isinstance(p, BaseException)
+        ]
+        resumed = await asyncio.gather(
+            *(self._resume(s) for s in to_resume), return_exceptions=True
+        )
+        for server, result in zip(to_resume, resumed, strict=True):
+            if isinstance(result, BaseException):
+                done = "" if server.url in problems else f"it serves version {version} but "
+                message = f"{done}generation could not be resumed: {result}"
+                problems.setdefault(server.url, []).append(message)
+        if problems:
+            raise EngineError(
+                f"weight update to version {version} failed: "
+                + "; ".join(f"{where}: {', '.join(said)}" for where, said in problems.items())
+            )
+
+
+class SGLangEngine(RemoteEngine):
+    """SGLang's native API (see the module doc)."""
+
+    name = "sglang"
+
+    async def _pause(self, server: _Server) -> None:
+        await self._post(
+            server, "pause_generation", {"mode": self.pause_mode}, self._control_timeout
+        )
+
+    async def _resume(self, server: _Server) -> None:
+        await self._post(server, "continue_generation", {}, self._control_timeout)
+
+    # ------------------------------------------------------------------------------- generate
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        if not prompt_ids:
+            raise EngineError("empty prompt")
+        server = self._pick()
+        body = {
+            "input_ids": list(prompt_ids),
+            "sampling_params": {
+                "temperature": float(params.temperature),  # 0.0: greedy
+                "top_p": float(params.top_p),
+                "max_new_tokens": int(params.max_new_tokens),
+                "stop": list(params.stop),
+                "no_stop_trim": True,  # the stop string stays in the output, as the protocol says
+                "skip_special_tokens": False,
+            },
+            "return_logprob": True,
+        }
+        believed = server.version  # the safe side if the answer does not say: never fresher
+        server.in_flight += 1
+        server.requests += 1
+        try:
+            payload = await self._post(server, "generate", body, self._timeout)
+            generation = _parse_generation(payload, believed, server.url)
+        except EngineError:
+            server.aborts += 1
+            raise
+        finally:
+            server.in_flight -= 1
+        if generation.finish_reason == "abort":
+            server.server_aborts += 1
+        return generation
+
     # ------------------------------------------------------------------------- weights: disk
 
     async def update_weights(
@@ -244,54 +314,6 @@ class SGLangEngine:
             version,
             lambda s: self._post(s, "update_weights_from_disk", body, timeout, check_success=True),
         )
-
-    async def _update_everywhere(self, version: int, update, sender=None) -> None:
-        """Pause every server, run `update(server)` on those that paused, then continue them, even
-        after a failed update so that none stays paused. A dead server does not hold the others
-        back, except with a `sender` (the NCCL broadcast, run alongside the updates): every
-        receiver must take part. Raises, naming each server that failed, once all are done."""
-        timeout, servers = self._control_timeout, self._servers
-        pause = {"mode": self.pause_mode}
-        paused = await asyncio.gather(
-            *(self._post(s, "pause_generation", pause, timeout) for s in servers),
-            return_exceptions=True,
-        )
-        problems: dict[str, list[str]] = {}
-        for server, result in zip(servers, paused, strict=True):
-            if isinstance(result, BaseException):
-                problems[server.url] = [f"pause failed: {result}"]
-        ready = [s for s in servers if s.url not in problems]
-        if sender is not None and problems:
-            ready = []  # a broadcast to a missing receiver would hang
-        jobs = [update(s) for s in ready] + ([sender()] if sender is not None and ready else [])
-        outcomes = await asyncio.gather(*jobs, return_exceptions=True)
-        for where, outcome in zip([s.url for s in ready] + ["broadcast"], outcomes, strict=False):
-            if isinstance(outcome, BaseException) and not isinstance(outcome, EngineError):
-                raise outcome  # a bug or a cancellation, not a server problem
-            if isinstance(outcome, EngineError):
-                problems.setdefault(where, []).append(str(outcome))
-        if "broadcast" in problems:
-            problems.update({s.url: ["the broadcast failed"] for s in ready})
-        for server in ready:
-            if server.url not in problems:
-                server.version = version
-        to_resume = [
-            s for s, p in zip(servers, paused, strict=True) if not isinstance(p, BaseException)
-        ]
-        resumed = await asyncio.gather(
-            *(self._post(s, "continue_generation", {}, timeout) for s in to_resume),
-            return_exceptions=True,
-        )
-        for server, result in zip(to_resume, resumed, strict=True):
-            if isinstance(result, BaseException):
-                done = "" if server.url in problems else f"it serves version {version} but "
-                message = f"{done}generation could not be resumed: {result}"
-                problems.setdefault(server.url, []).append(message)
-        if problems:
-            raise EngineError(
-                f"weight update to version {version} failed: "
-                + "; ".join(f"{where}: {', '.join(said)}" for where, said in problems.items())
-            )
 
     # ------------------------------------------------------------------------- weights: NCCL
 
