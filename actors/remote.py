@@ -97,6 +97,7 @@ class RemoteEngine:
             total=control_timeout_s, sock_connect=connect_timeout_s
         )
         self._session: aiohttp.ClientSession | None = None
+        self.generated_tokens = 0
         self._weights_group: Any = None  # torch ProcessGroup of update_weights_distributed
 
     async def __aenter__(self) -> RemoteEngine:
@@ -287,6 +288,7 @@ class SGLangEngine(RemoteEngine):
             server.in_flight -= 1
         if generation.finish_reason == "abort":
             server.server_aborts += 1
+        self.generated_tokens += len(generation.token_ids)
         return generation
 
     # ------------------------------------------------------------------------- weights: disk

@@ -88,6 +88,8 @@ class CheckpointSync:
             self.model.save_pretrained(tmp, state_dict=state_dict)
             if self.tokenizer is not None:
                 self.tokenizer.save_pretrained(tmp)
+            if target.exists():  # left by an interrupted run that is being resumed
+                shutil.rmtree(target)
             os.replace(tmp, target)  # a server never sees a half-written checkpoint
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -12,6 +12,7 @@ from buffers.group_buffer import GroupBuffer
 from buffers.spill import ParquetSpill
 from pipeline.config import ActorsConfig, BufferConfig, RetrievalConfig
 from pipeline.config import SGLangEngine as SGLangEngineConfig
+from pipeline.config import VLLMEngine as VLLMEngineConfig
 
 
 def make_buffer(config: BufferConfig, run_dir: str | os.PathLike[str]) -> GroupBuffer:
@@ -34,14 +35,25 @@ def make_buffer(config: BufferConfig, run_dir: str | os.PathLike[str]) -> GroupB
 
 
 def make_engine(
-    config: ActorsConfig, model_path: str | os.PathLike[str], seed: int = 0
+    config: ActorsConfig,
+    model_path: str | os.PathLike[str],
+    seed: int = 0,
+    urls: list[str] | None = None,
 ) -> RolloutEngine:
-    """The generation backend `actors.engine` names, serving the policy at `model_path`."""
+    """The generation backend `actors.engine` names, serving the policy at `model_path`.
+    `urls`: servers the runtime started itself (vLLM), used instead of `actors.engine.urls`."""
     engine = config.engine
     if isinstance(engine, SGLangEngineConfig):
         from actors.remote import SGLangEngine
 
         return SGLangEngine(list(engine.urls), timeout_s=engine.timeout_s)
+    if isinstance(engine, VLLMEngineConfig):
+        from actors.vllm import VLLMEngine
+        from actors.vllm_server import SERVED_NAME
+
+        started = urls is not None
+        return VLLMEngine(list(urls if started else engine.urls), timeout_s=engine.timeout_s,
+                          model=SERVED_NAME if started else None)  # fmt: skip
     from actors.embedded import EmbeddedEngine
 
     return EmbeddedEngine.from_pretrained(

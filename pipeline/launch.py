@@ -137,7 +137,7 @@ def unavailable(config: StrataConfig) -> str | None:
     """Why this machine cannot run `config`, in one line, or None."""
     import torch
 
-    from pipeline.config import RayRuntime, SGLangEngine
+    from pipeline.config import RayRuntime, SGLangEngine, VLLMEngine
 
     gpu = torch.cuda.is_available()
     if isinstance(config.actors.engine, SGLangEngine) and not gpu:
@@ -147,6 +147,16 @@ def unavailable(config: StrataConfig) -> str | None:
         )
     if config.learner.zero_stage == 3 and not gpu:
         return "learner.zero_stage 3 needs CUDA GPUs here: use --set learner.zero_stage=2 on CPU"
+    engine = config.actors.engine
+    if isinstance(engine, VLLMEngine) and not engine.urls:
+        from actors.vllm_server import VLLMServerError, vllm_python
+
+        try:
+            vllm_python(engine.python)
+        except VLLMServerError as exc:
+            return str(exc)
+        if isinstance(config.runtime, RayRuntime):
+            return "the Ray runtime does not start vLLM servers: give actors.engine.urls, or use runtime.type local"
     if isinstance(config.runtime, RayRuntime):
         try:
             import ray  # noqa: F401
@@ -176,6 +186,7 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
     import asyncio
     import signal
 
+    from actors.vllm_server import VLLMServerError
     from learner.checkpoint import CheckpointError
     from pipeline.assets import prepare_assets
     from pipeline.config import RayRuntime
@@ -210,7 +221,7 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
     except OSError as exc:  # e.g. the metrics port is taken
         print(f"strata: error: {exc} (set metrics.port, or metrics.enabled=false)", file=sys.stderr)
         return 2
-    except RuntimeUnavailable as exc:
+    except (RuntimeUnavailable, VLLMServerError) as exc:
         print(f"strata: error: {exc}", file=sys.stderr)
         return 2
     except CheckpointError as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -39,13 +40,15 @@ def set_threads(config: StrataConfig) -> int:
 
 
 class LocalRoles:
-    """The learner in a worker thread of this process, publishing to the in-process engine."""
+    """The learner in a worker thread of this process, publishing to the engine: in-process
+    (embedded) or as an HF checkpoint the servers reload (vLLM)."""
 
-    def __init__(self, learner, engine, agents) -> None:
-        from learner.weight_sync import InProcessSync
-
-        self.learner, self.engine, self.agents = learner, engine, agents
-        self.sync = InProcessSync([engine])
+    def __init__(self, learner, engine, agents, sync) -> None:
+        self.learner, self.engine, self.agents, self.sync = learner, engine, agents, sync
+        self.sync_failures = 0
+        self.last_publish: dict = {}
+        """Figures of the last publish for metrics.jsonl: failures so far and, for servers, the
+        lowest version they report themselves (GET /weight_info), not what we believe."""
 
     @property
     def version(self) -> int:
@@ -55,7 +58,17 @@ class LocalRoles:
         return await asyncio.to_thread(self.learner.step, groups)
 
     async def publish(self) -> float:
-        return await self.sync.publish(self.learner.state_dict(), self.learner.version)
+        from actors.engine import EngineError
+
+        start = time.perf_counter()
+        try:
+            return await self.sync.publish(self.learner.state_dict(), self.learner.version)
+        except EngineError as exc:  # a server keeps its weights; the next publish retries it
+            self.sync_failures += 1
+            print(
+                f"strata: weight sync to version {self.learner.version} failed: {exc}", flush=True
+            )
+            return time.perf_counter() - start
 
     async def checkpoint(self, directory: Path, extra: dict) -> Path:
         from learner.checkpoint import save_checkpoint
@@ -95,23 +108,26 @@ async def run_local(
 
     set_threads(config)
     summary = summary if summary is not None else RunSummary()
-    runner = run_metrics = None
+    runner = run_metrics = servers = None
     search_url = config.retrieval.url
     if "search" in config.actors.tools and search_url is None:
         app = load_app(str(assets.index_dir))
         runner, port = await serve(app, config.retrieval.host, config.retrieval.port)
         search_url = f"http://{config.retrieval.host}:{port}"
-    engine = make_engine(config.actors, assets.policy_dir, seed=config.runtime.seed)
     tools = make_tools(config.actors, config.retrieval, search_url)
+    engine = None
     try:
+        servers, urls = await start_servers(config, assets, run_dir)
+        engine = make_engine(config.actors, assets.policy_dir, seed=config.runtime.seed, urls=urls)
         learner = Learner(assets.policy_dir, config.learner, group_size=config.buffer.group_size,
                           temperature=config.actors.temperature, tools=tuple(config.actors.tools),
                           max_turns=config.actors.max_turns)  # fmt: skip
+        tokenizer = getattr(engine, "tokenizer", None) or learner.tokenizer
         agents = [
-            AgentLoop(engine, engine.tokenizer, tools, agent_settings(config.actors), actor_id=f"pool-{i}")
+            AgentLoop(engine, tokenizer, tools, agent_settings(config.actors), actor_id=f"pool-{i}")
             for i in range(config.actors.num_pools)
         ]  # fmt: skip
-        roles = LocalRoles(learner, engine, agents)
+        roles = LocalRoles(learner, engine, agents, make_sync(config, engine, learner, run_dir))
         skip = 0
         if resume:
             extra = await asyncio.to_thread(load_checkpoint, learner, run_dir / "checkpoints")
@@ -137,11 +153,44 @@ async def run_local(
     finally:
         if "search" in tools:
             await tools["search"].client.close()
-        await engine.close()
+        if engine is not None:
+            await engine.close()
+        if servers is not None:
+            servers.stop()
         if runner is not None:
             await runner.cleanup()
         if run_metrics is not None:
             run_metrics.close()
+
+
+async def start_servers(config: StrataConfig, assets: Assets, run_dir: Path):
+    """(servers, their URLs) when the run starts its own vLLM servers, else (None, None)."""
+    from pipeline.config import VLLMEngine
+
+    engine = config.actors.engine
+    if not isinstance(engine, VLLMEngine) or engine.urls:
+        return None, None
+    from actors.vllm_server import VLLMServers
+
+    servers = VLLMServers(str(assets.policy_dir), engine.num_servers, engine.python, engine.max_batch_size,
+                          engine.max_model_len, engine.kv_cache_gb, engine.startup_timeout_s,
+                          log_dir=str(run_dir / "logs"))  # fmt: skip
+    print(
+        f"strata: starting {engine.num_servers} vLLM server(s) (logs in {run_dir / 'logs'})",
+        flush=True,
+    )
+    urls = servers.start()  # from the main thread: the servers die with it (see _die_with_parent)
+    return servers, urls
+
+
+def make_sync(config: StrataConfig, engine, learner, run_dir: Path):
+    """In-process weights for the embedded engine; an HF checkpoint per version for servers."""
+    from learner.weight_sync import CheckpointSync, InProcessSync
+    from pipeline.config import EmbeddedEngine
+
+    if isinstance(config.actors.engine, EmbeddedEngine):
+        return InProcessSync([engine])
+    return CheckpointSync([engine], run_dir / "weights", learner.model, learner.tokenizer, keep=2)
 
 
 def start_metrics(config: StrataConfig, run_dir: Path, tools: list[str]):

@@ -145,6 +145,7 @@ async def stream(
             metrics = await roles.step(groups)  # the pools keep generating meanwhile
             summary.learner_busy_s += time.perf_counter() - busy
             metrics["weight_sync_seconds"] = await roles.publish()
+            metrics.update(getattr(roles, "last_publish", {}))
             for pool in pools:
                 pool.notify_version()
             summary.steps = roles.version

