@@ -61,14 +61,21 @@ class LocalRoles:
         from actors.engine import EngineError
 
         start = time.perf_counter()
+        version = self.learner.version
         try:
-            return await self.sync.publish(self.learner.state_dict(), self.learner.version)
+            await self.sync.publish(self.learner.state_dict(), version)
         except EngineError as exc:  # a server keeps its weights; the next publish retries it
             self.sync_failures += 1
-            print(
-                f"strata: weight sync to version {self.learner.version} failed: {exc}", flush=True
-            )
-            return time.perf_counter() - start
+            print(f"strata: weight sync to version {version} failed: {exc}", flush=True)
+        seconds = time.perf_counter() - start
+        self.last_publish = {"weight_sync_failures": self.sync_failures}
+        if hasattr(self.engine, "served_versions"):
+            try:
+                served = await self.engine.served_versions()
+                self.last_publish["served_version_min"] = min(int(v) for v in served.values())
+            except (EngineError, ValueError) as exc:
+                print(f"strata: could not read the servers' weight versions: {exc}", flush=True)
+        return seconds
 
     async def checkpoint(self, directory: Path, extra: dict) -> Path:
         from learner.checkpoint import save_checkpoint
