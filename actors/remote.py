@@ -194,6 +194,26 @@ class RemoteEngine:
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
             raise EngineError(f"GET {url} failed: {type(exc).__name__}: {exc}") from None
 
+    async def _generate_on(self, server: _Server, endpoint: str, body: dict, parse) -> Generation:
+        """POST one generation request to `server` and keep its books: in flight, requests,
+        aborts (EngineError: the trajectory is aborted), answers the server itself aborted, and
+        tokens generated. `parse(payload, believed_version)` makes the Generation; the version is
+        the one the server served when the request left (never fresher than the truth)."""
+        believed = server.version
+        server.in_flight += 1
+        server.requests += 1
+        try:
+            generation = parse(await self._post(server, endpoint, body, self._timeout), believed)
+        except EngineError:
+            server.aborts += 1
+            raise
+        finally:
+            server.in_flight -= 1
+        if generation.finish_reason == "abort":
+            server.server_aborts += 1
+        self.generated_tokens += len(generation.token_ids)
+        return generation
+
     async def _pause(self, server: _Server) -> None:
         raise NotImplementedError
 
@@ -275,21 +295,12 @@ class SGLangEngine(RemoteEngine):
             },
             "return_logprob": True,
         }
-        believed = server.version  # the safe side if the answer does not say: never fresher
-        server.in_flight += 1
-        server.requests += 1
-        try:
-            payload = await self._post(server, "generate", body, self._timeout)
-            generation = _parse_generation(payload, believed, server.url)
-        except EngineError:
-            server.aborts += 1
-            raise
-        finally:
-            server.in_flight -= 1
-        if generation.finish_reason == "abort":
-            server.server_aborts += 1
-        self.generated_tokens += len(generation.token_ids)
-        return generation
+        return await self._generate_on(
+            server,
+            "generate",
+            body,
+            lambda payload, believed: _parse_generation(payload, believed, server.url),
+        )
 
     # ------------------------------------------------------------------------- weights: disk
 

@@ -60,33 +60,22 @@ class VLLMEngine(RemoteEngine):
         if not prompt_ids:
             raise EngineError("empty prompt")
         server = self._pick()
-        believed = server.version
-        server.in_flight += 1
-        server.requests += 1
-        try:
-            body = {
-                "model": await self._model_name(server),
-                "prompt": list(prompt_ids),
-                "max_tokens": int(params.max_new_tokens),
-                "temperature": float(params.temperature),  # 0.0: greedy
-                "top_p": float(params.top_p),
-                "stop": list(params.stop),
-                "include_stop_str_in_output": True,
-                "skip_special_tokens": False,
-                "logprobs": 0,  # the sampled token's own log-prob, no alternatives
-                "return_tokens_as_token_ids": True,
-            }
-            payload = await self._post(server, "v1/completions", body, self._timeout)
-            generation = _parse_completion(payload, believed, server.url, params.stop)
-        except EngineError:
-            server.aborts += 1
-            raise
-        finally:
-            server.in_flight -= 1
-        if generation.finish_reason == "abort":
-            server.server_aborts += 1
-        self.generated_tokens += len(generation.token_ids)
-        return generation
+        body = {
+            "model": await self._model_name(server),
+            "prompt": list(prompt_ids),
+            "max_tokens": int(params.max_new_tokens),
+            "temperature": float(params.temperature),  # 0.0: greedy
+            "top_p": float(params.top_p),
+            "stop": list(params.stop),
+            "include_stop_str_in_output": True,
+            "skip_special_tokens": False,
+            "logprobs": 0,  # the sampled token's own log-prob, no alternatives
+            "return_tokens_as_token_ids": True,
+        }
+        return await self._generate_on(
+            server, "v1/completions", body,
+            lambda payload, believed: _parse_completion(payload, believed, server.url, params.stop),
+        )  # fmt: skip
 
     async def _pause(self, server: _Server) -> None:
         await self._post(server, "pause?mode=wait", {}, self._control_timeout)

@@ -134,8 +134,8 @@ def test_yaml_reads_exponent_floats(tmp_path):
         ),
         (
             "",
-            ["actors.engine.type=vllm"],
-            "actors.engine.type = 'vllm': use one of 'embedded', 'sglang'",
+            ["actors.engine.type=tgi"],
+            "actors.engine.type = 'tgi': use one of 'embedded', 'sglang', 'vllm'",
         ),
         (
             "",
