@@ -45,7 +45,6 @@ class VLLMEngine(RemoteEngine):
         /v1/models on first use."""
         super().__init__(urls, **kwargs)
         self.model = model
-        self.reload_failures = 0
 
     async def _model_name(self, server: _Server) -> str:
         if self.model is None:
@@ -101,7 +100,6 @@ class VLLMEngine(RemoteEngine):
         weights = os.path.abspath(os.fspath(path))
         problem = checkpoint_problem(weights)
         if problem is not None:  # checked here: a server asked to load it breaks (seen with 0.32)
-            self.reload_failures += 1
             raise EngineError(
                 f"weight update to version {version} refused: {problem}; the servers keep version "
                 f"{self.version} and the next publish tries again"
@@ -115,11 +113,7 @@ class VLLMEngine(RemoteEngine):
                 raise EngineError(f"reload_weights failed: {answer['error']}")
             await self._post(server, "update_weight_version", {"new_version": str(version)}, timeout)  # fmt: skip
 
-        try:
-            await self._update_everywhere(version, reload)
-        except EngineError:
-            self.reload_failures += 1
-            raise
+        await self._update_everywhere(version, reload)
 
     async def served_versions(self) -> dict[str, str]:
         """What each server reports in GET /weight_info (url -> its weight version)."""

@@ -124,7 +124,7 @@ async def run_local(
     tools = make_tools(config.actors, config.retrieval, search_url)
     engine = None
     try:
-        servers, urls = await start_servers(config, assets, run_dir)
+        servers, urls = start_servers(config, assets, run_dir)
         engine = make_engine(config.actors, assets.policy_dir, seed=config.runtime.seed, urls=urls)
         learner = Learner(assets.policy_dir, config.learner, group_size=config.buffer.group_size,
                           temperature=config.actors.temperature, tools=tuple(config.actors.tools),
@@ -170,7 +170,7 @@ async def run_local(
             run_metrics.close()
 
 
-async def start_servers(config: StrataConfig, assets: Assets, run_dir: Path):
+def start_servers(config: StrataConfig, assets: Assets, run_dir: Path):
     """(servers, their URLs) when the run starts its own vLLM servers, else (None, None)."""
     from pipeline.config import VLLMEngine
 

@@ -180,7 +180,6 @@ class RemoteAgent:
 
     def __init__(self, handle: Any, name: str, latest: list) -> None:
         self.handle, self.actor_id, self.latest = handle, name, latest
-        self.failures = 0
 
     async def run(self, task: Any, prompt_id: str, sample_index: int) -> Trajectory:
         from ray.exceptions import RayTaskError
@@ -188,13 +187,11 @@ class RemoteAgent:
         try:
             return await self.handle.run.remote(task, prompt_id, sample_index, list(self.latest))
         except RayTaskError as exc:
-            self.failures += 1
             cause = getattr(exc, "cause", None)
             if isinstance(cause, (EngineError, InvalidTrajectory)):
                 raise cause from None
             raise EngineError(f"{self.actor_id}: {cause!r}") from None
         except _ray_errors() as exc:
-            self.failures += 1
             raise EngineError(
                 f"{self.actor_id} is gone ({type(exc).__name__}); Ray restarts it"
             ) from None
@@ -285,11 +282,12 @@ def start_ray(runtime: RayRuntime, needed: dict[str, float]) -> None:
         ) from None
     finally:
         signal.signal(signal.SIGTERM, handler)  # ours: checkpoint and flush on SIGTERM
-    try:
-        _check_resources(needed, ray.cluster_resources())
-    except RuntimeUnavailable:
-        ray.shutdown()
-        raise
+    if runtime.address:  # a joined cluster has what it has: check it
+        try:
+            _check_resources(needed, ray.cluster_resources())
+        except RuntimeUnavailable:
+            ray.shutdown()
+            raise
 
 
 def _reachable(address: str, timeout_s: float = 5.0) -> bool:
