@@ -3,18 +3,20 @@
 Admission control bounds staleness before any token is generated (AReaL's rule): with the learner
 at version v, consuming `groups_per_step` groups per step, a new group may start only while
 
-    groups started <= (η + v + 1) * groups_per_step
+    groups started - groups abandoned <= (η + v + 1) * groups_per_step
 
 so no group can be older than η versions when its turn comes. A group, once started, always runs
 all its members to the end: the slow ones (many tool calls) are the strata the paper cares about
 most, so they are never cut short to make room. A member that fails (engine error) is counted and
-its group abandoned in the buffer; the pool goes on.
+its group abandoned in the buffer; the pool goes on, unless `max_failed_groups` groups in a row
+fail (`PoolFailure`: a broken engine, not bad luck). Failures are reported at most every 30 s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -39,6 +41,11 @@ class PoolStats:
     aborted: int = 0
     rejected: int = 0
     admission_waits: int = 0
+    groups_abandoned: int = 0  # groups with an aborted or rejected member: never trained on
+
+
+class PoolFailure(EngineError):
+    """Every one of many groups in a row failed: generation is broken, not unlucky."""
 
 
 class ActorPool:
@@ -54,7 +61,10 @@ class ActorPool:
         groups_per_step: int,
         learner_version: Callable[[], int],
         name: str = "pool-0",
+        max_failed_groups: int = 64,
     ) -> None:
+        """`max_failed_groups`: that many groups abandoned in a row, with no trajectory
+        delivered in between, stop the pool with PoolFailure (the run fails, saying why)."""
         self.agent = agent
         self.sink = sink
         self._tasks: Iterator[TaskLike] = iter(tasks)
@@ -68,11 +78,18 @@ class ActorPool:
         self._running: set[asyncio.Task] = set()
         self._serial = itertools.count()
         self.stats = PoolStats()
+        self.max_failed_groups = max_failed_groups
+        self.failure: PoolFailure | None = None
+        self._abandoned: set[str] = set()
+        self._failed_in_a_row = 0
+        self._last_report = -1e9
 
     def admitted(self) -> bool:
-        """AReaL's staleness rule for starting one more group."""
+        """AReaL's staleness rule for starting one more group. An abandoned group never reaches
+        the learner, so it gives its place back (else a run of failures would stop admission
+        until a version change that needs groups to happen)."""
         limit = (self.max_staleness + self.learner_version() + 1) * self.groups_per_step
-        return self.stats.groups_started + 1 <= limit
+        return self.stats.groups_started - self.stats.groups_abandoned + 1 <= limit
 
     def notify_version(self) -> None:
         """Call when the learner publishes a new version: waiting admissions re-check."""
@@ -87,13 +104,17 @@ class ActorPool:
                 task = next(self._tasks, None)
                 if task is None:
                     break
-                while not self.admitted():
+                while not self.admitted() and self.failure is None:
                     self.stats.admission_waits += 1
                     self._version_changed.clear()
                     await self._version_changed.wait()
+                if self.failure is not None:
+                    raise self.failure
                 await self._start_group(task)
             if self._running:
                 await asyncio.gather(*self._running)
+            if self.failure is not None:
+                raise self.failure
         finally:
             for member in list(self._running):
                 member.cancel()
@@ -113,11 +134,31 @@ class ActorPool:
             trajectory = await self.agent.run(task, prompt_id, index)
             await self.sink.put(trajectory)
             self.stats.trajectories += 1
-        except EngineError:
+            self._failed_in_a_row = 0
+        except EngineError as exc:
             self.stats.aborted += 1
-            self.sink.abandon(prompt_id)
-        except InvalidTrajectory:
+            self._abandon(prompt_id, exc)
+        except InvalidTrajectory as exc:
             self.stats.rejected += 1
-            self.sink.abandon(prompt_id)
+            self._abandon(prompt_id, exc)
         finally:
             self._slots.release()
+
+    def _abandon(self, prompt_id: str, error: Exception) -> None:
+        self.sink.abandon(prompt_id)
+        now = time.monotonic()
+        if now - self._last_report >= 30:  # the first failure, then at most one line per 30 s
+            self._last_report = now
+            print(f"strata: {self.name}: {self.stats.aborted} aborted and {self.stats.rejected} "
+                  f"rejected trajectories so far; the last: {error}", flush=True)  # fmt: skip
+        if prompt_id in self._abandoned:
+            return
+        self._abandoned.add(prompt_id)
+        self.stats.groups_abandoned += 1
+        self._failed_in_a_row += 1
+        if self._failed_in_a_row >= self.max_failed_groups and self.failure is None:
+            self.failure = PoolFailure(
+                f"{self.name}: the last {self._failed_in_a_row} groups all failed, none delivered "
+                f"a trajectory; the last error: {error}"
+            )
+        self._version_changed.set()  # its admission place is free again

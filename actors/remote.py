@@ -58,6 +58,7 @@ class _Server:
     aborts: int = 0  # requests that raised EngineError: their trajectories were aborted
     server_aborts: int = 0  # answers the server itself finished with finish_reason "abort"
     failed_at: float | None = None  # monotonic time of the last transport failure
+    held: bool = False  # known down (its process is being restarted): out of rotation until readmitted
 
 
 class RemoteEngine:
@@ -99,6 +100,10 @@ class RemoteEngine:
         self._session: aiohttp.ClientSession | None = None
         self.generated_tokens = 0
         self._weights_group: Any = None  # torch ProcessGroup of update_weights_distributed
+        self._initial_version = version
+        self._published: tuple[int, str] | None = None  # the last (version, checkpoint) loaded
+        self._update_lock: asyncio.Lock | None = None  # one weight change at a time
+        self._back: asyncio.Event | None = None  # set while some server is in rotation
 
     async def __aenter__(self) -> RemoteEngine:
         return self
@@ -109,7 +114,7 @@ class RemoteEngine:
     @property
     def version(self) -> int:
         """The oldest version a live server serves: a new trajectory may be sampled with it."""
-        live = self._live() or self._servers
+        live = self._live() or [s for s in self._servers if not s.held] or self._servers
         return min(server.version for server in live)
 
     def stats(self) -> dict[str, float]:
@@ -125,6 +130,54 @@ class RemoteEngine:
             out[f"healthy/{server.url}"] = int(server in live)
         return out
 
+    # ------------------------------------------------------------------- restarted servers
+
+    def hold(self, url: str) -> None:
+        """Take the server at `url` out of rotation: it is known down and being restarted. New
+        requests go to the others (or wait, up to timeout_s, when none is left); weight updates
+        skip it. `readmit` puts it back."""
+        self._server(url).held = True
+        if all(s.held for s in self._servers):
+            self._event().clear()
+
+    async def readmit(self, url: str) -> int:
+        """Put a restarted server back in rotation once it serves what the others serve: it
+        started on its model directory's weights, so the checkpoint last published to the
+        engine is loaded first. Raises EngineError (the server stays held) if that fails.
+        Returns the version it serves."""
+        server = self._server(url)
+        if self._weights_group is not None:
+            raise EngineError(
+                f"{url} was restarted but cannot rejoin the NCCL weight group, formed once at the "
+                "first distributed update: restart the run, or publish from disk (path=)"
+            )
+        async with self._updating():
+            if self._published is not None:
+                version, path = self._published
+                await self._load(server, version, path)
+            else:
+                version = self._initial_version
+            server.version, server.held, server.failed_at = version, False, None
+            self._event().set()
+        return version
+
+    def _server(self, url: str) -> _Server:
+        for server in self._servers:
+            if server.url == url.rstrip("/"):
+                return server
+        raise EngineError(f"{url} is not one of this engine's servers")
+
+    def _event(self) -> asyncio.Event:
+        if self._back is None:
+            self._back = asyncio.Event()
+            self._back.set()
+        return self._back
+
+    def _updating(self) -> asyncio.Lock:
+        if self._update_lock is None:
+            self._update_lock = asyncio.Lock()
+        return self._update_lock
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
@@ -133,11 +186,23 @@ class RemoteEngine:
     def _live(self) -> list[_Server]:
         now = time.monotonic()
         return [
-            s for s in self._servers if s.failed_at is None or now - s.failed_at >= self.cooldown_s
+            s
+            for s in self._servers
+            if not s.held and (s.failed_at is None or now - s.failed_at >= self.cooldown_s)
         ]
 
-    def _pick(self) -> _Server:
-        candidates = self._live() or self._servers  # all failed recently: try anyway
+    async def _choose(self) -> _Server:
+        """The least loaded live server; while every server is held (restarting), wait for one
+        to be readmitted rather than fail requests by the hundred, up to timeout_s."""
+        if all(s.held for s in self._servers):
+            try:
+                await asyncio.wait_for(self._event().wait(), self.timeout_s)
+            except TimeoutError:
+                raise EngineError(
+                    f"every {self.name} server is down and none was back within {self.timeout_s:g} s"
+                ) from None
+        unheld = [s for s in self._servers if not s.held]
+        candidates = self._live() or unheld  # all failed recently: try anyway
         return min(candidates, key=lambda s: (s.in_flight, s.requests))
 
     # ---------------------------------------------------------------------------------- HTTP
@@ -220,12 +285,40 @@ class RemoteEngine:
     async def _resume(self, server: _Server) -> None:
         raise NotImplementedError
 
+    path_only = "this engine's servers load weights from an HF checkpoint directory: pass path="
+
+    async def update_weights(
+        self,
+        version: int,
+        *,
+        state_dict: Mapping[str, object] | None = None,
+        path: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """Every server loads the HF checkpoint at `path` (a directory they can all read): pause,
+        load, continue. A server whose load fails keeps its previous weights and version (the
+        raised EngineError names it); the next publish retries it with the newer checkpoint."""
+        if state_dict is not None or path is None:
+            raise EngineError(self.path_only)
+        weights = os.path.abspath(os.fspath(path))
+        self._check_checkpoint(weights, version)
+        async with self._updating():
+            self._published = (version, weights)  # what a restarted server loads (readmit)
+            await self._update_everywhere(version, lambda s: self._load(s, version, weights))
+
+    def _check_checkpoint(self, path: str, version: int) -> None:
+        """Raise EngineError if no server should be asked to load `path` (nothing checked here)."""
+
+    async def _load(self, server: _Server, version: int, path: str) -> None:
+        """Have `server` load the checkpoint at `path` and serve it as `version`."""
+        raise NotImplementedError
+
     async def _update_everywhere(self, version: int, update, sender=None) -> None:
         """Pause every server, run `update(server)` on those that paused, then continue them, even
         after a failed update so that none stays paused. A dead server does not hold the others
         back, except with a `sender` (the NCCL broadcast, run alongside the updates): every
-        receiver must take part. Raises, naming each server that failed, once all are done."""
-        servers = self._servers
+        receiver must take part. Held servers (restarting) are skipped: `readmit` loads the
+        published checkpoint into them. Raises, naming each server that failed, once all are done."""
+        servers = [s for s in self._servers if not s.held]
         paused = await asyncio.gather(*(self._pause(s) for s in servers), return_exceptions=True)
         problems: dict[str, list[str]] = {}
         for server, result in zip(servers, paused, strict=True):
@@ -268,6 +361,10 @@ class SGLangEngine(RemoteEngine):
     """SGLang's native API (see the module doc)."""
 
     name = "sglang"
+    path_only = (
+        "SGLang servers cannot take an in-process state_dict: save an HF checkpoint and pass path= "
+        "(update_weights_from_disk), or broadcast over NCCL with update_weights_distributed"
+    )
 
     async def _pause(self, server: _Server) -> None:
         await self._post(
@@ -282,7 +379,7 @@ class SGLangEngine(RemoteEngine):
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         if not prompt_ids:
             raise EngineError("empty prompt")
-        server = self._pick()
+        server = await self._choose()
         body = {
             "input_ids": list(prompt_ids),
             "sampling_params": {
@@ -302,31 +399,10 @@ class SGLangEngine(RemoteEngine):
             lambda payload, believed: _parse_generation(payload, believed, server.url),
         )
 
-    # ------------------------------------------------------------------------- weights: disk
-
-    async def update_weights(
-        self,
-        version: int,
-        *,
-        state_dict: Mapping[str, object] | None = None,
-        path: str | os.PathLike[str] | None = None,
-    ) -> None:
-        """Every server loads the HF checkpoint at `path` (a directory they can all read):
-        pause, /update_weights_from_disk, continue."""
-        if state_dict is not None:
-            raise EngineError(
-                "SGLang servers cannot take an in-process state_dict: save an HF checkpoint and "
-                "pass path= (update_weights_from_disk), or broadcast over NCCL with "
-                "update_weights_distributed"
-            )
-        if path is None:
-            raise EngineError("update_weights needs path= (an HF checkpoint directory)")
-        body = {"model_path": os.path.abspath(os.fspath(path)), "weight_version": str(version)}
-        timeout = self._control_timeout
-        await self._update_everywhere(
-            version,
-            lambda s: self._post(s, "update_weights_from_disk", body, timeout, check_success=True),
-        )
+    async def _load(self, server: _Server, version: int, path: str) -> None:
+        await self._post(server, "update_weights_from_disk",
+                         {"model_path": path, "weight_version": str(version)},
+                         self._control_timeout, check_success=True)  # fmt: skip
 
     # ------------------------------------------------------------------------- weights: NCCL
 
@@ -372,7 +448,8 @@ class SGLangEngine(RemoteEngine):
                     remote_nccl.broadcast, self._weights_group, [t for _, t in bucket]
                 )
 
-        await self._update_everywhere(version, update, broadcast)
+        async with self._updating():
+            await self._update_everywhere(version, update, broadcast)
 
     async def _init_weights_group(
         self,

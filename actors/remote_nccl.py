@@ -1,4 +1,5 @@
-"""SGLang's distributed weight update, trainer side: NCCL group, buckets, broadcast (GPU only).
+"""Weight updates over NCCL, trainer side (GPU only): SGLang's distributed update (a
+torch.distributed group, buckets, broadcasts) and vLLM's weight transfer (vLLM's own group).
 
 Kept apart from the HTTP client in `actors.remote`: nothing here can run without CUDA and NCCL,
 and `gpu_transport_problem` says in one line what is missing.
@@ -88,4 +89,59 @@ def broadcast(group: Any, tensors: list[Any]) -> None:
     for tensor in tensors:
         tensor = tensor.detach() if tensor.is_cuda else tensor.detach().to(device)
         dist.broadcast(tensor.contiguous(), src=0, group=group)
+    torch.cuda.synchronize()
+
+
+# ------------------------------------------------------------------------ vLLM's weight transfer
+
+
+def vllm_trainer_problem() -> str | None:
+    """Why this process cannot be the sending end of vLLM's NCCL weight transfer, or None. vLLM's
+    servers join a group made of its own StatelessProcessGroup (a TCPStore rendezvous) and its
+    PyNccl communicator, which a torch.distributed group cannot join: the trainer needs vllm."""
+    problem = gpu_transport_problem("nccl")
+    if problem is not None:
+        return problem
+    try:
+        from vllm.distributed.weight_transfer import nccl_common  # noqa: F401
+    except ImportError:
+        return "vllm (>= 0.32, with vllm.distributed.weight_transfer) is not installed in this process"
+    return None
+
+
+def join_vllm_group(address: str, port: int, world_size: int) -> Any:
+    """Rank 0 (the sender) of vLLM's weight-transfer group; the servers' workers are ranks
+    1..world_size-1 (rank_offset 1). Blocks until every rank has joined."""
+    import torch
+    from vllm.distributed.weight_transfer.nccl_common import stateless_init_process_group
+
+    return stateless_init_process_group(address, port, 0, world_size, torch.cuda.current_device())
+
+
+def vllm_init_info(address: str, port: int, rank_offset: int, world_size: int) -> dict:
+    """The /init_weight_transfer_engine body's `init_info` for one server, whose workers take
+    ranks rank_offset.. of the group (TCPStore rendezvous at address:port, unpacked tensors)."""
+    return {"master_address": address, "master_port": port, "rank_offset": rank_offset,
+            "world_size": world_size}  # fmt: skip
+
+
+def vllm_update_info(items: list[tuple[str, Any]]) -> dict:
+    """The /update_weights body's `update_info`: every tensor's HF name, dtype and shape, in
+    the order the tensors are then broadcast one by one (vLLM's unpacked mode)."""
+    return {
+        "names": [name for name, _ in items],
+        "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in items],
+        "shapes": [list(t.shape) for _, t in items],
+    }
+
+
+def vllm_broadcast(communicator: Any, tensors: list[Any]) -> None:
+    """One broadcast from rank 0 per tensor, on the current stream (vLLM's unpacked receive)."""
+    import torch
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    stream = torch.cuda.current_stream()
+    for tensor in tensors:
+        tensor = tensor.detach() if tensor.is_cuda else tensor.detach().to(device)
+        communicator.broadcast(tensor.contiguous(), src=0, stream=stream)
     torch.cuda.synchronize()

@@ -14,6 +14,17 @@ Routing, timeouts, cooldown of dead servers and the pause -> update -> resume ro
     POST /update_weight_version {"new_version": "N"}                GET /weight_info
     (the /pause, /resume, /collective_rpc endpoints need VLLM_SERVER_DEV_MODE=1 on the server)
 
+NCCL weight transfer (GPU only; servers started with --weight-transfer-config
+'{"backend": "nccl"}'; read from vllm 0.32's entrypoints/rl/online/api_router.py and
+distributed/weight_transfer/, never run here: this project's machines have no GPU):
+
+    GET  /get_world_size -> {"world_size": n}          (workers per server: TP * PP * DP)
+    POST /init_weight_transfer_engine {"init_info": {"master_address", "master_port",
+                                       "rank_offset", "world_size"}}   (blocks until all joined)
+    POST /start_weight_update    POST /update_weights {"update_info": {"names", "dtype_names",
+    "shapes"}} (blocks while rank 0 broadcasts each tensor)    POST /finish_weight_update
+    {"weight_version": "N"}
+
 Stop strings: the server stops on the token that completes a stop string; with
 `include_stop_str_in_output` the text keeps it, and the token ids are always every token the
 server sampled, so a trajectory's ids are exactly what was sampled even when the last token runs
@@ -28,9 +39,12 @@ the truth).
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Mapping
+from typing import Any
 
+from actors import remote_nccl
 from actors.engine import EngineError, Generation, SamplingParams
 from actors.remote import RemoteEngine, _Server
 
@@ -39,6 +53,10 @@ LOGPROBS_MODE = "processed_logprobs"
 
 class VLLMEngine(RemoteEngine):
     name = "vllm"
+    path_only = (
+        "vLLM servers load weights from an HF checkpoint directory: pass path= "
+        "(CheckpointSync writes one per version)"
+    )
 
     def __init__(self, urls: list[str], *, model: str | None = None, **kwargs) -> None:
         """`model`: the served model name (`--served-model-name`); None asks each server's
@@ -58,7 +76,7 @@ class VLLMEngine(RemoteEngine):
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         if not prompt_ids:
             raise EngineError("empty prompt")
-        server = self._pick()
+        server = await self._choose()
         body = {
             "model": await self._model_name(server),
             "prompt": list(prompt_ids),
@@ -82,43 +100,81 @@ class VLLMEngine(RemoteEngine):
     async def _resume(self, server: _Server) -> None:
         await self._post(server, "resume", {}, self._control_timeout)
 
-    async def update_weights(
-        self,
-        version: int,
-        *,
-        state_dict: Mapping[str, object] | None = None,
-        path: str | os.PathLike[str] | None = None,
-    ) -> None:
-        """Every server reloads the HF checkpoint at `path`, then is told its new version. A
-        server whose reload fails keeps its previous weights and version (and says so in the
-        raised EngineError); the next publish retries it with that newer checkpoint."""
-        if state_dict is not None or path is None:
-            raise EngineError(
-                "vLLM servers load weights from an HF checkpoint directory: pass path= "
-                "(CheckpointSync writes one per version)"
-            )
-        weights = os.path.abspath(os.fspath(path))
-        problem = checkpoint_problem(weights)
+    def _check_checkpoint(self, path: str, version: int) -> None:
+        problem = checkpoint_problem(path)
         if problem is not None:  # checked here: a server asked to load it breaks (seen with 0.32)
             raise EngineError(
                 f"weight update to version {version} refused: {problem}; the servers keep version "
                 f"{self.version} and the next publish tries again"
             )
+
+    async def _load(self, server: _Server, version: int, path: str) -> None:
+        timeout = self._control_timeout
+        rpc = {"method": "reload_weights", "kwargs": {"weights_path": path}}
+        answer = await self._post(server, "collective_rpc", rpc, timeout)
+        if isinstance(answer, dict) and answer.get("error"):
+            raise EngineError(f"reload_weights failed: {answer['error']}")
+        await self._post(server, "update_weight_version", {"new_version": str(version)}, timeout)
+
+    async def update_weights_distributed(
+        self, version: int, named_tensors: Mapping[str, Any], *, master_address: str, master_port: int
+    ) -> None:
+        """GPU only, not run on this project's CPU machines: broadcast `named_tensors` (HF names)
+        over NCCL from this process to every server's workers with vLLM's weight transfer.
+        Servers must run with `--weight-transfer-config '{"backend": "nccl"}'` and
+        VLLM_SERVER_DEV_MODE=1; this process needs a CUDA GPU no server uses and vllm installed
+        (its group is vLLM's own). The group forms at master_address:master_port on first use."""
+        problem = remote_nccl.vllm_trainer_problem()
+        if problem is not None:
+            raise EngineError(
+                f"update_weights_distributed needs a CUDA GPU and vllm in this process ({problem}); "
+                "use update_weights(path=...) instead"
+            )
+        if not named_tensors:
+            raise EngineError("update_weights_distributed got no tensors")
+        if self._weights_group is None:
+            await self._init_transfer(master_address, master_port)
+        items = list(named_tensors.items())
+        info = remote_nccl.vllm_update_info(items)
         timeout = self._control_timeout
 
-        async def reload(server: _Server) -> None:
-            rpc = {"method": "reload_weights", "kwargs": {"weights_path": weights}}
-            answer = await self._post(server, "collective_rpc", rpc, timeout)
-            if isinstance(answer, dict) and answer.get("error"):
-                raise EngineError(f"reload_weights failed: {answer['error']}")
-            await self._post(server, "update_weight_version", {"new_version": str(version)}, timeout)  # fmt: skip
+        async def update(server: _Server) -> None:  # blocks until the broadcast has landed
+            await self._post(server, "start_weight_update", {}, timeout)
+            await self._post(server, "update_weights", {"update_info": info}, timeout)
+            await self._post(server, "finish_weight_update", {"weight_version": str(version)}, timeout)  # fmt: skip
 
-        await self._update_everywhere(version, reload)
+        async def broadcast() -> None:
+            await asyncio.to_thread(
+                remote_nccl.vllm_broadcast, self._weights_group, [t for _, t in items]
+            )
+
+        async with self._updating():
+            await self._update_everywhere(version, update, broadcast)
+
+    async def _init_transfer(self, master_address: str, master_port: int) -> None:
+        """Every server's workers join this process's group: ranks 1.. in server order."""
+        sizes = []
+        for server in self._servers:
+            answer = await self._get(server, "get_world_size")
+            sizes.append(int(answer["world_size"]) if isinstance(answer, dict) else 1)
+        world_size = 1 + sum(sizes)
+        joins = [
+            self._post(server, "init_weight_transfer_engine",
+                       {"init_info": remote_nccl.vllm_init_info(master_address, master_port,
+                                                                1 + sum(sizes[:i]), world_size)},
+                       self._control_timeout)
+            for i, server in enumerate(self._servers)
+        ]  # fmt: skip
+        group, *_ = await asyncio.gather(
+            asyncio.to_thread(remote_nccl.join_vllm_group, master_address, master_port, world_size),
+            *joins,
+        )
+        self._weights_group = group
 
     async def served_versions(self) -> dict[str, str]:
-        """What each server reports in GET /weight_info (url -> its weight version)."""
+        """What each server in rotation reports in GET /weight_info (url -> its weight version)."""
         out = {}
-        for server in self._servers:
+        for server in (s for s in self._servers if not s.held):
             info = await self._get(server, "weight_info")
             out[server.url] = str(info.get("weight_version") if isinstance(info, dict) else info)
         return out

@@ -110,32 +110,49 @@ class VLLMServers:
         return VLLMServer(f"http://{self.host}:{port}", process, log)
 
     def _wait_healthy(self, server: VLLMServer, deadline: float) -> None:
-        while True:
-            if server.process.poll() is not None:
-                tail = server.log.read_text(errors="replace").strip().splitlines()[-1:] or [
-                    "(no output)"
-                ]
-                raise VLLMServerError(
-                    f"the vLLM server for {server.url} exited with status {server.process.returncode} "
-                    f"while starting (log {server.log}): {tail[0][:300]}"
-                )
-            if healthy(server.url):
-                return
-            if time.monotonic() > deadline:
-                raise VLLMServerError(
-                    f"the vLLM server for {server.url} did not answer /health within "
-                    f"{self.startup_timeout_s:g}s (log {server.log}): raise actors.engine.startup_timeout_s"
-                )
+        while not self._probe(server, deadline):
             time.sleep(0.5)
 
     def restart(self, index: int) -> str:
         """Start server `index` again on its port (after it died); returns once healthy."""
+        self.respawn(index)
+        self._wait_healthy(self.servers[index], time.monotonic() + self.startup_timeout_s)
+        return self.servers[index].url
+
+    def respawn(self, index: int) -> VLLMServer:
+        """Start server `index` again on its port without waiting for it: call from the thread
+        that started the others (see _die_with_parent)."""
         old = self.servers[index]
         _stop(old.process)
         port = int(old.url.rsplit(":", 1)[1])
         self.servers[index] = self._spawn(index, port)
-        self._wait_healthy(self.servers[index], time.monotonic() + self.startup_timeout_s)
-        return self.servers[index].url
+        return self.servers[index]
+
+    async def wait_healthy(self, index: int) -> None:
+        """`_wait_healthy` for an event loop: the health checks run in a worker thread."""
+        import asyncio
+
+        server = self.servers[index]
+        deadline = time.monotonic() + self.startup_timeout_s
+        while not await asyncio.to_thread(self._probe, server, deadline):
+            await asyncio.sleep(0.5)
+
+    def _probe(self, server: VLLMServer, deadline: float) -> bool:
+        """One health check: True when healthy; VLLMServerError if it exited or ran out of time."""
+        if server.process.poll() is not None:
+            tail = server.log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+            raise VLLMServerError(
+                f"the vLLM server for {server.url} exited with status {server.process.returncode} "
+                f"while starting (log {server.log}): {tail[0][:300]}"
+            )
+        if healthy(server.url):
+            return True
+        if time.monotonic() > deadline:
+            raise VLLMServerError(
+                f"the vLLM server for {server.url} did not answer /health within "
+                f"{self.startup_timeout_s:g}s (log {server.log}): raise actors.engine.startup_timeout_s"
+            )
+        return False
 
     def stop(self) -> None:
         for server in self.servers:
@@ -183,3 +200,58 @@ def _stop(process: subprocess.Popen, grace_s: float = 20.0) -> None:
         pass
     with contextlib.suppress(ProcessLookupError):  # the engine core may outlive the server a moment
         os.killpg(process.pid, signal.SIGKILL)
+
+
+class ServerWatch:
+    """Restarts, while a run goes on, the servers of a `VLLMServers` that die.
+
+    Every `poll_s` it looks at the server processes. For one that has exited: `hold(url)` (its
+    engine stops sending it requests; its in-flight ones have already failed and were counted as
+    aborted), start it again on its port, wait for /health, then `readmit(url)` (the engine loads
+    the last published checkpoint into it, then routes to it again). `hold` and `readmit` are
+    coroutines, so the engine may live in this process or in a Ray actor. Run it in the event loop
+    of the thread that started the servers (the main thread) so that restarted servers still die
+    with the launcher. A server that fails to come back `max_attempts` times in a row is left out.
+    """
+
+    def __init__(self, servers: VLLMServers, hold, readmit, poll_s: float = 0.5,
+                 max_attempts: int = 3) -> None:  # fmt: skip
+        self.servers, self.hold, self.readmit = servers, hold, readmit
+        self.poll_s, self.max_attempts = poll_s, max_attempts
+        self.restarts = 0
+        self.left_out: set[int] = set()
+        self._failures: dict[int, int] = {}
+
+    async def run(self) -> None:
+        import asyncio
+
+        while True:
+            for index, server in enumerate(list(self.servers.servers)):
+                if index not in self.left_out and server.process.poll() is not None:
+                    await self._restart(index)
+            await asyncio.sleep(self.poll_s)
+
+    async def _restart(self, index: int) -> None:
+        from actors.engine import EngineError
+
+        server = self.servers.servers[index]
+        print(f"strata: the vLLM server at {server.url} exited with status "
+              f"{server.process.returncode}; restarting it (log {server.log})", flush=True)  # fmt: skip
+        try:
+            await self.hold(server.url)
+            self.servers.respawn(index)  # here, in the thread that started the others
+            await self.servers.wait_healthy(index)
+            version = await self.readmit(server.url)
+        except (VLLMServerError, EngineError) as exc:
+            _stop(self.servers.servers[index].process)  # the next poll tries again
+            tries = self._failures[index] = self._failures.get(index, 0) + 1
+            if tries >= self.max_attempts:
+                self.left_out.add(index)
+            gave_up = "; left out of the run" if index in self.left_out else ""
+            print(f"strata: restarting the vLLM server at {server.url} failed "
+                  f"({tries}/{self.max_attempts}){gave_up}: {exc}", flush=True)  # fmt: skip
+            return
+        self._failures.pop(index, None)
+        self.restarts += 1
+        print(f"strata: the vLLM server at {server.url} is back, serving version {version}",
+              flush=True)  # fmt: skip

@@ -73,33 +73,42 @@ class CheckpointSync:
     async def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> float:
         _check_version(self.last_version, version)
         start = time.perf_counter()
-        path = await asyncio.to_thread(self._write, dict(state_dict), version)
+        path = await asyncio.to_thread(
+            write_checkpoint, self.directory, version, dict(state_dict), self.model, self.tokenizer
+        )
         await asyncio.gather(*(e.update_weights(version, path=str(path)) for e in self.engines))
         self.last_version = version
-        self._prune()
+        prune_checkpoints(self.directory, self.keep)
         self.seconds.append(time.perf_counter() - start)
         return self.seconds[-1]
 
-    def _write(self, state_dict: dict[str, torch.Tensor], version: int) -> Path:
-        target = self.directory / f"v{version:06d}"
-        self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=self.directory))
-        try:
-            self.model.save_pretrained(tmp, state_dict=state_dict)
-            if self.tokenizer is not None:
-                self.tokenizer.save_pretrained(tmp)
-            if target.exists():  # left by an interrupted run that is being resumed
-                shutil.rmtree(target)
-            os.replace(tmp, target)  # a server never sees a half-written checkpoint
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return target
 
-    def _prune(self) -> None:
-        versions = sorted(p for p in self.directory.glob("v*") if p.is_dir())
-        for old in versions[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+def write_checkpoint(directory: str | os.PathLike[str], version: int,
+                     state_dict: Mapping[str, torch.Tensor], model: Any, tokenizer: Any = None) -> Path:  # fmt: skip
+    """`directory/vNNNNNN`, an HF checkpoint of `state_dict` (saved by `model.save_pretrained`),
+    made whole in a temporary directory first: a server never sees a half-written one."""
+    directory = Path(directory)
+    target = directory / f"v{version:06d}"
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=directory))
+    try:
+        model.save_pretrained(tmp, state_dict=dict(state_dict))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        if target.exists():  # left by an interrupted run that is being resumed
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def prune_checkpoints(directory: str | os.PathLike[str], keep: int) -> None:
+    """Delete all but the `keep` newest `vNNNNNN` checkpoints in `directory`."""
+    versions = sorted(p for p in Path(directory).glob("v*") if p.is_dir())
+    for old in versions[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 class RaySync:

@@ -41,19 +41,17 @@ def make_engine(
     urls: list[str] | None = None,
 ) -> RolloutEngine:
     """The generation backend `actors.engine` names, serving the policy at `model_path`.
-    `urls`: servers the runtime started itself (vLLM), used instead of `actors.engine.urls`."""
+    `urls`: the servers to use instead of `actors.engine.urls` (those the runtime started, or a
+    pool's share of them)."""
     engine = config.engine
     if isinstance(engine, SGLangEngineConfig):
         from actors.remote import SGLangEngine
 
-        return SGLangEngine(list(engine.urls), timeout_s=engine.timeout_s)
+        return SGLangEngine(list(urls or engine.urls), timeout_s=engine.timeout_s)
     if isinstance(engine, VLLMEngineConfig):
         from actors.vllm import VLLMEngine
-        from actors.vllm_server import SERVED_NAME
 
-        started = urls is not None
-        return VLLMEngine(list(urls if started else engine.urls), timeout_s=engine.timeout_s,
-                          model=SERVED_NAME if started else None)  # fmt: skip
+        return VLLMEngine(list(urls or engine.urls), timeout_s=engine.timeout_s)
     from actors.embedded import EmbeddedEngine
 
     return EmbeddedEngine.from_pretrained(

@@ -148,6 +148,12 @@ def unavailable(config: StrataConfig) -> str | None:
     if config.learner.zero_stage == 3 and not gpu:
         return "learner.zero_stage 3 needs CUDA GPUs here: use --set learner.zero_stage=2 on CPU"
     engine = config.actors.engine
+    if getattr(engine, "weight_sync", "disk") == "nccl":
+        return (
+            "actors.engine.weight_sync nccl: the engines can broadcast over NCCL "
+            "(update_weights_distributed) but the runtimes publish through checkpoints only so far: "
+            "use weight_sync disk"
+        )
     if isinstance(engine, VLLMEngine) and not engine.urls:
         from actors.vllm_server import VLLMServerError, vllm_python
 
@@ -155,8 +161,6 @@ def unavailable(config: StrataConfig) -> str | None:
             vllm_python(engine.python)
         except VLLMServerError as exc:
             return str(exc)
-        if isinstance(config.runtime, RayRuntime):
-            return "the Ray runtime does not start vLLM servers: give actors.engine.urls, or use runtime.type local"
     if isinstance(config.runtime, RayRuntime):
         try:
             import ray  # noqa: F401
@@ -186,6 +190,7 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
     import asyncio
     import signal
 
+    from actors.pool import PoolFailure
     from actors.vllm_server import VLLMServerError
     from learner.checkpoint import CheckpointError
     from pipeline.assets import prepare_assets
@@ -227,6 +232,9 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
     except CheckpointError as exc:
         print(f"strata: error: --resume: {exc}", file=sys.stderr)
         return 2
+    except PoolFailure as exc:  # checkpointed on the way out, like an interruption
+        print(f"strata: error: generation failed: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         interrupted = True
         print("strata: interrupted: checkpointed and flushed what was running", file=sys.stderr)

@@ -46,9 +46,11 @@ class LocalRoles:
     def __init__(self, learner, engine, agents, sync) -> None:
         self.learner, self.engine, self.agents, self.sync = learner, engine, agents, sync
         self.sync_failures = 0
+        self.watch = None  # the ServerWatch of servers this run started, if any
         self.last_publish: dict = {}
         """Figures of the last publish for metrics.jsonl: failures so far and, for servers, the
-        lowest version they report themselves (GET /weight_info), not what we believe."""
+        lowest version they report themselves (GET /weight_info), not what we believe, and how
+        many times the run restarted one."""
 
     @property
     def version(self) -> int:
@@ -69,6 +71,8 @@ class LocalRoles:
             print(f"strata: weight sync to version {version} failed: {exc}", flush=True)
         seconds = time.perf_counter() - start
         self.last_publish = {"weight_sync_failures": self.sync_failures}
+        if self.watch is not None:
+            self.last_publish["server_restarts"] = self.watch.restarts
         if hasattr(self.engine, "served_versions"):
             try:
                 served = await self.engine.served_versions()
@@ -115,7 +119,7 @@ async def run_local(
 
     set_threads(config)
     summary = summary if summary is not None else RunSummary()
-    runner = run_metrics = servers = None
+    runner = run_metrics = servers = watching = None
     search_url = config.retrieval.url
     if "search" in config.actors.tools and search_url is None:
         app = load_app(str(assets.index_dir))
@@ -135,6 +139,9 @@ async def run_local(
             for i in range(config.actors.num_pools)
         ]  # fmt: skip
         roles = LocalRoles(learner, engine, agents, make_sync(config, engine, learner, run_dir))
+        if servers is not None:
+            roles.watch = watch_servers(servers, engine)
+            watching = asyncio.create_task(roles.watch.run())
         skip = 0
         if resume:
             extra = await asyncio.to_thread(load_checkpoint, learner, run_dir / "checkpoints")
@@ -158,6 +165,9 @@ async def run_local(
         started = lambda: skip + sum(p.stats.groups_started for p in pools)  # noqa: E731
         return await stream(config, roles, buffer, pools, run_dir, summary, progress, run_metrics, started)  # fmt: skip
     finally:
+        if watching is not None:  # first: no restart while the servers are being stopped
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
         if "search" in tools:
             await tools["search"].client.close()
         if engine is not None:
@@ -188,6 +198,16 @@ def start_servers(config: StrataConfig, assets: Assets, run_dir: Path):
     )
     urls = servers.start()  # from the main thread: the servers die with it (see _die_with_parent)
     return servers, urls
+
+
+def watch_servers(servers, engine):
+    """A ServerWatch that restarts the run's dead servers and readmits them to `engine`."""
+    from actors.vllm_server import ServerWatch
+
+    async def hold(url: str) -> None:
+        engine.hold(url)
+
+    return ServerWatch(servers, hold, engine.readmit)
 
 
 def make_sync(config: StrataConfig, engine, learner, run_dir: Path):

@@ -57,13 +57,16 @@ class GenerationWorker:
     the actor's event loop (so a restarted actor rebuilds itself the same way)."""
 
     def __init__(self, config: dict, policy_dir: str, search_url: str | None, name: str,
-                 threads: int) -> None:  # fmt: skip
+                 threads: int, urls: list[str] | None = None) -> None:  # fmt: skip
+        """`urls`: the inference servers this pool owns (remote engines); no two pools share one,
+        so each server is updated by exactly one client."""
         import torch
 
         self.config = StrataConfig.model_validate(config)
-        self.policy_dir, self.search_url, self.name = policy_dir, search_url, name
+        self.policy_dir, self.search_url, self.name, self.urls = policy_dir, search_url, name, urls
         torch.set_num_threads(threads)
         self.agent = None
+        self.synced = -1  # the newest version this actor was asked to load (-1: none yet)
         self._building: asyncio.Lock | None = None
         self._catching_up: asyncio.Lock | None = None
 
@@ -76,28 +79,57 @@ class GenerationWorker:
                     from pipeline.components import agent_settings, make_engine, make_tools
 
                     actors = self.config.actors
-                    engine = make_engine(actors, self.policy_dir, seed=self.config.runtime.seed)
+                    engine = make_engine(actors, self.policy_dir, seed=self.config.runtime.seed,
+                                         urls=self.urls)  # fmt: skip
                     tools = make_tools(actors, self.config.retrieval, self.search_url)
-                    self.agent = AgentLoop(engine, engine.tokenizer, tools, agent_settings(actors),
+                    tokenizer = getattr(engine, "tokenizer", None)  # servers: the policy's own
+                    if tokenizer is None:
+                        from transformers import AutoTokenizer
+
+                        tokenizer = AutoTokenizer.from_pretrained(self.policy_dir)
+                    self.agent = AgentLoop(engine, tokenizer, tools, agent_settings(actors),
                                            actor_id=self.name)  # fmt: skip
         return self.agent
 
     async def run(self, task: Any, prompt_id: str, index: int, latest: list) -> Trajectory:
-        """One trajectory. `latest` is [version, ObjectRef of its weights] (or []): an actor that
-        is behind it (it was just restarted) loads them first."""
+        """One trajectory. `latest` is the last publish, [version, weights] (or []): an actor
+        that missed it (it was just restarted) loads it first."""
         agent = await self._ready()
-        if latest and agent.engine.version < latest[0]:
+        if latest and self.synced < latest[0]:
             self._catching_up = self._catching_up or asyncio.Lock()
             async with self._catching_up:
-                if agent.engine.version < latest[0]:
-                    await agent.engine.update_weights(latest[0], state_dict=await latest[1])
+                if self.synced < latest[0]:
+                    problem = await self.update_weights(*latest)
+                    if problem is not None:
+                        print(f"strata: {self.name} could not catch up: {problem}", flush=True)
         return await agent.run(task, prompt_id, index)
 
-    async def update_weights(self, version: int, state_dict: Mapping[str, Any]) -> int:
+    async def update_weights(self, version: int, weights: Any) -> str | None:
+        """Load `weights` as `version`: a state dict (in-process engines), the path of an HF
+        checkpoint (servers), or an ObjectRef of a state dict. Returns why it failed, or None;
+        either way this version counts as tried (the next publish retries a failed server)."""
         agent = await self._ready()
-        if agent.engine.version < version:
-            await agent.engine.update_weights(version, state_dict=state_dict)
-        return agent.engine.version
+        if version <= self.synced:
+            return None
+        self.synced = version
+        if not isinstance(weights, (str, dict)):
+            weights = await weights  # an ObjectRef inside `latest` is not resolved by Ray
+        try:
+            if isinstance(weights, str):
+                await agent.engine.update_weights(version, path=weights)
+            else:
+                await agent.engine.update_weights(version, state_dict=weights)
+        except EngineError as exc:
+            return str(exc)
+        return None
+
+    async def hold(self, url: str) -> None:
+        """The server at `url` (this pool's) died and is being restarted: stop using it."""
+        (await self._ready()).engine.hold(url)
+
+    async def readmit(self, url: str) -> int:
+        """The restarted server at `url` loads the last checkpoint and serves again."""
+        return await (await self._ready()).engine.readmit(url)
 
     async def stats(self) -> tuple[int, ActorStats]:
         """(process id, figures): a new process id means Ray restarted this actor."""
@@ -138,6 +170,17 @@ class LearnerWorker:
 
     def state_dict(self) -> dict:
         return {name: t.detach().cpu() for name, t in self.learner.state_dict().items()}
+
+    def save_weights(self, directory: str, keep: int = 2) -> str:
+        """The current weights as an HF checkpoint `directory/vNNNNNN` for inference servers to
+        load (on storage they can read); older ones beyond `keep` are deleted."""
+        from learner.weight_sync import prune_checkpoints, write_checkpoint
+
+        learner = self.learner
+        path = write_checkpoint(directory, learner.version, learner.state_dict(), learner.model,
+                                learner.tokenizer)  # fmt: skip
+        prune_checkpoints(directory, keep)
+        return str(path)
 
     def save(self, directory: str, extra: dict) -> str:
         from learner.checkpoint import save_checkpoint
@@ -182,26 +225,39 @@ class RemoteAgent:
         self.handle, self.actor_id, self.latest = handle, name, latest
 
     async def run(self, task: Any, prompt_id: str, sample_index: int) -> Trajectory:
-        from ray.exceptions import RayTaskError
+        call = self.handle.run.remote(task, prompt_id, sample_index, list(self.latest))
+        return await unwrap(call, self.actor_id)
 
-        try:
-            return await self.handle.run.remote(task, prompt_id, sample_index, list(self.latest))
-        except RayTaskError as exc:
-            cause = getattr(exc, "cause", None)
-            if isinstance(cause, (EngineError, InvalidTrajectory)):
-                raise cause from None
-            raise EngineError(f"{self.actor_id}: {cause!r}") from None
-        except _ray_errors() as exc:
-            raise EngineError(
-                f"{self.actor_id} is gone ({type(exc).__name__}); Ray restarts it"
-            ) from None
+
+async def unwrap(call: Any, who: str) -> Any:
+    """The result of a Ray actor call, with failures as the caller's own: EngineError and
+    InvalidTrajectory raised in the actor come back as themselves; anything else raised there,
+    or a dead actor, as an EngineError."""
+    from ray.exceptions import RayTaskError
+
+    try:
+        return await call
+    except RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, (EngineError, InvalidTrajectory)):
+            raise cause from None
+        raise EngineError(f"{who}: {cause!r}") from None
+    except _ray_errors() as exc:
+        raise EngineError(f"{who} is gone ({type(exc).__name__}); Ray restarts it") from None
 
 
 class RayRoles:
     """The learner and the generation actors, seen from the driver's streaming loop."""
 
-    def __init__(self, learner: Any, workers: dict[str, Any], latest: list) -> None:
+    def __init__(self, learner: Any, workers: dict[str, Any], latest: list,
+                 weights_dir: Path | None = None) -> None:  # fmt: skip
+        """`weights_dir`: publish an HF checkpoint there for inference servers; None: weights go
+        through the object store to in-process engines."""
         self.learner, self.workers, self.latest = learner, workers, latest
+        self.weights_dir = weights_dir
+        self.sync_failures = 0
+        self.watch = None  # the ServerWatch of servers this run started, if any
+        self.last_publish: dict = {}
         self._version = 0
         self._stats: dict[str, ActorStats] = {}
         self._pids: dict[str, set[int]] = {name: set() for name in workers}
@@ -221,11 +277,23 @@ class RayRoles:
 
     async def publish(self) -> float:
         start = time.perf_counter()
-        ref = self.learner.state_dict.remote()  # stored once; every actor reads the same object
-        self.latest[:] = [self._version, ref]
-        calls = [w.update_weights.remote(self._version, ref) for w in self.workers.values()]
+        if self.weights_dir is not None:
+            weights = await self.learner.save_weights.remote(str(self.weights_dir.resolve()))
+        else:
+            weights = self.learner.state_dict.remote()  # stored once; every actor reads it
+        self.latest[:] = [self._version, weights]
+        names = list(self.workers)
+        calls = [self.workers[n].update_weights.remote(self._version, weights) for n in names]
         # A dead actor must not stall training: it catches up from `latest` when it is back.
-        await asyncio.gather(*calls, return_exceptions=True)
+        replies = await asyncio.gather(*calls, return_exceptions=True)
+        for name, reply in zip(names, replies, strict=True):
+            if isinstance(reply, str):  # its servers keep their weights; the next publish retries
+                self.sync_failures += 1
+                print(f"strata: weight sync of {name} to version {self._version} failed: {reply}",
+                      flush=True)  # fmt: skip
+        self.last_publish = {"weight_sync_failures": self.sync_failures}
+        if self.watch is not None:
+            self.last_publish["server_restarts"] = self.watch.restarts
         return time.perf_counter() - start
 
     async def checkpoint(self, directory: Path, extra: dict) -> Path:
@@ -327,7 +395,7 @@ async def run_ray(
     from actors.pool import ActorPool
     from pipeline.components import make_buffer
     from pipeline.datasets import load_world
-    from pipeline.local_runtime import start_metrics
+    from pipeline.local_runtime import start_metrics, start_servers
 
     runtime = config.runtime
     assert isinstance(runtime, RayRuntime)
@@ -337,10 +405,14 @@ async def run_ray(
         "CPU": pools_n * runtime.actor_num_cpus + runtime.learner_num_cpus + runtime.retrieval_num_cpus,
         "GPU": pools_n * runtime.actor_num_gpus + runtime.learner_num_gpus,
     }  # fmt: skip
+    urls = pool_urls(config)
     start_ray(runtime, needed)
-    run_metrics = retrieval = None
+    run_metrics = retrieval = servers = watching = None
     workers: dict[str, Any] = {}
     try:
+        servers, started = start_servers(config, assets, run_dir)  # from this, the main thread
+        if started is not None:
+            urls = [started[i::pools_n] for i in range(pools_n)]
         plain = config.model_dump(mode="json")
         policy = str(Path(assets.policy_dir).resolve())
         search_url = config.retrieval.url
@@ -362,9 +434,12 @@ async def run_ray(
             workers[name] = generation.options(
                 num_cpus=runtime.actor_num_cpus, num_gpus=runtime.actor_num_gpus, name=f"strata-{name}",
                 max_restarts=-1, max_task_retries=0, max_concurrency=config.actors.concurrency + 8,
-            ).remote(plain, policy, search_url, name, threads)  # fmt: skip
+            ).remote(plain, policy, search_url, name, threads, urls[i])  # fmt: skip
         latest: list = []
-        roles = RayRoles(learner, workers, latest)
+        roles = RayRoles(learner, workers, latest, run_dir / "weights" if urls[0] is not None else None)
+        if servers is not None:
+            roles.watch = watch_servers(servers, workers, pools_n)
+            watching = asyncio.create_task(roles.watch.run())
         await roles.sync_version()  # waits for the learner to be built
         skip = 0
         if resume:
@@ -394,10 +469,51 @@ async def run_ray(
         finally:
             summary.actor_restarts = roles.restarts
     finally:
+        if watching is not None:  # first: no restart while the servers are being stopped
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
         closing = [w.close.remote() for w in workers.values()]
         if retrieval is not None:
             closing.append(retrieval.stop.remote())
         await asyncio.gather(*closing, return_exceptions=True)
         if run_metrics is not None:
             run_metrics.close()
+        if servers is not None:
+            servers.stop()
         ray.shutdown()
+
+
+def pool_urls(config: StrataConfig) -> list[list[str] | None]:
+    """The servers each pool owns: server j belongs to pool j % num_pools (a server shared by two
+    pools would be paused and reloaded by both). None per pool for in-process engines; started
+    servers are not known yet (empty lists until they are). RuntimeUnavailable with fewer servers
+    than pools."""
+    from pipeline.config import EmbeddedEngine, VLLMEngine
+
+    engine, pools = config.actors.engine, config.actors.num_pools
+    if isinstance(engine, EmbeddedEngine):
+        return [None] * pools
+    count = len(engine.urls) or (engine.num_servers if isinstance(engine, VLLMEngine) else 0)
+    if count < pools:
+        where = "actors.engine.urls" if engine.urls else "actors.engine.num_servers"
+        raise RuntimeUnavailable(
+            f"actors.num_pools {pools} needs at least {pools} servers, one pool each, but {where} "
+            f"gives {count}: add servers or lower actors.num_pools"
+        )
+    return [list(engine.urls[i::pools]) for i in range(pools)]
+
+
+def watch_servers(servers: Any, workers: dict[str, Any], pools: int):
+    """A ServerWatch that restarts the run's dead servers; the pool owning one holds and
+    readmits it (server j belongs to pool j % pools)."""
+    from actors.vllm_server import ServerWatch
+
+    owners = {s.url: workers[f"pool-{j % pools}"] for j, s in enumerate(servers.servers)}
+
+    async def hold(url: str) -> None:
+        await unwrap(owners[url].hold.remote(url), f"the pool owning {url}")
+
+    async def readmit(url: str) -> int:
+        return await unwrap(owners[url].readmit.remote(url), f"the pool owning {url}")
+
+    return ServerWatch(servers, hold, readmit)

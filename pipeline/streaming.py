@@ -93,6 +93,30 @@ def task_stream(questions: Sequence, seed: int, shuffle: bool, skip: int = 0) ->
     return itertools.islice(forever(), skip, None)
 
 
+async def _next_group(buffer: GroupBuffer, version: int, pools: list[asyncio.Task]):
+    """The buffer's next group; a pool that has failed raises its error instead (no group
+    would ever come)."""
+
+    def raise_failure(tasks) -> None:
+        for task in tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()
+
+    raise_failure(pools)
+    getting = asyncio.ensure_future(buffer.next_group(version))
+    watched = [task for task in pools if not task.done()]
+    try:
+        while True:
+            done, _ = await asyncio.wait([getting, *watched], return_when=asyncio.FIRST_COMPLETED)
+            if getting in done:
+                return getting.result()
+            raise_failure(done)
+            watched = [task for task in watched if not task.done()]  # finished: out of tasks
+    finally:
+        if not getting.done():
+            getting.cancel()
+
+
 def previous_metrics(run_dir: Path, up_to_step: int) -> list[dict]:
     """The metrics.jsonl lines of the steps a resumed run keeps (those after its checkpoint are
     redone, so they are dropped from the file too)."""
@@ -137,7 +161,7 @@ async def stream(
         while roles.version < config.learner.max_steps:
             waited = time.perf_counter()
             groups = [
-                await buffer.next_group(roles.version)
+                await _next_group(buffer, roles.version, pool_tasks)
                 for _ in range(config.learner.groups_per_step)
             ]
             busy = time.perf_counter()

@@ -6,7 +6,7 @@ import pytest
 from actors.agent import AgentLoop, AgentSettings
 from actors.embedded import EmbeddedEngine
 from actors.engine import EngineError
-from actors.pool import ActorPool
+from actors.pool import ActorPool, PoolFailure
 from buffers.group_buffer import GroupBuffer
 
 
@@ -126,3 +126,37 @@ def test_slow_members_are_never_cut_short(engine):
 
     stats, groups = asyncio.run(scenario())
     assert stats.trajectories == 6 and all(g.size == 3 for g in groups)
+
+
+def test_abandoned_groups_give_their_admission_place_back(engine):
+    """With the learner stuck at version 0 (no group completes while a server is down), failed
+    groups must not use up admission: else the pool waits for a version that never comes."""
+
+    async def scenario():
+        buffer = GroupBuffer(group_size=3, max_staleness=1000)
+        tasks = [Task(f"t{i}") for i in range(12)]
+        pool = make_pool(engine, buffer, tasks, version=lambda: 0, concurrency=3)
+        pool.agent.engine = Flaky(engine, fail_calls=set(range(1, 16)))  # the first 5 groups
+        stats = await asyncio.wait_for(pool.run(max_groups=8), 120)
+        return stats, buffer.stats()
+
+    stats, buffer_stats = asyncio.run(scenario())
+    # the admission limit is (1 + 0 + 1) * 2 = 4 groups: 8 started because 5 were abandoned
+    assert stats.groups_started == 8 and stats.groups_abandoned == 5
+    assert stats.aborted == 15 and buffer_stats.pending == 9  # three whole groups wait
+
+
+def test_a_pool_whose_every_group_fails_stops_with_the_reason(engine, capsys):
+    async def scenario():
+        buffer = GroupBuffer(group_size=3, max_staleness=1000)
+        tasks = [Task(f"t{i}") for i in range(100)]
+        pool = make_pool(engine, buffer, tasks, version=lambda: 0, max_failed_groups=6)
+        pool.agent.engine = Flaky(engine, fail_calls=set(range(1, 10_000)))
+        with pytest.raises(PoolFailure, match=r"last 6 groups all failed.*127.0.0.1:30000 died"):
+            await asyncio.wait_for(pool.run(), 120)
+        return pool.stats
+
+    stats = asyncio.run(scenario())
+    assert 6 <= stats.groups_started < 100
+    printed = capsys.readouterr().out
+    assert printed.count("aborted and 0 rejected trajectories so far") == 1  # not one per failure

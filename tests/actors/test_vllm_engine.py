@@ -187,3 +187,45 @@ def test_a_killed_server_aborts_its_requests_and_a_restarted_one_is_used_again(s
 
     aborted, again = run(go())
     assert aborted == 1 and again.token_ids
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
+def test_nccl_transfer_without_gpu_says_what_it_needs():
+    async def go():
+        async with VLLMEngine(["http://127.0.0.1:9"]) as engine:
+            await engine.update_weights_distributed(
+                1, {"w": torch.zeros(2)}, master_address="127.0.0.1", master_port=29500
+            )
+
+    with pytest.raises(EngineError, match=r"needs a CUDA GPU and vllm in this process.*path="):
+        run(go())
+
+
+@needs_vllm
+def test_nccl_transfer_bodies_are_what_vllm_parses():
+    """The NCCL path cannot run here (no GPU), but its HTTP bodies are checked against the
+    dataclasses the installed vLLM workers parse them with (unknown or missing fields fail)."""
+    import json
+    import subprocess
+
+    from actors.remote_nccl import vllm_init_info, vllm_update_info
+
+    init = vllm_init_info("127.0.0.1", 29500, 1, 3)
+    update = vllm_update_info([("model.embed_tokens.weight", torch.zeros(4, 2, dtype=torch.bfloat16)),
+                               ("lm_head.weight", torch.zeros(3))])  # fmt: skip
+    assert update == {"names": ["model.embed_tokens.weight", "lm_head.weight"],
+                      "dtype_names": ["bfloat16", "float32"], "shapes": [[4, 2], [3]]}  # fmt: skip
+    check = (
+        "import json, sys, torch\n"
+        "from vllm.distributed.weight_transfer.nccl_common import NCCLWeightTransferInitInfo\n"
+        "from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferUpdateInfo\n"
+        "init, update = json.loads(sys.argv[1]), json.loads(sys.argv[2])\n"
+        "i = NCCLWeightTransferInitInfo(**init)\n"
+        "u = NCCLWeightTransferUpdateInfo(**update)\n"
+        "assert (i.rank_offset, i.world_size, i.packed) == (1, 3, False)\n"
+        "assert [getattr(torch, n) for n in u.dtype_names] == [torch.bfloat16, torch.float32]\n"
+        "print('parsed')\n"
+    )
+    done = subprocess.run([str(VLLM_PYTHON), "-c", check, json.dumps(init), json.dumps(update)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0 and "parsed" in done.stdout, done.stderr[-2000:]

