@@ -34,6 +34,11 @@ PYTHON_INSTRUCTION = (
     " You can also run Python code by <python> code </python>; what it prints is returned between "
     "<output> and </output>."
 )
+DIRECT_INSTRUCTION = (
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first. Then "
+    "provide the answer inside <answer> and </answer>, without detailed illustrations. For example, "
+    "<answer> Beijing </answer>."
+)
 CORRECTION = (
     "\nMy previous action is invalid. If I want to search, I should put the query between <search> "
     "and </search>. If I want to give the final answer, I should put the answer between <answer> and "
@@ -74,6 +79,10 @@ class AgentStats:
 
 
 def instruction(tools: dict[str, Tool]) -> str:
+    """The task instruction: Search-R1's, plus python when enabled; without tools, answer directly
+    (the evaluation's no-tools baseline)."""
+    if not tools:
+        return DIRECT_INSTRUCTION
     return SEARCH_INSTRUCTION + (PYTHON_INSTRUCTION if "python" in tools else "")
 
 

@@ -369,6 +369,26 @@ class MetricsConfig(Section):
     """Print a progress line every this many learner steps."""
 
 
+# ----------------------------------------------------------------------------------------- eval
+
+
+class EvalConfig(Section):
+    """Held-out evaluation: `python -m pipeline.evaluate`, and periodically during training."""
+
+    every_steps: int = Field(0, ge=0)
+    """Evaluate the current weights every this many learner steps (0: not during training)."""
+    data: list[str] = Field(default_factory=list)
+    """Question files: Search-R1 .parquet (rows by data_source) or GAIA metadata .jsonl (rows by
+    Level); empty: the mini-GAIA world's test split."""
+    max_questions: int | None = Field(None, ge=1)
+    """At most this many questions per file (its first ones); None: all."""
+    samples: int = Field(1, ge=1, le=1024)
+    """Samples per question: 1 answers greedily; K > 1 samples at actors.temperature and reports
+    mean@K and pass@K."""
+    no_tools_baseline: bool = True
+    """Also evaluate with every tool disabled (a direct answer): what the tools buy."""
+
+
 # ---------------------------------------------------------------------------------------- whole
 
 
@@ -389,3 +409,5 @@ class StrataConfig(Section):
     """Orchestration."""
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     """Prometheus endpoint and progress output."""
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    """Held-out evaluation."""

@@ -161,6 +161,11 @@ def unavailable(config: StrataConfig) -> str | None:
             vllm_python(engine.python)
         except VLLMServerError as exc:
             return str(exc)
+    if isinstance(config.runtime, RayRuntime) and config.eval.every_steps:
+        return (
+            "eval.every_steps: periodic evaluation runs in the local runtime only so far; under Ray, "
+            "evaluate the run's checkpoints with python -m pipeline.evaluate RUN_DIR --config CONFIG"
+        )
     if isinstance(config.runtime, RayRuntime):
         try:
             import ray  # noqa: F401
@@ -195,6 +200,7 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
     from learner.checkpoint import CheckpointError
     from pipeline.assets import prepare_assets
     from pipeline.config import RayRuntime
+    from pipeline.evaluate import EvalError
     from pipeline.report import learning_signal, write_report
     from pipeline.streaming import RunSummary, RuntimeUnavailable
 
@@ -231,6 +237,9 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
         return 2
     except CheckpointError as exc:
         print(f"strata: error: --resume: {exc}", file=sys.stderr)
+        return 2
+    except EvalError as exc:
+        print(f"strata: error: eval: {exc}", file=sys.stderr)
         return 2
     except PoolFailure as exc:  # checkpointed on the way out, like an interruption
         print(f"strata: error: generation failed: {exc}", file=sys.stderr)

@@ -163,7 +163,9 @@ async def run_local(
         if config.metrics.enabled:
             run_metrics = start_metrics(config, run_dir, list(tools))
         started = lambda: skip + sum(p.stats.groups_started for p in pools)  # noqa: E731
-        return await stream(config, roles, buffer, pools, run_dir, summary, progress, run_metrics, started)  # fmt: skip
+        evaluator = make_evaluator(config, assets, engine, learner, tokenizer, tools, run_dir, run_metrics)  # fmt: skip
+        return await stream(config, roles, buffer, pools, run_dir, summary, progress, run_metrics,
+                            started, evaluator)  # fmt: skip
     finally:
         if watching is not None:  # first: no restart while the servers are being stopped
             watching.cancel()
@@ -198,6 +200,41 @@ def start_servers(config: StrataConfig, assets: Assets, run_dir: Path):
     )
     urls = servers.start()  # from the main thread: the servers die with it (see _die_with_parent)
     return servers, urls
+
+
+def make_evaluator(config: StrataConfig, assets: Assets, engine, learner, tokenizer, tools, run_dir: Path, run_metrics):  # fmt: skip
+    """The run's periodic evaluation (eval.every_steps), or None. With the embedded engine it
+    runs on an engine of its own holding a copy of the evaluated version's weights; with servers,
+    on the run's servers (the version may move on during an evaluation: each trajectory records
+    the versions that sampled it)."""
+    from pipeline.config import EmbeddedEngine
+    from pipeline.evaluate import periodic_eval
+
+    if not isinstance(config.actors.engine, EmbeddedEngine):
+        return periodic_eval(config, tokenizer, tools, lambda: None, _same(engine), run_dir, run_metrics)  # fmt: skip
+
+    def snapshot():
+        return {name: t.detach().clone() for name, t in learner.state_dict().items()}
+
+    async def engine_at(version: int, weights):
+        if not evaluator.engines:
+            from actors.embedded import EmbeddedEngine as Embedded
+
+            evaluator.engines.append(Embedded.from_pretrained(
+                assets.policy_dir, max_batch_size=config.actors.engine.max_batch_size, seed=config.runtime.seed
+            ))  # fmt: skip
+        await evaluator.engines[0].update_weights(version, state_dict=weights)
+        return evaluator.engines[0]
+
+    evaluator = periodic_eval(config, tokenizer, tools, snapshot, engine_at, run_dir, run_metrics)
+    return evaluator
+
+
+def _same(engine):
+    async def engine_at(version: int, weights):
+        return engine
+
+    return engine_at
 
 
 def watch_servers(servers, engine):

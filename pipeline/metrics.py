@@ -63,6 +63,11 @@ class RunMetrics:
         self.idle_seconds = Counter(
             "strata_learner_idle_seconds_total", "Learner time waiting for groups", registry=r
         )
+        self.eval_accuracy = Gauge(
+            "strata_eval_accuracy", "Held-out accuracy of the last evaluation (eval.every_steps)",
+            ["source", "tools"], registry=r,
+        )  # fmt: skip
+        self.eval_step = Gauge("strata_eval_step", "Learner step of the last evaluation", registry=r)  # fmt: skip
         self._seen: dict[str, float] = {}
         for status in ("released", "dropped_stale", "abandoned", "rejected"):
             self.trajectories.labels(status=status)  # every series exists from the first scrape
@@ -106,6 +111,13 @@ class RunMetrics:
         for t in trajectories:
             self.tool_calls.observe(len(t.tool_names))
             self.staleness.observe(max(0, int(metrics.get("version", 1)) - 1 - t.policy_version))
+
+    def observe_eval(self, step: int, rows: list) -> None:
+        """An evaluation's rows (pipeline.evaluate.Row): source is the row name (a data source,
+        "level N" or "all"); tools "no" for the no-tools baseline."""
+        self.eval_step.set(step)
+        for row in rows:
+            self.eval_accuracy.labels(source=row.name, tools="yes" if row.tools else "no").set(row.accuracy)  # fmt: skip
 
     def sample(self, buffer_stats, actors: dict) -> None:
         """Read the buffer's counters and each actor's (`streaming.ActorStats` by actor name)."""

@@ -436,7 +436,9 @@ async def run_ray(
                 max_restarts=-1, max_task_retries=0, max_concurrency=config.actors.concurrency + 8,
             ).remote(plain, policy, search_url, name, threads, urls[i])  # fmt: skip
         latest: list = []
-        roles = RayRoles(learner, workers, latest, run_dir / "weights" if urls[0] is not None else None)
+        roles = RayRoles(
+            learner, workers, latest, run_dir / "weights" if urls[0] is not None else None
+        )
         if servers is not None:
             roles.watch = watch_servers(servers, workers, pools_n)
             watching = asyncio.create_task(roles.watch.run())

@@ -95,6 +95,46 @@ def write_report(run_dir: Path, config_path: str, summary) -> Path:
     if metrics:
         for name in _plots(metrics, run_dir):
             lines += [f"![{name}]({name})", ""]
+    lines += _evaluations(run_dir)
     target = run_dir / "report.md"
     target.write_text("\n".join(lines))
     return target
+
+
+def _evaluations(run_dir: Path) -> list[str]:
+    """The held-out evaluations of the run (run_dir/eval.jsonl): the last one's table and a
+    plot of accuracy by data source or level against learner step (dashed: without tools)."""
+    import json
+
+    source = run_dir / "eval.jsonl"
+    if not source.is_file():
+        return []
+    records = [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
+    if not records:
+        return []
+    from pipeline.evaluate import Row, markdown
+
+    last = records[-1]
+    lines = [f"## Held-out evaluation (step {last['step']}, {last['samples']} sample(s) per question)",
+             "", markdown([Row(**r) for r in last["rows"]], last["samples"]).rstrip(), ""]  # fmt: skip
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    names = list(dict.fromkeys(r["name"] for rec in records for r in rec["rows"]))
+    for i, name in enumerate(names):
+        for tools, style in ((True, "-"), (False, "--")):
+            points = [(rec["step"], r["accuracy"]) for rec in records for r in rec["rows"]
+                      if r["name"] == name and r["tools"] == tools]  # fmt: skip
+            if points:
+                label = name if tools else f"{name}, no tools"
+                ax.plot(*zip(*points, strict=True), style, color=f"C{i}", marker="o", label=label)
+    ax.set_xlabel("learner step")
+    ax.set_title("held-out accuracy")
+    ax.legend(loc="best", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(run_dir / "eval.png", dpi=100)
+    plt.close(fig)
+    return [*lines, "![eval.png](eval.png)", ""]

@@ -147,9 +147,11 @@ async def stream(
     progress: Callable[[dict], None] | None = None,
     run_metrics: Any = None,
     tasks_started: Callable[[], int] = lambda: 0,
+    evaluator: Any = None,
 ) -> RunSummary:
     """Train until `learner.max_steps`; `summary` is filled in place, so the caller still has it
-    when the run is interrupted. Checkpoints go to run_dir/checkpoints, also on the way out."""
+    when the run is interrupted. Checkpoints go to run_dir/checkpoints, also on the way out.
+    `evaluator` (a pipeline.evaluate.PeriodicEval) evaluates the weights of the steps it is due at."""
     pool_tasks = [asyncio.create_task(pool.run()) for pool in pools]
     metrics_file = (run_dir / "metrics.jsonl").open("a")
     checkpoints = run_dir / "checkpoints"
@@ -157,6 +159,7 @@ async def stream(
     trained = 0  # trajectories trained in this process (throughput counts only these)
     tokens_at_start = sum(s.generated_tokens for s in (await roles.actor_stats()).values())
     summary.steps = roles.version
+    finished = False
     try:
         while roles.version < config.learner.max_steps:
             waited = time.perf_counter()
@@ -197,12 +200,17 @@ async def stream(
             every = config.learner.checkpoint_every
             if every and summary.steps % every == 0:
                 await roles.checkpoint(checkpoints, {"step": summary.steps, CURSOR_KEY: tasks_started()})  # fmt: skip
+            if evaluator is not None and evaluator.due(summary.steps):
+                evaluator.start(summary.steps, roles.version)  # runs beside the next steps
+        finished = True
     finally:
         summary.seconds = time.perf_counter() - start
         metrics_file.close()
         for task in pool_tasks:
             task.cancel()
         await asyncio.gather(*pool_tasks, return_exceptions=True)
+        if evaluator is not None:  # a finished run waits for its last evaluation
+            await evaluator.close(wait=finished)
         await buffer.close()
         if summary.steps > summary.resumed_from:
             summary.checkpoint = await roles.checkpoint(

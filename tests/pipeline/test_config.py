@@ -176,5 +176,6 @@ def test_dump_holds_every_default():
         "retrieval",
         "runtime",
         "metrics",
+        "eval",
     }
     assert dumped["learner"]["stratifier"] == {"type": "tool_calls", "k": 2, "seed": 0}

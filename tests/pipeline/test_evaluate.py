@@ -1,0 +1,158 @@
+"""Held-out evaluation on the mini-GAIA world with the warm-started tiny policy: periodically
+inside a launched run, then standalone on that run's checkpoint, as a user types it."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from actors.rewards import score
+from buffers.records import from_arrow
+from pipeline.datasets import load_questions
+from pipeline.evaluate import Row, generated_text, main
+from pipeline.metrics import RunMetrics
+from tests.conftest import child_env
+from tests.pipeline.test_local_run import ROOT, SHORT, launch
+
+EVAL = ["--set", "eval.every_steps=2", "--set", "eval.max_questions=12"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, run_cache):
+    """A 4-step run evaluating every 2 steps: (run_dir, world_dir, stdout)."""
+    run_dir = tmp_path_factory.mktemp("eval") / "run"
+    proc = launch(run_dir, run_cache, "--set", "learner.max_steps=4", "--set", "buffer.max_staleness=1", *EVAL)  # fmt: skip
+    out, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0, err[-3000:] + out[-2000:]
+    (world,) = run_cache.glob("world-*")
+    return run_dir, world, out
+
+
+def test_a_run_evaluates_every_few_steps_and_reports_it(trained):
+    run_dir, world, out = trained
+    records = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [2, 4]  # the last one is waited for
+    sources = list(dict.fromkeys(q.data_source for q in load_questions(world / "test.parquet")[:12]))
+    for record in records:
+        rows = [Row(**r) for r in record["rows"]]
+        assert [r.name for r in rows if r.tools] == [*sources, "all"]
+        assert [r.name for r in rows if not r.tools] == [*sources, "all"]  # the no-tools baseline
+        assert all(r.questions == 12 for r in rows if r.name == "all")
+    for suffix in (".json", ".md", ".trajectories.parquet"):
+        assert (run_dir / "eval" / f"step-000004{suffix}").is_file()
+    assert "strata: eval at step 2: accuracy" in out
+    report = (run_dir / "report.md").read_text()
+    assert "## Held-out evaluation (step 4" in report and (run_dir / "eval.png").is_file()
+
+
+def test_eval_accuracy_is_exported_per_source():
+    from prometheus_client import generate_latest
+
+    metrics = RunMetrics()
+    metrics.observe_eval(6, [Row("level 1", True, 4, 1, 0.5, None, 1.0, 20.0, 0.0),
+                             Row("level 1", False, 4, 1, 0.25, None, 0.0, 9.0, 0.0)])  # fmt: skip
+    text = generate_latest(metrics.registry).decode()
+    assert 'strata_eval_accuracy{source="level 1",tools="yes"} 0.5' in text
+    assert 'strata_eval_accuracy{source="level 1",tools="no"} 0.25' in text
+    assert "strata_eval_step 6.0" in text
+
+
+def test_standalone_evaluation_of_a_run_by_source_and_level(trained, run_cache, tmp_path):
+    run_dir, world, _ = trained
+    out = tmp_path / "results" / "eval.json"
+    argv = [sys.executable, "-m", "pipeline.evaluate", str(run_dir), "--config", "configs/local.yaml",
+            "--set", f"runtime.cache_dir={run_cache}", *SHORT, "--data", str(world / "test.parquet"),
+            str(world / "metadata.jsonl"), "--max-questions", "12", "--samples", "3", "--out", str(out)]  # fmt: skip
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900, env=child_env())  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["checkpoint"].endswith("checkpoints/step-000004/hf") and result["samples"] == 3
+    rows = [Row(**r) for r in result["rows"]]
+
+    parquet = load_questions(world / "test.parquet")[:12]
+    gaia = load_questions(world / "metadata.jsonl")[:12]
+    names = [*dict.fromkeys(q.data_source for q in parquet), *dict.fromkeys(f"level {q.level}" for q in gaia), "all"]  # fmt: skip
+    assert [r.name for r in rows if r.tools] == names
+    assert [r.name for r in rows if not r.tools] == names
+
+    # every accuracy agrees with the rewards recomputed from the written trajectories
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(result["checkpoint"])
+    trajectories = from_arrow(pq.read_table(out.with_name("eval.trajectories.parquet")))
+    assert len(trajectories) == 2 * (12 + 12) * 3
+    row_of = {f"{q.id}@test.parquet": q.data_source for q in parquet}
+    row_of |= {f"{q.id}@metadata.jsonl": f"level {q.level}" for q in gaia}
+    for row in rows:
+        actor = "eval" if row.tools else "eval-no-tools"
+        members = [t for t in trajectories if t.actor_id == actor and row.name in (row_of[t.prompt_id], "all")]  # fmt: skip
+        rewards = [score(generated_text(t, tokenizer), list(t.ground_truth), t.data_source, "exact_match") for t in members]  # fmt: skip
+        assert row.accuracy == pytest.approx(np.mean(rewards), abs=1e-9), row
+        assert row.questions == len(members) // 3 and row.pass_at_k >= row.accuracy
+        if not row.tools:
+            assert row.tool_calls == 0 and all(not t.tool_names for t in members)
+    overall = {r.tools: r for r in rows if r.name == "all"}
+    assert overall[True].tool_calls > 0  # the policy does search when it may
+    table = out.with_suffix(".md").read_text()
+    assert table.startswith("| data | tools | questions | accuracy (mean@3) | pass@3 |")
+    assert "| level 1 | none |" in table and "| level 1 | none |" in done.stdout
+
+
+def bad_gaia(tmp_path):
+    path = tmp_path / "metadata.jsonl"
+    rows = [{"task_id": "a", "Question": "Q?", "Level": 1, "Final answer": "x"},
+            {"task_id": "b", "Question": "Q?", "Level": 2}]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def bad_parquet(tmp_path):
+    import pyarrow as pa
+
+    path = tmp_path / "test.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "question": ["Q?", "Q?"], "data_source": ["nq", "nq"],
+                             "golden_answers": [["x"], []]}), path)  # fmt: skip
+    return path
+
+
+def broken_checkpoint(tmp_path):
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file")
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("not_a_model", "is not an HF model directory"),
+        ("broken_weights", "model.safetensors is unreadable"),
+        ("csv", "unknown question file type '.csv'"),
+        ("gaia_without_answer", "metadata.jsonl: line 2: field 'Final answer' is missing"),
+        ("parquet_without_answer", "test.parquet: row 1: field 'golden_answers' is empty"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(case, expected, trained, tmp_path, capsys):
+    run_dir, _, _ = trained
+    checkpoint, data = run_dir, []
+    if case == "not_a_model":
+        checkpoint = tmp_path
+    elif case == "broken_weights":
+        checkpoint = broken_checkpoint(tmp_path)
+    elif case == "csv":
+        (tmp_path / "q.csv").write_text("id,question\n")
+        data = [str(tmp_path / "q.csv")]
+    elif case == "gaia_without_answer":
+        data = [str(bad_gaia(tmp_path))]
+    else:
+        data = [str(bad_parquet(tmp_path))]
+    out = tmp_path / "out" / "eval.json"
+    argv = [str(checkpoint), "--config", str(ROOT / "configs" / "local.yaml"), "--out", str(out)]
+    code = main(argv + (["--data", *data] if data else []))
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and expected in err, err
+    assert not (tmp_path / "out").exists()
