@@ -14,6 +14,12 @@ pools' admission control (`ActorPool`, whose agent here is a `RemoteAgent`), the
 the driver fills with every role's figures. Weights travel through the object store: the
 learner's snapshot is stored once and every generation actor loads it from there.
 
+With inference servers (`actors.engine.type` vllm or sglang) each pool owns its own servers
+(server j belongs to pool j mod num_pools, `pool_urls`) and the learner publishes an HF checkpoint
+under run_dir/weights/ (storage every server must read) that each pool has its servers reload.
+vLLM servers the launcher starts (no `actors.engine.urls`) run on the driver's machine; one that
+dies is restarted and readmitted by its pool on the latest checkpoint (`ServerWatch`).
+
 A generation actor that dies is restarted by Ray (`max_restarts=-1`); its in-flight trajectories
 fail, are counted as aborted and their groups abandoned; the restarted actor catches up to the
 latest published weights before it generates again.

@@ -27,7 +27,7 @@ def test_dashboard_is_valid_and_covers_the_design_metrics():
     for name in ["strata_generated_tokens_total", "strata_trajectories_total", "strata_learner_steps_total",
                  "strata_staleness", "strata_buffer_groups", "strata_reward", "strata_tool_calls_per_trajectory",
                  "strata_learner_step_seconds", "strata_learner_idle_seconds_total", "strata_weight_sync_seconds",
-                 "strata_tool_call_seconds", "strata_tool_errors_total"]:  # fmt: skip
+                 "strata_tool_call_seconds", "strata_tool_errors_total", "strata_eval_accuracy"]:  # fmt: skip
         assert name in exprs, name
 
 
@@ -51,7 +51,8 @@ def test_every_panel_query_returns_data_from_a_live_run(tmp_path):
          "--set", f"runtime.cache_dir={tmp_path / 'cache'}", "--set", "model.warm_start_s=10",
          "--set", "learner.max_steps=100000", "--set", "learner.groups_per_step=1", "--set", "buffer.group_size=4",
          "--set", "actors.max_turns=2", "--set", "actors.max_new_tokens_per_turn=24",
-         "--set", "actors.max_response_tokens=120", "--set", f"metrics.port={metrics_port}"],
+         "--set", "actors.max_response_tokens=120", "--set", f"metrics.port={metrics_port}",
+         "--set", "eval.every_steps=2", "--set", "eval.max_questions=8"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=child_env(),
     )  # fmt: skip
     config = tmp_path / "prometheus.yml"
