@@ -85,17 +85,26 @@ class CheckpointSync:
 
 def write_checkpoint(directory: str | os.PathLike[str], version: int,
                      state_dict: Mapping[str, torch.Tensor], model: Any, tokenizer: Any = None) -> Path:  # fmt: skip
-    """`directory/vNNNNNN`, an HF checkpoint of `state_dict` (saved by `model.save_pretrained`),
-    made whole in a temporary directory first: a server never sees a half-written one."""
-    directory = Path(directory)
-    target = directory / f"v{version:06d}"
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=directory))
+    """`directory/vNNNNNN`, an HF checkpoint of `state_dict` (saved by `model.save_pretrained`)."""
+    return save_hf(Path(directory) / f"v{version:06d}", model, tokenizer, state_dict)
+
+
+def save_hf(target: str | os.PathLike[str], model: Any, tokenizer: Any = None,
+            state_dict: Mapping[str, torch.Tensor] | None = None) -> Path:  # fmt: skip
+    """`model` (with `state_dict`'s weights if given) and `tokenizer` as an HF directory at
+    `target`, made whole under a temporary name first: a reader never sees a half-written one,
+    and one left by an interrupted run is replaced."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        model.save_pretrained(tmp, state_dict=dict(state_dict))
+        if state_dict is None:
+            model.save_pretrained(tmp)
+        else:
+            model.save_pretrained(tmp, state_dict=dict(state_dict))
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        if target.exists():  # left by an interrupted run that is being resumed
+        if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
     except BaseException:

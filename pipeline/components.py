@@ -90,3 +90,16 @@ def agent_settings(config: ActorsConfig) -> AgentSettings:
         reward=config.reward,
         format_weight=config.format_weight,
     )
+
+
+async def close_parts(tools: dict | None, engine=None, servers=None, runner=None) -> None:
+    """Close what a run or an evaluation opened, users first: the search tool's client, the
+    engine, the inference servers it started, the retrieval server's HTTP runner."""
+    if tools is not None and "search" in tools:
+        await tools["search"].client.close()
+    if engine is not None:
+        await engine.close()
+    if servers is not None:
+        servers.stop()
+    if runner is not None:
+        await runner.cleanup()

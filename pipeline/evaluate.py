@@ -258,7 +258,7 @@ async def evaluate(config: StrataConfig, checkpoint: Path, items: Sequence[Item]
     """Rows (with tools, then the no-tools baseline if configured) and every trajectory."""
     from transformers import AutoTokenizer
 
-    from pipeline.components import make_tools
+    from pipeline.components import close_parts, make_tools
     from retrieval.server import load_app, serve
 
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
@@ -272,22 +272,22 @@ async def evaluate(config: StrataConfig, checkpoint: Path, items: Sequence[Item]
         tools = make_tools(config.actors, config.retrieval, search_url)
         engine, servers = await open_engine(config, checkpoint, log_dir)
         concurrency = config.actors.concurrency * config.actors.num_pools
-        runs = [(tools, TOOLS_ACTOR)] + ([({}, BASELINE_ACTOR)] if config.eval.no_tools_baseline else [])  # fmt: skip
-        rows, trajectories = [], []
-        for enabled, actor in runs:
-            made = await run_items(engine, tokenizer, enabled, settings, items, samples, concurrency, actor)  # fmt: skip
-            rows += summarize(made, items, samples, bool(enabled), tokenizer)
-            trajectories += made
-        return rows, trajectories
+        return await with_and_without_tools(config, engine, tokenizer, tools, settings, items,
+                                            samples, concurrency)  # fmt: skip
     finally:
-        if tools is not None and "search" in tools:
-            await tools["search"].client.close()
-        if engine is not None:
-            await engine.close()
-        if servers is not None:
-            servers.stop()
-        if runner is not None:
-            await runner.cleanup()
+        await close_parts(tools, engine, servers, runner)
+
+
+async def with_and_without_tools(config: StrataConfig, engine, tokenizer, tools: dict, settings,
+                                 items: Sequence[Item], samples: int, concurrency: int) -> tuple[list[Row], list]:  # fmt: skip
+    """The rows and trajectories of `items` with `tools`, then (eval.no_tools_baseline) without."""
+    runs = [(tools, TOOLS_ACTOR)] + ([({}, BASELINE_ACTOR)] if config.eval.no_tools_baseline else [])  # fmt: skip
+    rows, trajectories = [], []
+    for enabled, actor in runs:
+        made = await run_items(engine, tokenizer, enabled, settings, items, samples, concurrency, actor)  # fmt: skip
+        rows += summarize(made, items, samples, bool(enabled), tokenizer)
+        trajectories += made
+    return rows, trajectories
 
 
 # ---------------------------------------------------------------------------- during training
@@ -343,16 +343,10 @@ class PeriodicEval:
         started = time.perf_counter()
         try:
             engine = await self.engine_at(version, weights)
-            concurrency = self.config.actors.concurrency
-            runs = [(self.tools, TOOLS_ACTOR)]
-            if self.config.eval.no_tools_baseline:
-                runs.append(({}, BASELINE_ACTOR))
-            rows, trajectories = [], []
-            for tools, actor in runs:
-                made = await run_items(engine, self.tokenizer, tools, self.settings, self.items,
-                                       self.samples, concurrency, actor)  # fmt: skip
-                rows += summarize(made, self.items, self.samples, bool(tools), self.tokenizer)
-                trajectories += made
+            rows, trajectories = await with_and_without_tools(
+                self.config, engine, self.tokenizer, self.tools, self.settings, self.items,
+                self.samples, self.config.actors.concurrency,
+            )  # fmt: skip
         except EngineError as exc:  # training goes on; this evaluation is reported as failed
             print(f"strata: eval at step {step} failed: {exc}", flush=True)
             return

@@ -113,7 +113,13 @@ async def run_local(
     from actors.pool import ActorPool
     from learner.checkpoint import load_checkpoint
     from learner.trainer import Learner
-    from pipeline.components import agent_settings, make_buffer, make_engine, make_tools
+    from pipeline.components import (
+        agent_settings,
+        close_parts,
+        make_buffer,
+        make_engine,
+        make_tools,
+    )
     from pipeline.datasets import load_world
     from retrieval.server import load_app, serve
 
@@ -170,14 +176,7 @@ async def run_local(
         if watching is not None:  # first: no restart while the servers are being stopped
             watching.cancel()
             await asyncio.gather(watching, return_exceptions=True)
-        if "search" in tools:
-            await tools["search"].client.close()
-        if engine is not None:
-            await engine.close()
-        if servers is not None:
-            servers.stop()
-        if runner is not None:
-            await runner.cleanup()
+        await close_parts(tools, engine, servers, runner)
         if run_metrics is not None:
             run_metrics.close()
 

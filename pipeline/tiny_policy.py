@@ -8,8 +8,6 @@ template is Qwen's ChatML layout, so the agent loop treats this model like any H
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -88,16 +86,6 @@ def build_tiny_policy(
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
-    target = Path(out_dir)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return target
+    from learner.weight_sync import save_hf
+
+    return save_hf(out_dir, model, tokenizer)
