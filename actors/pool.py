@@ -62,9 +62,11 @@ class ActorPool:
         learner_version: Callable[[], int],
         name: str = "pool-0",
         max_failed_groups: int = 64,
+        failure_window_s: float = 120.0,
     ) -> None:
-        """`max_failed_groups`: that many groups abandoned in a row, with no trajectory
-        delivered in between, stop the pool with PoolFailure (the run fails, saying why)."""
+        """`max_failed_groups` groups abandoned in a row, with no trajectory delivered for
+        `failure_window_s` either, stop the pool with PoolFailure (the run fails, saying why);
+        a server restarting for a minute is not a failure."""
         self.agent = agent
         self.sink = sink
         self._tasks: Iterator[TaskLike] = iter(tasks)
@@ -78,7 +80,8 @@ class ActorPool:
         self._running: set[asyncio.Task] = set()
         self._serial = itertools.count()
         self.stats = PoolStats()
-        self.max_failed_groups = max_failed_groups
+        self.max_failed_groups, self.failure_window_s = max_failed_groups, failure_window_s
+        self._delivered_at = time.monotonic()
         self.failure: PoolFailure | None = None
         self._abandoned: set[str] = set()
         self._failed_in_a_row = 0
@@ -135,6 +138,7 @@ class ActorPool:
             await self.sink.put(trajectory)
             self.stats.trajectories += 1
             self._failed_in_a_row = 0
+            self._delivered_at = time.monotonic()
         except EngineError as exc:
             self.stats.aborted += 1
             self._abandon(prompt_id, exc)
@@ -156,9 +160,14 @@ class ActorPool:
         self._abandoned.add(prompt_id)
         self.stats.groups_abandoned += 1
         self._failed_in_a_row += 1
-        if self._failed_in_a_row >= self.max_failed_groups and self.failure is None:
+        silent = now - self._delivered_at
+        if (
+            self._failed_in_a_row >= self.max_failed_groups
+            and silent >= self.failure_window_s
+            and self.failure is None
+        ):
             self.failure = PoolFailure(
-                f"{self.name}: the last {self._failed_in_a_row} groups all failed, none delivered "
-                f"a trajectory; the last error: {error}"
+                f"{self.name}: the last {self._failed_in_a_row} groups all failed and no trajectory "
+                f"was delivered for {silent:.0f} s; the last error: {error}"
             )
         self._version_changed.set()  # its admission place is free again

@@ -105,7 +105,9 @@ def vllm_trainer_problem() -> str | None:
     try:
         from vllm.distributed.weight_transfer import nccl_common  # noqa: F401
     except ImportError:
-        return "vllm (>= 0.32, with vllm.distributed.weight_transfer) is not installed in this process"
+        return (
+            "vllm (>= 0.32, with vllm.distributed.weight_transfer) is not installed in this process"
+        )
     return None
 
 

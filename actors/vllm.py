@@ -117,7 +117,12 @@ class VLLMEngine(RemoteEngine):
         await self._post(server, "update_weight_version", {"new_version": str(version)}, timeout)
 
     async def update_weights_distributed(
-        self, version: int, named_tensors: Mapping[str, Any], *, master_address: str, master_port: int
+        self,
+        version: int,
+        named_tensors: Mapping[str, Any],
+        *,
+        master_address: str,
+        master_port: int,
     ) -> None:
         """GPU only, not run on this project's CPU machines: broadcast `named_tensors` (HF names)
         over NCCL from this process to every server's workers with vLLM's weight transfer.

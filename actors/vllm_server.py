@@ -140,7 +140,9 @@ class VLLMServers:
     def _probe(self, server: VLLMServer, deadline: float) -> bool:
         """One health check: True when healthy; VLLMServerError if it exited or ran out of time."""
         if server.process.poll() is not None:
-            tail = server.log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+            tail = server.log.read_text(errors="replace").strip().splitlines()[-1:] or [
+                "(no output)"
+            ]
             raise VLLMServerError(
                 f"the vLLM server for {server.url} exited with status {server.process.returncode} "
                 f"while starting (log {server.log}): {tail[0][:300]}"

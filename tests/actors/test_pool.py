@@ -150,7 +150,8 @@ def test_a_pool_whose_every_group_fails_stops_with_the_reason(engine, capsys):
     async def scenario():
         buffer = GroupBuffer(group_size=3, max_staleness=1000)
         tasks = [Task(f"t{i}") for i in range(100)]
-        pool = make_pool(engine, buffer, tasks, version=lambda: 0, max_failed_groups=6)
+        pool = make_pool(engine, buffer, tasks, version=lambda: 0, max_failed_groups=6,
+                         failure_window_s=0.0)  # fmt: skip
         pool.agent.engine = Flaky(engine, fail_calls=set(range(1, 10_000)))
         with pytest.raises(PoolFailure, match=r"last 6 groups all failed.*127.0.0.1:30000 died"):
             await asyncio.wait_for(pool.run(), 120)
@@ -160,3 +161,18 @@ def test_a_pool_whose_every_group_fails_stops_with_the_reason(engine, capsys):
     assert 6 <= stats.groups_started < 100
     printed = capsys.readouterr().out
     assert printed.count("aborted and 0 rejected trajectories so far") == 1  # not one per failure
+
+
+def test_failures_within_the_window_do_not_stop_the_pool(engine):
+    """A server restarting fails every request for a while: not a broken engine yet."""
+
+    async def scenario():
+        buffer = GroupBuffer(group_size=3, max_staleness=1000)
+        tasks = [Task(f"t{i}") for i in range(12)]
+        pool = make_pool(engine, buffer, tasks, version=lambda: 0, max_failed_groups=2,
+                         failure_window_s=3600.0)  # fmt: skip
+        pool.agent.engine = Flaky(engine, fail_calls=set(range(1, 25)))  # 8 groups in a row
+        return await asyncio.wait_for(pool.run(), 120)
+
+    stats = asyncio.run(scenario())
+    assert stats.groups_abandoned == 8 and stats.trajectories == 12 and stats.groups_started == 12

@@ -353,7 +353,9 @@ def test_a_held_server_is_skipped_and_readmission_loads_the_last_published_check
     assert version == 1 and engine_version == 1
     assert bodies["update_weights_from_disk"] == {"model_path": str(update_dir), "weight_version": "1"}  # fmt: skip
     assert "generate" in calls  # back in rotation
-    assert {tuple(g.token_ids) for g in after} == {tuple(after[0].token_ids)}  # same weights on both
+    assert {tuple(g.token_ids) for g in after} == {
+        tuple(after[0].token_ids)
+    }  # same weights on both
     assert all(set(g.versions) == {1} for g in after)
 
 

@@ -35,7 +35,9 @@ def test_a_run_evaluates_every_few_steps_and_reports_it(trained):
     run_dir, world, out = trained
     records = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [2, 4]  # the last one is waited for
-    sources = list(dict.fromkeys(q.data_source for q in load_questions(world / "test.parquet")[:12]))
+    sources = list(
+        dict.fromkeys(q.data_source for q in load_questions(world / "test.parquet")[:12])
+    )
     for record in records:
         rows = [Row(**r) for r in record["rows"]]
         assert [r.name for r in rows if r.tools] == [*sources, "all"]

@@ -168,13 +168,17 @@ def test_ray_pools_on_vllm_servers_and_a_killed_server_comes_back_on_the_latest_
     assert proc.returncode == 0, err[-3000:] + text[-2000:]
     assert "exited with status -9; restarting it" in text
     back = re.search(r"is back, serving version (\d+)", text)
-    assert back and int(back.group(1)) >= 1, text[-3000:]  # the published weights, not its start-up ones
+    assert back and int(back.group(1)) >= 1, text[
+        -3000:
+    ]  # the published weights, not its start-up ones
 
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [s["version"] for s in steps] == [1.0, 2.0, 3.0, 4.0, 5.0]
     assert steps[-1]["server_restarts"] == 1
     assert steps[-1]["aborted"] >= 1  # its in-flight trajectories, counted
-    table, bad = read_trajectories(run_dir / "trajectories", ["prompt_id", "policy_version", "status"])
+    table, bad = read_trajectories(
+        run_dir / "trajectories", ["prompt_id", "policy_version", "status"]
+    )
     released = table.filter(pc.equal(table["status"], "released"))
     assert not bad and max(released["policy_version"].to_pylist()) > int(back.group(1)) - 1
     assert sorted(p.name for p in (run_dir / "weights").iterdir()) == ["v000004", "v000005"]
