@@ -296,20 +296,17 @@ async def with_and_without_tools(config: StrataConfig, engine, tokenizer, tools:
 class PeriodicEval:
     """Evaluates the learner's weights every `eval.every_steps` learner steps while training goes
     on: `snapshot()` is taken when the step comes due (between learner steps: the weights are not
-    moving), `engine_at(version, snapshot)` gives an engine serving it, and the evaluation runs as a
-    background task, so the actors never wait for it (they share the CPU with it). Results go to
+    moving), `run(items, version, snapshot)` evaluates it (rows, trajectories) as a background task, so the actors never wait for it (they share the CPU with it). Results go to
     run_dir/eval/step-NNNNNN.{json,md,trajectories.parquet}, a line of run_dir/eval.jsonl, the
     Prometheus gauge strata_eval_accuracy{source,tools} and, via eval.jsonl, report.md. A step
     that comes due while an evaluation runs waits for it; only the newest waits (older ones are
     skipped, said each time), so the last step of a finished run is always evaluated."""
 
-    def __init__(self, config: StrataConfig, items: Sequence[Item], tokenizer, tools: dict,
-                 snapshot, engine_at, run_dir: Path, run_metrics=None) -> None:  # fmt: skip
-        self.config, self.items, self.tokenizer, self.tools = config, list(items), tokenizer, tools
-        self.snapshot, self.engine_at = snapshot, engine_at
+    def __init__(self, config: StrataConfig, items: Sequence[Item], snapshot, run, run_dir: Path,
+                 run_metrics=None) -> None:  # fmt: skip
+        self.config, self.items, self.snapshot, self.run = config, list(items), snapshot, run
         self.run_dir, self.run_metrics = run_dir, run_metrics
         self.samples = config.eval.samples
-        self.settings = eval_settings(config, self.samples)
         self.task: asyncio.Task | None = None
         self.waiting: tuple | None = None  # (step, version, weights) due while one was running
         self.done: list[dict] = []
@@ -342,11 +339,7 @@ class PeriodicEval:
 
         started = time.perf_counter()
         try:
-            engine = await self.engine_at(version, weights)
-            rows, trajectories = await with_and_without_tools(
-                self.config, engine, self.tokenizer, self.tools, self.settings, self.items,
-                self.samples, self.config.actors.concurrency,
-            )  # fmt: skip
+            rows, trajectories = await self.run(self.items, version, weights)
         except EngineError as exc:  # training goes on; this evaluation is reported as failed
             print(f"strata: eval at step {step} failed: {exc}", flush=True)
             return
@@ -376,14 +369,14 @@ class PeriodicEval:
             await engine.close()
 
 
-def periodic_eval(config: StrataConfig, tokenizer, tools: dict, snapshot, engine_at,
-                  run_dir: Path, run_metrics=None) -> PeriodicEval | None:  # fmt: skip
+def periodic_eval(config: StrataConfig, snapshot, run, run_dir: Path,
+                  run_metrics=None) -> PeriodicEval | None:  # fmt: skip
     """The run's PeriodicEval when eval.every_steps is set (questions read now: a bad file stops
     the run before it trains), else None."""
     if not config.eval.every_steps:
         return None
     items = load_items(eval_files(config, ()), config.eval.max_questions)
-    return PeriodicEval(config, items, tokenizer, tools, snapshot, engine_at, run_dir, run_metrics)
+    return PeriodicEval(config, items, snapshot, run, run_dir, run_metrics)
 
 
 # ------------------------------------------------------------------------------------ command

@@ -161,11 +161,6 @@ def unavailable(config: StrataConfig) -> str | None:
             vllm_python(engine.python)
         except VLLMServerError as exc:
             return str(exc)
-    if isinstance(config.runtime, RayRuntime) and config.eval.every_steps:
-        return (
-            "eval.every_steps: periodic evaluation runs in the local runtime only so far; under Ray, "
-            "evaluate the run's checkpoints with python -m pipeline.evaluate RUN_DIR --config CONFIG"
-        )
     if isinstance(config.runtime, RayRuntime):
         try:
             import ray  # noqa: F401

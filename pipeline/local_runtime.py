@@ -207,33 +207,32 @@ def make_evaluator(config: StrataConfig, assets: Assets, engine, learner, tokeni
     on the run's servers (the version may move on during an evaluation: each trajectory records
     the versions that sampled it)."""
     from pipeline.config import EmbeddedEngine
-    from pipeline.evaluate import periodic_eval
+    from pipeline.evaluate import eval_settings, periodic_eval, with_and_without_tools
 
-    if not isinstance(config.actors.engine, EmbeddedEngine):
-        return periodic_eval(config, tokenizer, tools, lambda: None, _same(engine), run_dir, run_metrics)  # fmt: skip
+    embedded = isinstance(config.actors.engine, EmbeddedEngine)
+    settings = eval_settings(config, config.eval.samples)
 
     def snapshot():
+        if not embedded:
+            return None
         return {name: t.detach().clone() for name, t in learner.state_dict().items()}
 
-    async def engine_at(version: int, weights):
-        if not evaluator.engines:
-            from actors.embedded import EmbeddedEngine as Embedded
+    async def run(items, version: int, weights):
+        used = engine
+        if embedded:
+            if not evaluator.engines:
+                from actors.embedded import EmbeddedEngine as Embedded
 
-            evaluator.engines.append(Embedded.from_pretrained(
-                assets.policy_dir, max_batch_size=config.actors.engine.max_batch_size, seed=config.runtime.seed
-            ))  # fmt: skip
-        await evaluator.engines[0].update_weights(version, state_dict=weights)
-        return evaluator.engines[0]
+                evaluator.engines.append(Embedded.from_pretrained(
+                    assets.policy_dir, max_batch_size=config.actors.engine.max_batch_size, seed=config.runtime.seed
+                ))  # fmt: skip
+            used = evaluator.engines[0]
+            await used.update_weights(version, state_dict=weights)
+        return await with_and_without_tools(config, used, tokenizer, tools, settings, items,
+                                            config.eval.samples, config.actors.concurrency)  # fmt: skip
 
-    evaluator = periodic_eval(config, tokenizer, tools, snapshot, engine_at, run_dir, run_metrics)
+    evaluator = periodic_eval(config, snapshot, run, run_dir, run_metrics)
     return evaluator
-
-
-def _same(engine):
-    async def engine_at(version: int, weights):
-        return engine
-
-    return engine_at
 
 
 def watch_servers(servers, engine):

@@ -73,6 +73,7 @@ class GenerationWorker:
         torch.set_num_threads(threads)
         self.agent = None
         self.synced = -1  # the newest version this actor was asked to load (-1: none yet)
+        self.eval_engine = None  # an embedded engine of its own for periodic evaluation
         self._building: asyncio.Lock | None = None
         self._catching_up: asyncio.Lock | None = None
 
@@ -129,6 +130,28 @@ class GenerationWorker:
             return str(exc)
         return None
 
+    async def evaluate(self, items: list, version: int, weights: Any) -> tuple[list, list]:
+        """Periodic evaluation (pipeline.evaluate.PeriodicEval) of `version`: in-process engines
+        get an engine of their own loaded with `weights`; servers are evaluated as they serve."""
+        from pipeline.config import EmbeddedEngine
+        from pipeline.evaluate import eval_settings, with_and_without_tools
+
+        agent = await self._ready()
+        engine = agent.engine
+        if isinstance(self.config.actors.engine, EmbeddedEngine):
+            if self.eval_engine is None:
+                from actors.embedded import EmbeddedEngine as Embedded
+
+                self.eval_engine = Embedded.from_pretrained(
+                    self.policy_dir, max_batch_size=self.config.actors.engine.max_batch_size,
+                    seed=self.config.runtime.seed,
+                )  # fmt: skip
+            await self.eval_engine.update_weights(version, state_dict=weights)
+            engine = self.eval_engine
+        c = self.config
+        return await with_and_without_tools(c, engine, agent.tokenizer, agent.tools, eval_settings(c, c.eval.samples),
+                                            items, c.eval.samples, c.actors.concurrency)  # fmt: skip
+
     async def hold(self, url: str) -> None:
         """The server at `url` (this pool's) died and is being restarted: stop using it."""
         (await self._ready()).engine.hold(url)
@@ -148,6 +171,8 @@ class GenerationWorker:
                                        self.agent.stats.tools)  # fmt: skip
 
     async def close(self) -> None:
+        if self.eval_engine is not None:
+            await self.eval_engine.close()
         if self.agent is not None:
             if "search" in self.agent.tools:
                 await self.agent.tools["search"].client.close()
@@ -472,8 +497,10 @@ async def run_ray(
         if config.metrics.enabled:
             run_metrics = start_metrics(config, run_dir, list(config.actors.tools))
         started = lambda: skip + sum(p.stats.groups_started for p in pools)  # noqa: E731
+        evaluator = make_evaluator(config, learner, workers["pool-0"], run_dir, run_metrics)
         try:
-            return await stream(config, roles, buffer, pools, run_dir, summary, progress, run_metrics, started)  # fmt: skip
+            return await stream(config, roles, buffer, pools, run_dir, summary, progress,
+                                run_metrics, started, evaluator)  # fmt: skip
         finally:
             summary.actor_restarts = roles.restarts
     finally:
@@ -509,6 +536,24 @@ def pool_urls(config: StrataConfig) -> list[list[str] | None]:
             f"gives {count}: add servers or lower actors.num_pools"
         )
     return [list(engine.urls[i::pools]) for i in range(pools)]
+
+
+def make_evaluator(config: StrataConfig, learner: Any, worker: Any, run_dir: Path, run_metrics):
+    """Periodic evaluation in the first generation actor: the weights are the learner's
+    state_dict as an ObjectRef taken when the step comes due (in-process engines), or what the
+    servers serve."""
+    from pipeline.config import EmbeddedEngine
+    from pipeline.evaluate import periodic_eval
+
+    embedded = isinstance(config.actors.engine, EmbeddedEngine)
+
+    def snapshot():
+        return learner.state_dict.remote() if embedded else None  # queued before the next step
+
+    async def run(items, version: int, weights):
+        return tuple(await unwrap(worker.evaluate.remote(items, version, weights), "pool-0"))
+
+    return periodic_eval(config, snapshot, run, run_dir, run_metrics)
 
 
 def watch_servers(servers: Any, workers: dict[str, Any], pools: int):

@@ -1,6 +1,8 @@
 """`runtime.type: ray` end to end on CPU, as a user runs it: a private Ray cluster on 127.0.0.1,
 two generation actors, the learner and the retrieval server as Ray actors. One generation actor
-is killed mid-run (SIGKILL, like an OOM kill); the run goes on, then SIGTERM ends it cleanly."""
+is killed mid-run (SIGKILL, like an OOM kill); the run goes on and evaluates itself periodically,
+then SIGTERM ends it cleanly. Then the same runtime on vLLM servers the launcher starts, one of
+them killed mid-run."""
 
 import json
 import os
@@ -51,9 +53,20 @@ def wait_for_step(proc, step: int, seen: list[str]) -> None:
     )
 
 
+def wait_for_line(proc, pattern: str, seen: list[str]) -> None:
+    began = time.monotonic()
+    for line in proc.stdout:
+        seen.append(line)
+        if re.match(pattern, line):
+            return
+        assert time.monotonic() - began < 300, "".join(seen[-20:])
+    raise AssertionError("the run ended early:\n" + "".join(seen[-20:]))
+
+
 def test_ray_runtime_survives_a_killed_actor_and_stops_cleanly(tmp_path, run_cache):
     run_dir = tmp_path / "run"
-    proc = launch(run_dir, run_cache, *RAY, "--set", "learner.max_steps=10000")
+    proc = launch(run_dir, run_cache, *RAY, "--set", "learner.max_steps=10000",
+                  "--set", "eval.every_steps=2", "--set", "eval.max_questions=6")  # fmt: skip
     seen: list[str] = []
     try:
         wait_for_step(proc, 1, seen)
@@ -61,6 +74,7 @@ def test_ray_runtime_survives_a_killed_actor_and_stops_cleanly(tmp_path, run_cac
         assert len(workers) == 2, [p.cmdline() for p in descendants(proc.pid)]
         workers[0].kill()  # a crash: its in-flight trajectories fail, Ray restarts the actor
         wait_for_step(proc, 4, seen)
+        wait_for_line(proc, r"strata: eval at step \d+: accuracy", seen)  # periodic, in pool-0
         url = (run_dir / "metrics_url").read_text().strip()
         with urllib.request.urlopen(url, timeout=10) as response:
             exported = response.read().decode()
@@ -73,6 +87,9 @@ def test_ray_runtime_survives_a_killed_actor_and_stops_cleanly(tmp_path, run_cac
     for name in REQUIRED_METRICS:
         assert name in exported, name
     assert 'strata_actor_policy_version{actor="pool-1"}' in exported
+    assert 'strata_eval_accuracy{source="all",tools="no"}' in exported
+    record = json.loads((run_dir / "eval.jsonl").read_text().splitlines()[0])
+    assert record["step"] % 2 == 0 and [r["name"] for r in record["rows"]][-1] == "all"
 
     assert len(restarted) == 2 and workers[0].pid not in {p.pid for p in restarted}
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -154,7 +171,8 @@ def test_ray_pools_on_vllm_servers_and_a_killed_server_comes_back_on_the_latest_
     proc = launch(run_dir, run_cache, "--set", "runtime.type=ray", "--set", "runtime.actor_num_cpus=0.5",
                   "--set", "runtime.learner_num_cpus=1", "--set", "actors.engine.type=vllm",
                   "--set", "actors.engine.max_model_len=512", "--set", "buffer.max_staleness=1",
-                  "--set", "learner.max_steps=5")  # fmt: skip
+                  "--set", "learner.max_steps=5", "--set", "eval.every_steps=5",
+                  "--set", "eval.max_questions=4")  # fmt: skip
     seen: list[str] = []
     try:
         wait_for_step(proc, 1, seen)
@@ -183,3 +201,5 @@ def test_ray_pools_on_vllm_servers_and_a_killed_server_comes_back_on_the_latest_
     assert not bad and max(released["policy_version"].to_pylist()) > int(back.group(1)) - 1
     assert sorted(p.name for p in (run_dir / "weights").iterdir()) == ["v000004", "v000005"]
     assert not vllm_servers_of(run_cache)  # stopped at the end
+    (record,) = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert record["step"] == 5 and record["rows"][-1]["questions"] == 4  # evaluated on the server
