@@ -58,9 +58,8 @@ class _Server:
     aborts: int = 0  # requests that raised EngineError: their trajectories were aborted
     server_aborts: int = 0  # answers the server itself finished with finish_reason "abort"
     failed_at: float | None = None  # monotonic time of the last transport failure
-    held: bool = (
-        False  # known down (its process is being restarted): out of rotation until readmitted
-    )
+    # known down (its process is being restarted): out of rotation until readmitted
+    held: bool = False
 
 
 class RemoteEngine:
