@@ -113,12 +113,6 @@ class VLLMServers:
         while not self._probe(server, deadline):
             time.sleep(0.5)
 
-    def restart(self, index: int) -> str:
-        """Start server `index` again on its port (after it died); returns once healthy."""
-        self.respawn(index)
-        self._wait_healthy(self.servers[index], time.monotonic() + self.startup_timeout_s)
-        return self.servers[index].url
-
     def respawn(self, index: int) -> VLLMServer:
         """Start server `index` again on its port without waiting for it: call from the thread
         that started the others (see _die_with_parent)."""
