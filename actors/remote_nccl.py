@@ -1,7 +1,7 @@
 """Weight updates over NCCL, trainer side (GPU only): SGLang's distributed update (a
 torch.distributed group, buckets, broadcasts) and vLLM's weight transfer (vLLM's own group).
 
-Kept apart from the HTTP client in `actors.remote`: nothing here can run without CUDA and NCCL,
+Kept apart from the HTTP clients (`actors.sglang`, `actors.vllm`): nothing here can run without CUDA and NCCL,
 and `gpu_transport_problem` says in one line what is missing.
 """
 

@@ -10,7 +10,7 @@ from actors.engine import RolloutEngine
 from actors.tools import Tool
 from buffers.group_buffer import GroupBuffer
 from buffers.spill import ParquetSpill
-from pipeline.config import ActorsConfig, BufferConfig, RetrievalConfig
+from pipeline.config import ActorsConfig, BufferConfig, RetrievalConfig, StrataConfig
 from pipeline.config import SGLangEngine as SGLangEngineConfig
 from pipeline.config import VLLMEngine as VLLMEngineConfig
 
@@ -45,7 +45,7 @@ def make_engine(
     pool's share of them)."""
     engine = config.engine
     if isinstance(engine, SGLangEngineConfig):
-        from actors.remote import SGLangEngine
+        from actors.sglang import SGLangEngine
 
         return SGLangEngine(list(urls or engine.urls), timeout_s=engine.timeout_s)
     if isinstance(engine, VLLMEngineConfig):
@@ -103,3 +103,24 @@ async def close_parts(tools: dict | None, engine=None, servers=None, runner=None
         servers.stop()
     if runner is not None:
         await runner.cleanup()
+
+
+def pool_urls(config: StrataConfig) -> list[list[str] | None]:
+    """The servers each pool owns: server j belongs to pool j % num_pools (a server shared by two
+    pools would be paused and reloaded by both). None per pool for in-process engines; started
+    servers are not known yet (empty lists until they are). RuntimeUnavailable with fewer servers
+    than pools."""
+    from pipeline.config import EmbeddedEngine
+    from pipeline.streaming import RuntimeUnavailable
+
+    engine, pools = config.actors.engine, config.actors.num_pools
+    if isinstance(engine, EmbeddedEngine):
+        return [None] * pools
+    count = len(engine.urls) or (engine.num_servers if isinstance(engine, VLLMEngineConfig) else 0)
+    if count < pools:
+        where = "actors.engine.urls" if engine.urls else "actors.engine.num_servers"
+        raise RuntimeUnavailable(
+            f"actors.num_pools {pools} needs at least {pools} servers, one pool each, but {where} "
+            f"gives {count}: add servers or lower actors.num_pools"
+        )
+    return [list(engine.urls[i::pools]) for i in range(pools)]

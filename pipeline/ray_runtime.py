@@ -33,21 +33,20 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from actors.engine import EngineError
 from buffers.records import InvalidTrajectory, Trajectory
 from pipeline.assets import Assets
+from pipeline.components import pool_urls
 from pipeline.config import RayRuntime, StrataConfig
+from pipeline.ray_cluster import start_ray
 from pipeline.streaming import (
     CURSOR_KEY,
     ActorStats,
     RunSummary,
-    RuntimeUnavailable,
     previous_metrics,
     stream,
     task_stream,
@@ -348,70 +347,6 @@ class RayRoles:
         return sum(max(0, len(pids) - 1) for pids in self._pids.values())
 
 
-def start_ray(runtime: RayRuntime, needed: dict[str, float]) -> None:
-    """Join `runtime.address` or start a private cluster bound to `runtime.node_ip`; check it has
-    the CPUs and GPUs the roles ask for (Ray would otherwise wait for them forever)."""
-    import ray
-
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    if not runtime.address:  # a private cluster gets this machine's CPUs and GPUs: check first
-        import torch
-
-        _check_resources(
-            needed, {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
-        )
-    elif not _reachable(runtime.address):  # ray.init would retry for minutes
-        raise RuntimeUnavailable(
-            f"no Ray cluster answers at runtime.address {runtime.address}: start one there "
-            "(ray start --head --node-ip-address=127.0.0.1) or leave runtime.address null for a private one"
-        )
-    handler = signal.getsignal(signal.SIGTERM)
-    try:
-        if runtime.address:
-            ray.init(address=runtime.address, _node_ip_address=runtime.node_ip,
-                     logging_level="WARNING", log_to_driver=True)  # fmt: skip
-        else:
-            ray.init(_node_ip_address=runtime.node_ip, num_cpus=os.cpu_count() or 1,
-                     num_gpus=torch.cuda.device_count(), include_dashboard=False,
-                     logging_level="WARNING", log_to_driver=True)  # fmt: skip
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        where = runtime.address or runtime.node_ip
-        raise RuntimeUnavailable(
-            f"cannot start or join the Ray cluster at {where}: {exc}"
-        ) from None
-    finally:
-        signal.signal(signal.SIGTERM, handler)  # ours: checkpoint and flush on SIGTERM
-    if runtime.address:  # a joined cluster has what it has: check it
-        try:
-            _check_resources(needed, ray.cluster_resources())
-        except RuntimeUnavailable:
-            ray.shutdown()
-            raise
-
-
-def _reachable(address: str, timeout_s: float = 5.0) -> bool:
-    """Whether host:port accepts a TCP connection (other address forms are left to Ray)."""
-    import socket
-
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or "://" in address:
-        return True
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
-
-
-def _check_resources(needed: dict[str, float], have: Mapping[str, float]) -> None:
-    for resource, amount in needed.items():
-        if amount > have.get(resource, 0.0) + 1e-9:
-            raise RuntimeUnavailable(
-                f"the roles ask for {amount:g} {resource} but the Ray cluster has {have.get(resource, 0):g}: "
-                "lower runtime.actor_num_cpus / learner_num_cpus (fractions work) or actors.num_pools"
-            )
-
-
 async def run_ray(
     config: StrataConfig,
     assets: Assets,
@@ -516,26 +451,6 @@ async def run_ray(
         if servers is not None:
             servers.stop()
         ray.shutdown()
-
-
-def pool_urls(config: StrataConfig) -> list[list[str] | None]:
-    """The servers each pool owns: server j belongs to pool j % num_pools (a server shared by two
-    pools would be paused and reloaded by both). None per pool for in-process engines; started
-    servers are not known yet (empty lists until they are). RuntimeUnavailable with fewer servers
-    than pools."""
-    from pipeline.config import EmbeddedEngine, VLLMEngine
-
-    engine, pools = config.actors.engine, config.actors.num_pools
-    if isinstance(engine, EmbeddedEngine):
-        return [None] * pools
-    count = len(engine.urls) or (engine.num_servers if isinstance(engine, VLLMEngine) else 0)
-    if count < pools:
-        where = "actors.engine.urls" if engine.urls else "actors.engine.num_servers"
-        raise RuntimeUnavailable(
-            f"actors.num_pools {pools} needs at least {pools} servers, one pool each, but {where} "
-            f"gives {count}: add servers or lower actors.num_pools"
-        )
-    return [list(engine.urls[i::pools]) for i in range(pools)]
 
 
 def make_evaluator(config: StrataConfig, learner: Any, worker: Any, run_dir: Path, run_metrics):

@@ -1,4 +1,4 @@
-"""A local stand-in for an SGLang server: the endpoints `actors.remote.SGLangEngine` uses, served by
+"""A local stand-in for an SGLang server: the endpoints `actors.sglang.SGLangEngine` uses, served by
 aiohttp over an in-process `EmbeddedEngine`, with SGLang's request and answer JSON.
 
     async with await SGLangStandIn.start(EmbeddedEngine.from_pretrained(model_dir)) as server:

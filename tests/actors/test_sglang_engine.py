@@ -13,7 +13,7 @@ from aiohttp import web
 
 from actors.embedded import EmbeddedEngine
 from actors.engine import EngineError, SamplingParams
-from actors.remote import SGLangEngine
+from actors.sglang import SGLangEngine
 from retrieval.server import serve
 from tests.actors.sglang_standin import SGLangStandIn
 
@@ -326,58 +326,6 @@ def test_dead_server_does_not_hold_back_the_update_of_the_others(tiny_policy_dir
         "pause_generation", "update_weights_from_disk", "continue_generation", "generate"
     ]  # fmt: skip
     assert version == 1 and set(out.versions) == {1}  # the dead server is out of rotation
-
-
-def test_a_held_server_is_skipped_and_readmission_loads_the_last_published_checkpoint(tiny_policy_dir, tmp_path):  # fmt: skip
-    """What the launcher does with a server it restarts: hold it while it is down (no requests,
-    no update), then readmit it, which loads the checkpoint the others serve first."""
-    update_dir = new_weights(tiny_policy_dir, tmp_path / "step-1")
-
-    async def scenario():
-        async with (
-            await standin(tiny_policy_dir) as a,
-            await standin(tiny_policy_dir) as b,
-            SGLangEngine([a.url, b.url]) as engine,
-        ):
-            ids = prompt(a.engine.tokenizer)
-            engine.hold(b.url)
-            await asyncio.gather(*(engine.generate(ids, GREEDY) for _ in range(4)))
-            await engine.update_weights(1, path=update_dir)  # b is held: skipped, no error
-            calls_while_held = list(b.calls)
-            version = await engine.readmit(b.url)
-            after = await asyncio.gather(*(engine.generate(ids, GREEDY) for _ in range(6)))
-            return calls_while_held, version, dict(b.bodies), b.calls, after, engine.version
-
-    calls_while_held, version, bodies, calls, after, engine_version = run(scenario())
-    assert calls_while_held == []
-    assert version == 1 and engine_version == 1
-    assert bodies["update_weights_from_disk"] == {"model_path": str(update_dir), "weight_version": "1"}  # fmt: skip
-    assert "generate" in calls  # back in rotation
-    assert {tuple(g.token_ids) for g in after} == {
-        tuple(after[0].token_ids)
-    }  # same weights on both
-    assert all(set(g.versions) == {1} for g in after)
-
-
-def test_while_every_server_is_held_requests_wait_for_one_to_be_readmitted(tiny_policy_dir):
-    async def scenario():
-        async with await standin(tiny_policy_dir) as a, SGLangEngine([a.url], timeout_s=30) as engine:  # fmt: skip
-            ids = prompt(a.engine.tokenizer)
-            engine.hold(a.url)
-            waiting = asyncio.create_task(engine.generate(ids, GREEDY))
-            await asyncio.sleep(0.3)
-            held_calls, done_early = list(a.calls), waiting.done()
-            version = await engine.readmit(a.url)  # nothing published: its start-up weights
-            out = await waiting
-            engine.hold(a.url)
-            engine.timeout_s = 0.2
-            with pytest.raises(EngineError, match=r"none was back within 0\.2 s"):
-                await engine.generate(ids, GREEDY)
-            return held_calls, done_early, version, out
-
-    held_calls, done_early, version, out = run(scenario())
-    assert held_calls == [] and not done_early
-    assert version == 0 and set(out.versions) == {0} and out.token_ids
 
 
 def test_update_fails_when_continue_fails_even_after_a_successful_update(tiny_policy_dir, tmp_path):

@@ -30,7 +30,7 @@ def test_no_spill_when_disabled(tmp_path):
 
 
 def test_actor_side_from_config(tmp_path):
-    from actors.remote import SGLangEngine
+    from actors.sglang import SGLangEngine
     from actors.tools import PythonTool, SearchTool
     from pipeline.components import agent_settings, make_engine, make_tools
     from pipeline.config import ActorsConfig, RetrievalConfig

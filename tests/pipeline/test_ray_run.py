@@ -16,8 +16,8 @@ import pyarrow.compute as pc
 import pytest
 
 from buffers.reader import read_trajectories
+from pipeline.components import pool_urls
 from pipeline.config_loader import load_config
-from pipeline.ray_runtime import pool_urls
 from pipeline.streaming import RuntimeUnavailable
 from tests.pipeline.test_local_run import REQUIRED_METRICS, ROOT, launch
 
