@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from actors.engine import Generation, RolloutEngine, SamplingParams
+from actors.engine import Generation, GenerationAborted, RolloutEngine, SamplingParams
 from actors.rewards import score
 from actors.tools import Tool, ToolStats, call_tool
 from buffers.records import Trajectory
@@ -78,12 +78,23 @@ class AgentStats:
     tools: ToolStats = field(default_factory=ToolStats)
 
 
-def instruction(tools: dict[str, Tool]) -> str:
+def instruction(tools) -> str:
     """The task instruction: Search-R1's, plus python when enabled; without tools, answer directly
     (the evaluation's no-tools baseline)."""
     if not tools:
         return DIRECT_INSTRUCTION
     return SEARCH_INSTRUCTION + (PYTHON_INSTRUCTION if "python" in tools else "")
+
+
+def prompt_ids(tokenizer, tools, question: str) -> list[int]:
+    """The prompt of `question` as ids (chat template when the tokenizer has one); `tools` is
+    anything naming the enabled tools (their instruction differs)."""
+    messages = [{"role": "user", "content": f"{instruction(tools)} Question: {question}\n"}]
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    else:
+        text = messages[0]["content"]
+    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def parse_action(text: str, generation: Generation) -> tuple[str, str] | None:
@@ -117,16 +128,7 @@ class AgentLoop:
         self._stops = tuple(_ACTION_CLOSE.values())
 
     def prompt_ids(self, task: TaskLike) -> list[int]:
-        messages = [
-            {"role": "user", "content": f"{instruction(self.tools)} Question: {task.question}\n"}
-        ]
-        if getattr(self.tokenizer, "chat_template", None):
-            text = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False
-            )
-        else:
-            text = messages[0]["content"]
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return prompt_ids(self.tokenizer, self.tools, task.question)
 
     def _observation_ids(self, open_tag: str, body: str, close_tag: str) -> list[int]:
         """`\\n\\n<tag>body</tag>\\n\\n` as ids, the body cut to max_observation_tokens."""
@@ -141,7 +143,8 @@ class AgentLoop:
         )
 
     async def run(self, task: TaskLike, prompt_id: str, sample_index: int) -> Trajectory:
-        """One trajectory; raises EngineError if the engine fails (the caller counts an abort)."""
+        """One trajectory; raises EngineError if the engine fails or aborts a generation (the
+        caller counts an abort and abandons the group)."""
         s = self.settings
         prompt = self.prompt_ids(task)
         ids: list[int] = []
@@ -169,8 +172,11 @@ class AgentLoop:
             text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=False)
             generated_text.append(text)
             if generation.finish_reason == "abort":
-                finish = "abort"
-                break
+                self.stats.finish["abort"] += 1
+                raise GenerationAborted(
+                    f"{prompt_id}#{sample_index}: the engine aborted turn {turn + 1} after "
+                    f"{len(generation.token_ids)} tokens"
+                )
             action = parse_action(text, generation)
             if action is not None and action[0] == "answer":
                 finish = "answer"

@@ -4,7 +4,9 @@ Requests from concurrent agent loops queue up; a worker thread takes up to `max_
 as one *wave*: one left-padded prefill, then decode steps over a shared KV cache, dropping rows
 as they finish (stop string, EOS, length) so the batch shrinks instead of idling. Requests that
 arrive during a wave form the next one. New weights are applied between decode steps, so a
-trajectory may hold tokens of two versions; each token records the version that sampled it.
+trajectory may hold tokens of two versions; each token records the version of the weights whose
+logits it was sampled from (a swap lands before the next forward pass, never between a forward
+pass and its sample).
 """
 
 from __future__ import annotations
@@ -228,6 +230,7 @@ class EmbeddedEngine:
         active = [row for row in range(len(wave)) if budgets[row] > 0]
         if not active:
             return
+        produced_by = self._version  # the weights these logits come from
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -239,7 +242,6 @@ class EmbeddedEngine:
         last_pos = positions[:, -1]
         rows = torch.arange(len(wave), device=device)  # wave row of each batch row
         while True:
-            self._apply_pending()
             tokens, logprobs = self._sample(logits, temperature[rows], top_p[rows])
             keep = []
             for i, row in enumerate(rows.tolist()):
@@ -248,7 +250,7 @@ class EmbeddedEngine:
                 token = int(tokens[i])
                 result.token_ids.append(token)
                 result.logprobs.append(float(logprobs[i]))
-                result.versions.append(self._version)
+                result.versions.append(produced_by)  # never the version swapped in after
                 self.generated_tokens += 1
                 if request.cancelled:
                     result.finish_reason = "abort"
@@ -273,6 +275,8 @@ class EmbeddedEngine:
                 [mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=device)], dim=1
             )
             last_pos = last_pos + 1
+            self._apply_pending()  # between steps: the next logits are the new version's
+            produced_by = self._version
             out = self.model(
                 input_ids=tokens.unsqueeze(-1),
                 attention_mask=mask,

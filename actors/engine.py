@@ -38,6 +38,12 @@ class EngineError(RuntimeError):
     """The engine could not generate (server dead, timeout); the trajectory is aborted and counted."""
 
 
+class GenerationAborted(EngineError):
+    """The server ended a generation early (finish_reason "abort", e.g. paused for a weight
+    update): the answer is cut off, so the trajectory is aborted and its group abandoned, never
+    trained as if the agent had given it."""
+
+
 class RolloutEngine(Protocol):
     @property
     def version(self) -> int:

@@ -1,15 +1,13 @@
 """Actor pool: `concurrency` agent loops sampling `group_size` trajectories per prompt into the buffer.
 
-Admission control bounds staleness before any token is generated (AReaL's rule): with the learner
-at version v, consuming `groups_per_step` groups per step, a new group may start only while
-
-    groups started - groups abandoned <= (η + v + 1) * groups_per_step
-
-so no group can be older than η versions when its turn comes. A group, once started, always runs
-all its members to the end: the slow ones (many tool calls) are the strata the paper cares about
-most, so they are never cut short to make room. A member that fails (engine error) is counted and
-its group abandoned in the buffer; the pool goes on, unless `max_failed_groups` groups in a row
-fail (`PoolFailure`: a broken engine, not bad luck). Failures are reported at most every 30 s.
+Admission is not the pool's: before it starts a group the pool asks the sink (the group buffer,
+shared by every pool) for a place, which bounds staleness before any token is generated (see
+`buffers.group_buffer`). A group, once started, always runs all its members to the end: the slow
+ones (many tool calls) are the strata the paper cares about most, so they are never cut short to
+make room. A member that fails (engine error, a generation the server aborted, a rejected record)
+is counted and its group abandoned in the buffer, which frees its place; the pool goes on, unless
+`max_failed_groups` groups in a row fail (`PoolFailure`: a broken engine, not bad luck).
+Failures are reported at most every 30 s.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,6 +26,8 @@ from buffers.records import InvalidTrajectory, Trajectory
 
 class TrajectorySink(Protocol):
     """What the pool needs of the buffer."""
+
+    async def admit(self, prompt_id: str) -> None: ...
 
     async def put(self, trajectory: Trajectory) -> None: ...
 
@@ -40,7 +40,6 @@ class PoolStats:
     trajectories: int = 0
     aborted: int = 0
     rejected: int = 0
-    admission_waits: int = 0
     groups_abandoned: int = 0  # groups with an aborted or rejected member: never trained on
 
 
@@ -57,9 +56,6 @@ class ActorPool:
         *,
         group_size: int,
         concurrency: int,
-        max_staleness: int,
-        groups_per_step: int,
-        learner_version: Callable[[], int],
         name: str = "pool-0",
         max_failed_groups: int = 64,
         failure_window_s: float = 120.0,
@@ -71,12 +67,8 @@ class ActorPool:
         self.sink = sink
         self._tasks: Iterator[TaskLike] = iter(tasks)
         self.group_size = group_size
-        self.max_staleness = max_staleness
-        self.groups_per_step = groups_per_step
-        self.learner_version = learner_version
         self.name = name
         self._slots = asyncio.Semaphore(concurrency)
-        self._version_changed = asyncio.Event()
         self._running: set[asyncio.Task] = set()
         self._serial = itertools.count()
         self.stats = PoolStats()
@@ -87,17 +79,6 @@ class ActorPool:
         self._failed_in_a_row = 0
         self._last_report = -1e9
 
-    def admitted(self) -> bool:
-        """AReaL's staleness rule for starting one more group. An abandoned group never reaches
-        the learner, so it gives its place back (else a run of failures would stop admission
-        until a version change that needs groups to happen)."""
-        limit = (self.max_staleness + self.learner_version() + 1) * self.groups_per_step
-        return self.stats.groups_started - self.stats.groups_abandoned + 1 <= limit
-
-    def notify_version(self) -> None:
-        """Call when the learner publishes a new version: waiting admissions re-check."""
-        self._version_changed.set()
-
     async def run(self, max_groups: int | None = None) -> PoolStats:
         """Start groups until the tasks (or `max_groups`) run out, then wait for all members."""
         try:
@@ -107,13 +88,12 @@ class ActorPool:
                 task = next(self._tasks, None)
                 if task is None:
                     break
-                while not self.admitted() and self.failure is None:
-                    self.stats.admission_waits += 1
-                    self._version_changed.clear()
-                    await self._version_changed.wait()
+                prompt_id = f"{task.id}@{self.name}:{next(self._serial)}"  # unique: tasks repeat
+                await self.sink.admit(prompt_id)
                 if self.failure is not None:
+                    self.sink.abandon(prompt_id)
                     raise self.failure
-                await self._start_group(task)
+                await self._start_group(task, prompt_id)
             if self._running:
                 await asyncio.gather(*self._running)
             if self.failure is not None:
@@ -123,8 +103,7 @@ class ActorPool:
                 member.cancel()
         return self.stats
 
-    async def _start_group(self, task: TaskLike) -> None:
-        prompt_id = f"{task.id}@{self.name}:{next(self._serial)}"  # unique even when a task repeats
+    async def _start_group(self, task: TaskLike, prompt_id: str) -> None:
         self.stats.groups_started += 1
         for index in range(self.group_size):
             await self._slots.acquire()  # in order: a group's members start before the next group's
@@ -139,7 +118,7 @@ class ActorPool:
             self.stats.trajectories += 1
             self._failed_in_a_row = 0
             self._delivered_at = time.monotonic()
-        except EngineError as exc:
+        except EngineError as exc:  # GenerationAborted too: a cut-off answer is never trained
             self.stats.aborted += 1
             self._abandon(prompt_id, exc)
         except InvalidTrajectory as exc:
@@ -170,4 +149,3 @@ class ActorPool:
                 f"{self.name}: the last {self._failed_in_a_row} groups all failed and no trajectory "
                 f"was delivered for {silent:.0f} s; the last error: {error}"
             )
-        self._version_changed.set()  # its admission place is free again

@@ -204,7 +204,11 @@ def _as_version(value: object, fallback: int) -> int:
 
 
 def _token_versions(meta: dict, n: int, believed: int) -> list[int]:
-    versions = [_as_version(meta.get("weight_version"), believed)] * n
+    """Per-token versions: the server's spans where it reports them; elsewhere the older of the
+    version served when the request left (`believed`) and the server's `weight_version`, which is
+    its version when the output was built: tokens sampled before an update in between are older
+    than that, and a label must never be fresher than the weights that produced the token."""
+    versions = [min(believed, _as_version(meta.get("weight_version"), believed))] * n
     for span in meta.get("weight_versions") or ():  # [start, end) of output tokens per version
         version = _as_version(span["version"], believed)
         for i in range(max(0, int(span["start"])), min(n, int(span["end"]))):

@@ -1,13 +1,27 @@
 """`GroupBuffer`: trajectories in any order in, complete prompt groups out, never a stale one.
 
 Producers (agent loops) `put` trajectories; a prompt's group is complete when `group_size` distinct
-samples have arrived, and complete groups wait in first-complete-first-out order. The learner's
-`next_group(current_version)` takes the oldest complete group whose oldest generated token is at
-most `max_staleness` (η) versions behind; older groups are dropped, counted and spilled.
+samples have arrived. The learner takes `next_groups(current_version, count)` for each step: no
+group more than `max_staleness` (η) versions behind `current_version` (older ones are dropped,
+counted and spilled).
 
-Backpressure: a trajectory that would open a new group waits while `max_groups_in_flight` groups
-are open or waiting, or `max_resident_bytes` are held. Members of already open groups never wait:
-they are what lets a group complete and leave, so holding them back could deadlock.
+Admission (the one controller every actor pool shares). A pool calls `admit(prompt_id)` before it
+generates a group; the group takes one of `(η + 1) * groups_per_step` places and is stamped with
+the version the engines serve (`serve`). A place comes back exactly once: when the group leaves
+the buffer dropped, abandoned or timed out; or, for a group the learner consumed, once the engines
+serve the version trained on it (`trained` + `serve`; at once for a step that trained nothing).
+Freeing a consumed group's place only when its update is served keeps every admitted group within
+η versions: a place freed at release would let the pools admit one version early.
+
+Consumption order (stratum fairness). Complete groups leave first-complete-first-out, except that
+a group admitted at version s is *due* once `s + η <= current_version`: the next step would make it
+too stale. Due groups go first, and the learner keeps room in the step for due groups still being
+generated and waits for them. Slow groups are the many-search ones, so first-complete-first-out
+alone would drop exactly the strata with the most tool calls.
+
+Backpressure: `admit` also waits while `max_groups_in_flight` groups are open or waiting, or
+`max_resident_bytes` are held. A trajectory of a group that was not admitted waits on the same
+room before it opens one; members of open groups never wait: they are what lets a group complete.
 
 Accounting (trajectories, also per stratum), true after every call:
     put == released + dropped_stale + abandoned + pending
@@ -48,6 +62,14 @@ class BufferStats:
     ready_groups: int
     resident_bytes: int
     per_stratum: dict[int, dict[str, int]]
+    admitted_groups: int = 0
+    """Groups that took an admission place (`admit`)."""
+    places_used: int = 0
+    """Admission places taken now (admitted groups not yet freed); at most `places`."""
+    places: int = 0
+    """Admission places: (η + 1) * groups_per_step."""
+    served_version: int = 0
+    """The version the engines serve, as last told by `serve`."""
 
 
 class GroupBuffer:
@@ -60,15 +82,18 @@ class GroupBuffer:
         group_timeout_s: float | None = None,
         spill: ParquetSpill | None = None,
         clock: Callable[[], float] = time.monotonic,
+        groups_per_step: int = 1,
     ) -> None:
         if (
             group_size < 1
             or max_staleness < 0
             or max_groups_in_flight < 1
             or max_resident_bytes < 1
+            or groups_per_step < 1
         ):
             raise ValueError(
-                "group_size, max_groups_in_flight, max_resident_bytes >= 1; max_staleness >= 0"
+                "group_size, max_groups_in_flight, max_resident_bytes, groups_per_step >= 1; "
+                "max_staleness >= 0"
             )
         self.group_size = group_size
         self.max_staleness = max_staleness
@@ -77,6 +102,11 @@ class GroupBuffer:
         self.group_timeout_s = group_timeout_s
         self.spill = spill
         self._clock = clock
+        self.places = (max_staleness + 1) * groups_per_step
+        self.served_version = 0
+        self._admitted = 0
+        self._places: dict[str, int] = {}  # prompt -> version served at admission, place taken
+        self._trained: list[tuple[int, str]] = []  # (version made, prompt): freed when served
         self._open: dict[str, _OpenGroup] = {}
         self._ready: deque[Group] = deque()
         self._closed: OrderedDict[str, str] = OrderedDict()
@@ -87,7 +117,50 @@ class GroupBuffer:
         # One event loop owns the buffer and no method awaits between reading and changing state,
         # so it needs no lock: waiters park on futures that the state changes resolve.
         self._space_waiters: deque[asyncio.Future[None]] = deque()  # producers, for capacity
+        self._place_waiters: deque[asyncio.Future[None]] = deque()  # pools, for a place
         self._group_waiters: deque[asyncio.Future[None]] = deque()  # the learner, for a group
+
+    # ------------------------------------------------------------------------------ admission
+
+    async def admit(self, prompt_id: str) -> None:
+        """Wait for an admission place and room, then open `prompt_id`'s group (no member yet),
+        stamped with the served version. Its place comes back exactly once (see the module doc)."""
+        if prompt_id in self._open or prompt_id in self._closed or prompt_id in self._places:
+            raise ValueError(f"prompt {prompt_id!r} was admitted already: prompt ids are unique")
+        while len(self._places) >= self.places or not self._has_room():
+            await _park(
+                self._place_waiters if len(self._places) >= self.places else self._space_waiters
+            )
+        self._admitted += 1
+        self._places[prompt_id] = self.served_version
+        self._open[prompt_id] = _OpenGroup(first_at=self._clock())
+
+    def serve(self, version: int) -> None:
+        """The engines serve `version` now: new admissions are stamped with it, and the places of
+        groups trained into it (or an older version) come back."""
+        self.served_version = max(self.served_version, version)
+        settled = [p for v, p in self._trained if v <= self.served_version]
+        self._trained = [(v, p) for v, p in self._trained if v > self.served_version]
+        for prompt in settled:
+            self._free_place(prompt)
+
+    def trained(self, groups: list[Group], version: int | None) -> None:
+        """The learner's step on `groups` (consumed from here) made `version`; None: it trained
+        nothing and publishes nothing, so their places come back now."""
+        for group in groups:
+            if version is None or version <= self.served_version:
+                self._free_place(group.prompt_id)
+            else:
+                self._trained.append((version, group.prompt_id))
+
+    def _free_place(self, prompt_id: str) -> None:
+        if self._places.pop(prompt_id, None) is not None:  # once: a freed place is gone
+            _wake(self._place_waiters)
+
+    def _due(self, prompt_id: str, current_version: int) -> bool:
+        """Admitted at a version the next step would leave more than η behind."""
+        admitted_at = self._places.get(prompt_id)
+        return admitted_at is not None and admitted_at + self.max_staleness <= current_version
 
     # ------------------------------------------------------------------------------ producers
 
@@ -139,7 +212,7 @@ class GroupBuffer:
             del self._open[trajectory.prompt_id]
             members = tuple(group.members[i] for i in sorted(group.members))
             self._ready.append(Group(trajectory.prompt_id, members))
-            _wake(self._group_waiters)
+        _wake(self._group_waiters)  # a completion, or a due group coming closer to one
 
     def _arrive_after_close(self, trajectory: Trajectory) -> None:
         status = self._closed[trajectory.prompt_id]
@@ -157,18 +230,38 @@ class GroupBuffer:
     # -------------------------------------------------------------------------------- learner
 
     async def next_group(self, current_version: int) -> Group:
-        """The oldest complete group at most η versions behind `current_version` (waits for one)."""
+        """One group, as `next_groups(current_version, 1)` (waits for one)."""
+        return (await self.next_groups(current_version, 1))[0]
+
+    async def next_groups(self, current_version: int, count: int) -> list[Group]:
+        """`count` complete groups for the learner at `current_version`, none more than η behind;
+        due groups first, waiting for those still being generated (see the module doc).
+
+        The groups are released (spilled as such); their admission places stay taken until the
+        caller reports the step with `trained`."""
+        chosen: list[Group] = []
         while True:
             self.expire_overdue()
-            while self._ready:
-                group = self._ready.popleft()
+            due_open = sum(self._due(p, current_version) for p in self._open)
+            order = sorted(self._ready, key=lambda g: not self._due(g.prompt_id, current_version))
+            for group in order:  # sorted() is stable: first complete, first out within each
+                if len(chosen) == count:
+                    break
+                if (
+                    not self._due(group.prompt_id, current_version)
+                    and len(chosen) + due_open >= count
+                ):
+                    break  # the rest of the step is kept for due groups still generating
+                self._ready.remove(group)
                 staleness = current_version - group.policy_version
                 status = "released" if staleness <= self.max_staleness else "dropped_stale"
                 self._leave(group.members, status, consumed_version=current_version)
                 self._remember(group.prompt_id, status)
                 _wake(self._space_waiters)
                 if status == "released":
-                    return group
+                    chosen.append(group)
+            if len(chosen) == count:
+                return chosen
             await _park(self._group_waiters, timeout=self._until_next_deadline())
 
     def _until_next_deadline(self) -> float | None:
@@ -216,6 +309,8 @@ class GroupBuffer:
 
     def _remember(self, prompt_id: str, status: str) -> None:
         self._abandoned_groups += status == "abandoned"  # a prompt is closed once
+        if status != "released":  # a consumed group's place waits for `trained` and `serve`
+            self._free_place(prompt_id)
         self._closed[prompt_id] = status
         if len(self._closed) > _CLOSED_MEMORY:
             self._closed.popitem(last=False)
@@ -247,6 +342,10 @@ class GroupBuffer:
             ready_groups=len(self._ready),
             resident_bytes=self._resident,
             per_stratum=per_stratum,
+            admitted_groups=self._admitted,
+            places_used=len(self._places),
+            places=self.places,
+            served_version=self.served_version,
         )
 
 

@@ -15,8 +15,11 @@ from pipeline.config import SGLangEngine as SGLangEngineConfig
 from pipeline.config import VLLMEngine as VLLMEngineConfig
 
 
-def make_buffer(config: BufferConfig, run_dir: str | os.PathLike[str]) -> GroupBuffer:
-    """The group buffer of a run, spilling to `run_dir/trajectories/` when `config.spill` is set."""
+def make_buffer(
+    config: BufferConfig, run_dir: str | os.PathLike[str], groups_per_step: int = 1
+) -> GroupBuffer:
+    """The group buffer of a run, spilling to `run_dir/trajectories/` when `config.spill` is set.
+    It is the run's one admission controller: (η + 1) * `groups_per_step` groups in flight."""
     spill = None
     if config.spill:
         spill = ParquetSpill(
@@ -31,6 +34,7 @@ def make_buffer(config: BufferConfig, run_dir: str | os.PathLike[str]) -> GroupB
         max_resident_bytes=config.max_resident_mb * 1024 * 1024,
         group_timeout_s=config.group_timeout_s,
         spill=spill,
+        groups_per_step=groups_per_step,
     )
 
 

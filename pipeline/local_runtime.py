@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from actors.engine import EngineError
+from actors.vllm import VLLMEngine
 from pipeline.assets import Assets
 from pipeline.config import StrataConfig
 from pipeline.streaming import (
@@ -47,10 +49,6 @@ class LocalRoles:
         self.learner, self.engine, self.agents, self.sync = learner, engine, agents, sync
         self.sync_failures = 0
         self.watch = None  # the ServerWatch of servers this run started, if any
-        self.last_publish: dict = {}
-        """Figures of the last publish for metrics.jsonl: failures so far and, for servers, the
-        lowest version they report themselves (GET /weight_info), not what we believe, and how
-        many times the run restarted one."""
 
     @property
     def version(self) -> int:
@@ -59,27 +57,34 @@ class LocalRoles:
     async def step(self, groups):
         return await asyncio.to_thread(self.learner.step, groups)
 
-    async def publish(self) -> float:
-        from actors.engine import EngineError
-
+    async def publish(self) -> dict:
         start = time.perf_counter()
         version = self.learner.version
+        published = True
         try:
             await self.sync.publish(self.learner.state_dict(), version)
         except EngineError as exc:  # a server keeps its weights; the next publish retries it
+            published = False
             self.sync_failures += 1
             print(f"strata: weight sync to version {version} failed: {exc}", flush=True)
-        seconds = time.perf_counter() - start
-        self.last_publish = {"weight_sync_failures": self.sync_failures}
+        report = {
+            "published": published,
+            "weight_sync_seconds": time.perf_counter() - start,
+            "weight_sync_failures": self.sync_failures,
+            "served_version": self.engine.version,  # servers: the oldest a live one serves
+        }
         if self.watch is not None:
-            self.last_publish["server_restarts"] = self.watch.restarts
-        if hasattr(self.engine, "served_versions"):
+            report["server_restarts"] = self.watch.restarts
+        if isinstance(self.engine, VLLMEngine):  # what the servers say, not what we believe
             try:
                 served = await self.engine.served_versions()
-                self.last_publish["served_version_min"] = min(int(v) for v in served.values())
+                report["served_version_min"] = min(int(v) for v in served.values())
+                report["served_version"] = min(
+                    report["served_version"], report["served_version_min"]
+                )
             except (EngineError, ValueError) as exc:
                 print(f"strata: could not read the servers' weight versions: {exc}", flush=True)
-        return seconds
+        return report
 
     async def checkpoint(self, directory: Path, extra: dict) -> Path:
         from learner.checkpoint import save_checkpoint
@@ -155,15 +160,12 @@ async def run_local(
             summary.resumed_from = learner.version
             summary.metrics = previous_metrics(run_dir, learner.version)
             await roles.publish()  # the engine serves the resumed weights from the first token
-        buffer = make_buffer(config.buffer, run_dir)
+        buffer = make_buffer(config.buffer, run_dir, config.learner.groups_per_step)
         train, _ = load_world(assets.world_dir)
         tasks = task_stream(train[: config.data.num_questions], config.data.seed, config.data.shuffle, skip)  # fmt: skip
-        base = learner.version
         pools = [
             ActorPool(agent, buffer, tasks, group_size=config.buffer.group_size,
-                      concurrency=config.actors.concurrency, max_staleness=config.buffer.max_staleness,
-                      groups_per_step=config.learner.groups_per_step,
-                      learner_version=lambda: learner.version - base, name=agent.actor_id)
+                      concurrency=config.actors.concurrency, name=agent.actor_id)
             for agent in agents
         ]  # fmt: skip
         if config.metrics.enabled:

@@ -105,15 +105,20 @@ class GenerationWorker:
             self._catching_up = self._catching_up or asyncio.Lock()
             async with self._catching_up:
                 if self.synced < latest[0]:
-                    problem = await self.update_weights(*latest)
+                    problem = await self._load(*latest)
                     if problem is not None:
                         print(f"strata: {self.name} could not catch up: {problem}", flush=True)
         return await agent.run(task, prompt_id, index)
 
-    async def update_weights(self, version: int, weights: Any) -> str | None:
+    async def update_weights(self, version: int, weights: Any) -> tuple[str | None, int]:
         """Load `weights` as `version`: a state dict (in-process engines), the path of an HF
-        checkpoint (servers), or an ObjectRef of a state dict. Returns why it failed, or None;
-        either way this version counts as tried (the next publish retries a failed server)."""
+        checkpoint (servers), or an ObjectRef of a state dict. Returns why it failed (or None)
+        and the version the engine serves now; either way this version counts as tried (the
+        next publish retries a failed server)."""
+        problem = await self._load(version, weights)
+        return problem, (await self._ready()).engine.version
+
+    async def _load(self, version: int, weights: Any) -> str | None:
         agent = await self._ready()
         if version <= self.synced:
             return None
@@ -287,7 +292,6 @@ class RayRoles:
         self.weights_dir = weights_dir
         self.sync_failures = 0
         self.watch = None  # the ServerWatch of servers this run started, if any
-        self.last_publish: dict = {}
         self._version = 0
         self._stats: dict[str, ActorStats] = {}
         self._pids: dict[str, set[int]] = {name: set() for name in workers}
@@ -302,10 +306,10 @@ class RayRoles:
 
     async def step(self, groups) -> dict:
         metrics = await self.learner.step.remote(groups)
-        self._version = int(metrics["version"])
+        self._version = int(metrics.get("version", self._version))  # none: nothing was trained
         return metrics
 
-    async def publish(self) -> float:
+    async def publish(self) -> dict:
         start = time.perf_counter()
         if self.weights_dir is not None:
             weights = await self.learner.save_weights.remote(str(self.weights_dir.resolve()))
@@ -316,15 +320,26 @@ class RayRoles:
         calls = [self.workers[n].update_weights.remote(self._version, weights) for n in names]
         # A dead actor must not stall training: it catches up from `latest` when it is back.
         replies = await asyncio.gather(*calls, return_exceptions=True)
+        served, published = [], True
         for name, reply in zip(names, replies, strict=True):
-            if isinstance(reply, str):  # its servers keep their weights; the next publish retries
+            if isinstance(reply, BaseException):
+                continue  # restarting: it loads `latest` before it generates again
+            problem, version = reply
+            served.append(version)
+            if problem is not None:  # its servers keep their weights; the next publish retries
+                published = False
                 self.sync_failures += 1
-                print(f"strata: weight sync of {name} to version {self._version} failed: {reply}",
+                print(f"strata: weight sync of {name} to version {self._version} failed: {problem}",
                       flush=True)  # fmt: skip
-        self.last_publish = {"weight_sync_failures": self.sync_failures}
+        report = {
+            "published": published,
+            "weight_sync_seconds": time.perf_counter() - start,
+            "weight_sync_failures": self.sync_failures,
+            "served_version": min(served, default=self._version),
+        }
         if self.watch is not None:
-            self.last_publish["server_restarts"] = self.watch.restarts
-        return time.perf_counter() - start
+            report["server_restarts"] = self.watch.restarts
+        return report
 
     async def checkpoint(self, directory: Path, extra: dict) -> Path:
         return Path(await self.learner.save.remote(str(directory.resolve()), extra))
@@ -417,16 +432,13 @@ async def run_ray(
             summary.metrics = previous_metrics(run_dir, summary.resumed_from)
         if roles.version:
             await roles.publish()
-        buffer = make_buffer(config.buffer, run_dir)
+        buffer = make_buffer(config.buffer, run_dir, config.learner.groups_per_step)
         train, _ = load_world(assets.world_dir)
         tasks = task_stream(train[: config.data.num_questions], config.data.seed, config.data.shuffle, skip)  # fmt: skip
-        base = roles.version
         pools = [
             ActorPool(RemoteAgent(handle, name, latest), buffer, tasks,
                       group_size=config.buffer.group_size, concurrency=config.actors.concurrency,
-                      max_staleness=config.buffer.max_staleness,
-                      groups_per_step=config.learner.groups_per_step,
-                      learner_version=lambda: roles.version - base, name=name)
+                      name=name)
             for name, handle in workers.items()
         ]  # fmt: skip
         if config.metrics.enabled:

@@ -2,8 +2,11 @@
 
 A runtime builds the roles (`Roles`: the learner and what publishes its weights, wherever they
 live), the group buffer and the actor pools, and hands them to `stream`, which runs until
-`learner.max_steps`: groups in, one learner step (the pools keep generating meanwhile), weights
-out, pools told the new version, metrics and checkpoints written. The run directory gets
+`learner.max_steps`: a step's groups in (due groups first, see `buffers.group_buffer`), one
+learner step (the pools keep generating meanwhile), weights out, the buffer told which version
+the engines now serve (which frees the admission places of the groups trained into it), metrics
+and checkpoints written. A step none of whose groups is usable trains and publishes nothing: it
+is counted (`empty_steps`) and its groups' places come back at once. The run directory gets
 `metrics.jsonl` (one line per step) and `checkpoints/`; on a resumed run both continue.
 """
 
@@ -21,7 +24,7 @@ from typing import Any, Protocol
 
 from actors.pool import ActorPool
 from actors.tools import ToolStats
-from buffers.group_buffer import GroupBuffer
+from buffers.group_buffer import BufferStats, GroupBuffer
 from buffers.records import Group
 from pipeline.config import StrataConfig
 
@@ -46,6 +49,10 @@ class RunSummary:
     resumed_from: int = 0
     """Step of the checkpoint this run resumed from (0: a fresh run)."""
     actor_restarts: int = 0
+    empty_steps: int = 0
+    """Steps whose groups were all unusable (e.g. zero variance): nothing trained or published."""
+    accounting: dict = field(default_factory=dict)
+    """The run's trajectory accounting at the end (`accounting()`)."""
 
     @property
     def busy_fraction(self) -> float:
@@ -67,10 +74,14 @@ class Roles(Protocol):
     @property
     def version(self) -> int: ...
 
-    async def step(self, groups: list[Group]) -> dict: ...
+    async def step(self, groups: list[Group]) -> dict:
+        """One learner step; the metrics' `groups` is how many were trained (0: nothing)."""
+        ...
 
-    async def publish(self) -> float:
-        """Make every actor serve the learner's current version; returns the seconds it took."""
+    async def publish(self) -> dict:
+        """Make every actor serve the learner's current version. Returns what it measured:
+        `published` (every engine took it), `weight_sync_seconds`, `served_version` (the oldest
+        version an engine serves now), `weight_sync_failures` so far, and per transport more."""
         ...
 
     async def checkpoint(self, directory: Path, extra: dict) -> Path: ...
@@ -93,9 +104,9 @@ def task_stream(questions: Sequence, seed: int, shuffle: bool, skip: int = 0) ->
     return itertools.islice(forever(), skip, None)
 
 
-async def _next_group(buffer: GroupBuffer, version: int, pools: list[asyncio.Task]):
-    """The buffer's next group; a pool that has failed raises its error instead (no group
-    would ever come)."""
+async def _next_groups(buffer: GroupBuffer, version: int, count: int, pools: list[asyncio.Task]):
+    """The buffer's next `count` groups; a pool that has failed raises its error instead (no
+    group would ever come)."""
 
     def raise_failure(tasks) -> None:
         for task in tasks:
@@ -103,7 +114,7 @@ async def _next_group(buffer: GroupBuffer, version: int, pools: list[asyncio.Tas
                 raise task.exception()
 
     raise_failure(pools)
-    getting = asyncio.ensure_future(buffer.next_group(version))
+    getting = asyncio.ensure_future(buffer.next_groups(version, count))
     watched = [task for task in pools if not task.done()]
     try:
         while True:
@@ -152,6 +163,7 @@ async def stream(
     """Train until `learner.max_steps`; `summary` is filled in place, so the caller still has it
     when the run is interrupted. Checkpoints go to run_dir/checkpoints, also on the way out.
     `evaluator` (a pipeline.evaluate.PeriodicEval) evaluates the weights of the steps it is due at."""
+    buffer.serve(roles.version)  # the engines serve the learner's weights from the start
     pool_tasks = [asyncio.create_task(pool.run()) for pool in pools]
     metrics_file = (run_dir / "metrics.jsonl").open("a")
     checkpoints = run_dir / "checkpoints"
@@ -163,18 +175,24 @@ async def stream(
     try:
         while roles.version < config.learner.max_steps:
             waited = time.perf_counter()
-            groups = [
-                await _next_group(buffer, roles.version, pool_tasks)
-                for _ in range(config.learner.groups_per_step)
-            ]
+            groups = await _next_groups(buffer, roles.version, config.learner.groups_per_step, pool_tasks)  # fmt: skip
             busy = time.perf_counter()
             summary.learner_idle_s += busy - waited
             metrics = await roles.step(groups)  # the pools keep generating meanwhile
             summary.learner_busy_s += time.perf_counter() - busy
-            metrics["weight_sync_seconds"] = await roles.publish()
-            metrics.update(getattr(roles, "last_publish", {}))
-            for pool in pools:
-                pool.notify_version()
+            if not metrics.get("groups"):  # nothing usable: nothing trained, nothing published
+                buffer.trained(groups, None)
+                summary.empty_steps += 1
+                print(f"strata: a step at version {roles.version} had no usable group "
+                      f"({summary.empty_steps} so far); its groups were not trained", flush=True)  # fmt: skip
+                continue
+            published = await roles.publish()
+            metrics.update(published)
+            # A failed publish frees the places at once: waiting for a version an engine may never
+            # serve would hang the run. What an engine that kept older weights generates is
+            # dropped as stale at consumption, and counted.
+            buffer.trained(groups, roles.version if published["published"] else None)
+            buffer.serve(published["served_version"])
             summary.steps = roles.version
             trained += sum(g.size for g in groups)
             summary.trajectories += sum(g.size for g in groups)
@@ -186,8 +204,9 @@ async def stream(
                            generated_tokens_per_s=max(tokens, 0) / elapsed,
                            buffer_ready=stats.ready_groups, buffer_open=stats.open_groups,
                            dropped_stale=stats.dropped_stale, abandoned=stats.abandoned,
-                           abandoned_groups=stats.abandoned_groups,
+                           abandoned_groups=stats.abandoned_groups, empty_steps=summary.empty_steps,
                            aborted=sum(p.stats.aborted for p in pools))  # fmt: skip
+            metrics.update(fairness_metrics(stats))
             if run_metrics is not None:
                 members = [t for g in groups for t in g.members]
                 run_metrics.observe_step(metrics, members, busy - waited)
@@ -211,9 +230,75 @@ async def stream(
         await asyncio.gather(*pool_tasks, return_exceptions=True)
         if evaluator is not None:  # a finished run waits for its last evaluation
             await evaluator.close(wait=finished)
-        await buffer.close()
+        summary.accounting = accounting(await buffer.close(), pools)
+        if (
+            summary.resumed_from
+        ):  # the books of the run so far: its spill holds every process's rows
+            summary.accounting = add_accounting(read_accounting(run_dir), summary.accounting)
+        write_json(run_dir / "accounting.json", summary.accounting)
         if summary.steps > summary.resumed_from:
             summary.checkpoint = await roles.checkpoint(
                 checkpoints, {"step": summary.steps, CURSOR_KEY: tasks_started()}
             )
     return summary
+
+
+def fairness_metrics(stats: BufferStats) -> dict[str, float]:
+    """Per stratum, its share of the trajectories trained and of those generated (every finished
+    trajectory that left the buffer: trained, dropped as stale or abandoned). Staleness that
+    starves a stratum shows as a trained share below its generated share."""
+    left = {
+        s: c["released"] + c["dropped_stale"] + c["abandoned"] for s, c in stats.per_stratum.items()
+    }
+    generated, trained = sum(left.values()), stats.released
+    out: dict[str, float] = {}
+    for stratum, row in stats.per_stratum.items():
+        if left[stratum]:
+            out[f"stratum/{stratum}/generated_share"] = left[stratum] / max(generated, 1)
+            out[f"stratum/{stratum}/trained_share"] = row["released"] / max(trained, 1)
+    return out
+
+
+def accounting(stats: BufferStats, pools: Sequence[ActorPool]) -> dict:
+    """Where every trajectory went, per stratum and in all, from the buffer's books and the
+    pools': generated = trained + dropped_stale + abandoned + failed + in_flight, where trained
+    is what the learner consumed (a step may still skip a group it cannot use, counted as
+    `skipped_groups` in metrics.jsonl), failed a record the buffer rejected, and in_flight what
+    the buffer still held. Trajectories whose
+    generation failed (`aborted`: engine errors, generations the server cut off) never got a
+    stratum: they are counted in all only."""
+    per_stratum = {
+        int(s): {"generated": c["put"] + c["rejected"], "trained": c["released"],
+                 "dropped_stale": c["dropped_stale"], "abandoned": c["abandoned"],
+                 "failed": c["rejected"], "in_flight": c["pending"]}
+        for s, c in stats.per_stratum.items()
+    }  # fmt: skip
+    total = {k: sum(row[k] for row in per_stratum.values()) for k in
+             ("generated", "trained", "dropped_stale", "abandoned", "failed", "in_flight")}  # fmt: skip
+    total["aborted"] = sum(p.stats.aborted for p in pools)
+    return {"per_stratum": per_stratum, "total": total}
+
+
+def read_accounting(run_dir: Path) -> dict:
+    path = run_dir / "accounting.json"
+    return json.loads(path.read_text()) if path.is_file() else {"per_stratum": {}, "total": {}}
+
+
+def add_accounting(earlier: dict, now: dict) -> dict:
+    """Two processes' books of one run, added up (a resumed run)."""
+    per_stratum: dict = {}
+    for books in (earlier, now):
+        for stratum, row in books["per_stratum"].items():
+            into = per_stratum.setdefault(int(stratum), {})
+            for key, value in row.items():
+                into[key] = into.get(key, 0) + value
+    total = {k: earlier["total"].get(k, 0) + now["total"].get(k, 0)
+             for k in earlier["total"].keys() | now["total"].keys()}  # fmt: skip
+    return {"per_stratum": per_stratum, "total": total}
+
+
+def write_json(path: Path, data: dict) -> None:
+    """`path` whole or not at all (a temporary name, then a rename)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    tmp.replace(path)

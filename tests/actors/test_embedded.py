@@ -104,12 +104,14 @@ def test_eos_and_length(engine):
 def test_weights_change_between_decode_steps(engine):
     tok = engine.tokenizer
     handle = steer(engine, ban_ids=engine._end_ids)
+    old_weights = {
+        k: v.clone() for k, v in engine.model.state_dict().items() if k != "lm_head.weight"
+    }
     new_weights = {k: v + 0.01 * torch.randn_like(v) for k, v in engine.model.state_dict().items()}
+    prompt = tok.encode("Q:")
 
     async def scenario():
-        task = asyncio.create_task(
-            engine.generate(tok.encode("Q:"), SamplingParams(max_new_tokens=300))
-        )
+        task = asyncio.create_task(engine.generate(prompt, SamplingParams(max_new_tokens=300)))
         while engine.generated_tokens < 20:
             await asyncio.sleep(0.001)
         await engine.update_weights(1, state_dict=new_weights)
@@ -118,13 +120,22 @@ def test_weights_change_between_decode_steps(engine):
 
     try:
         out = run(scenario())
+        switch = out.versions.index(1)
+        assert 0 < switch < len(out.versions)
+        assert out.versions == [0] * switch + [1] * (
+            len(out.versions) - switch
+        )  # one trajectory, two versions
+        with torch.no_grad():  # the old weights, through the same ban hook
+            ids = torch.tensor([prompt + out.token_ids])
+            old = torch.func.functional_call(engine.model, old_weights, (ids,)).logits[0]
+        old = torch.log_softmax(old.float(), -1)
+        under_old = [old[len(prompt) - 1 + i, t].item() for i, t in enumerate(out.token_ids)]
     finally:
         handle.remove()
-    switch = out.versions.index(1)
-    assert 0 < switch < len(out.versions)
-    assert out.versions == [0] * switch + [1] * (
-        len(out.versions) - switch
-    )  # one trajectory, two versions
+    # A token labelled with the old version came from the old weights' logits; the first token
+    # labelled new did not (its label is never fresher than the weights that produced it).
+    assert out.logprobs[:switch] == pytest.approx(under_old[:switch], abs=1e-4)
+    assert abs(out.logprobs[switch] - under_old[switch]) > 1e-3
     served = engine.model.state_dict()
     assert (
         served["model.norm.weight"].data_ptr() == new_weights["model.norm.weight"].data_ptr()

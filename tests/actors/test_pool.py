@@ -43,13 +43,11 @@ def engine(tiny_policy_dir):
     return EmbeddedEngine.from_pretrained(tiny_policy_dir, max_batch_size=8)
 
 
-def make_pool(engine, buffer, tasks, version=lambda: 100, **kw):
+def make_pool(engine, buffer, tasks, **kw):
     loop = AgentLoop(
         engine, engine.tokenizer, {}, AgentSettings(max_turns=1, max_new_tokens_per_turn=4)
     )
-    options = dict(
-        group_size=3, concurrency=4, max_staleness=1, groups_per_step=2, learner_version=version
-    )
+    options = dict(group_size=3, concurrency=4)
     options.update(kw)
     return ActorPool(loop, buffer, tasks, **options)
 
@@ -69,36 +67,67 @@ def test_groups_of_every_prompt_reach_the_buffer(engine):
     assert buffer_stats.released == 15 and buffer_stats.pending == 0
 
 
-def test_admission_control_bounds_staleness(engine):
-    version = {"v": 0}
+async def until(condition, seconds=60.0):
+    """Wait (not a fixed sleep: slow machines) until `condition()` holds."""
+    for _ in range(int(seconds / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the condition never held")
+
+
+def test_pools_share_the_buffers_admission_places(engine):
+    """Two pools, one controller: (η + 1) * groups_per_step = 4 groups in flight in all; the
+    places of consumed groups come back once the engines serve the version trained on them."""
+
+    async def scenario():
+        buffer = GroupBuffer(group_size=3, max_staleness=1, groups_per_step=2)
+        tasks = iter([Task(f"t{i}") for i in range(40)])
+        pools = [make_pool(engine, buffer, tasks, name=f"pool-{i}") for i in range(2)]
+        runners = [asyncio.create_task(pool.run()) for pool in pools]
+        await until(lambda: buffer.stats().places_used == 4 and buffer.stats().ready_groups == 4)
+        await asyncio.sleep(0.2)
+        first = sum(p.stats.groups_started for p in pools)
+        groups = await buffer.next_groups(0, 2)
+        buffer.trained(groups, 1)
+        await asyncio.sleep(0.2)
+        consumed_not_served = sum(p.stats.groups_started for p in pools)
+        buffer.serve(1)
+        await until(lambda: sum(p.stats.groups_started for p in pools) == 6)
+        for runner in runners:
+            runner.cancel()
+        await asyncio.gather(*runners, return_exceptions=True)
+        return first, consumed_not_served, buffer.stats()
+
+    first, consumed_not_served, stats = asyncio.run(scenario())
+    assert first == 4 and consumed_not_served == 4  # a consumed group's place waits for serve
+    assert stats.places_used == 4 and stats.served_version == 1
+
+
+def test_a_generation_the_server_aborted_is_never_trained(engine):
+    """finish_reason "abort" (the server cut the answer off, e.g. paused for an update) aborts
+    the member and abandons its group instead of scoring a cut-off answer."""
+
+    class Aborting(Flaky):
+        async def generate(self, prompt_ids, params):
+            out = await self.engine.generate(prompt_ids, params)
+            self.calls += 1
+            if self.calls == 2:
+                out.finish_reason = "abort"
+            return out
 
     async def scenario():
         buffer = GroupBuffer(group_size=3, max_staleness=1000)
-        pool = make_pool(
-            engine, buffer, [Task(f"t{i}") for i in range(20)], version=lambda: version["v"]
-        )
-        runner = asyncio.create_task(pool.run())
+        pool = make_pool(engine, buffer, [Task("a"), Task("b")], concurrency=1)
+        pool.agent.engine = Aborting(engine)
+        stats = await pool.run()
+        return stats, await buffer.next_group(0), buffer.stats()
 
-        async def blocked(times: int) -> None:
-            # Wait (not a fixed sleep: slow machines) until admission has stopped the pool.
-            for _ in range(6000):
-                if pool.stats.admission_waits >= times:
-                    return
-                await asyncio.sleep(0.01)
-
-        await blocked(1)
-        first = pool.stats.groups_started  # (eta + v + 1) * groups_per_step = (1 + 0 + 1) * 2
-        waits = pool.stats.admission_waits
-        version["v"] = 1
-        pool.notify_version()
-        await blocked(2)
-        second = pool.stats.groups_started
-        runner.cancel()
-        await asyncio.gather(runner, return_exceptions=True)
-        return first, waits, second
-
-    first, waits, second = asyncio.run(scenario())
-    assert (first, second) == (4, 6) and waits >= 1
+    stats, released, buffer_stats = asyncio.run(scenario())
+    assert (stats.aborted, stats.trajectories, stats.groups_abandoned) == (1, 5, 1)
+    assert released.prompt_id.startswith("b@")
+    assert buffer_stats.abandoned == 2 and buffer_stats.released == 3
+    assert all(t.finish_reason != "abort" for t in released.members)
 
 
 def test_an_engine_failure_aborts_one_member_and_abandons_its_group(engine):
@@ -133,9 +162,9 @@ def test_abandoned_groups_give_their_admission_place_back(engine):
     groups must not use up admission: else the pool waits for a version that never comes."""
 
     async def scenario():
-        buffer = GroupBuffer(group_size=3, max_staleness=1000)
+        buffer = GroupBuffer(group_size=3, max_staleness=1, groups_per_step=2)
         tasks = [Task(f"t{i}") for i in range(12)]
-        pool = make_pool(engine, buffer, tasks, version=lambda: 0, concurrency=3)
+        pool = make_pool(engine, buffer, tasks, concurrency=3)
         pool.agent.engine = Flaky(engine, fail_calls=set(range(1, 16)))  # the first 5 groups
         stats = await asyncio.wait_for(pool.run(max_groups=8), 120)
         return stats, buffer.stats()
@@ -150,8 +179,7 @@ def test_a_pool_whose_every_group_fails_stops_with_the_reason(engine, capsys):
     async def scenario():
         buffer = GroupBuffer(group_size=3, max_staleness=1000)
         tasks = [Task(f"t{i}") for i in range(100)]
-        pool = make_pool(engine, buffer, tasks, version=lambda: 0, max_failed_groups=6,
-                         failure_window_s=0.0)  # fmt: skip
+        pool = make_pool(engine, buffer, tasks, max_failed_groups=6, failure_window_s=0.0)
         pool.agent.engine = Flaky(engine, fail_calls=set(range(1, 10_000)))
         with pytest.raises(PoolFailure, match=r"last 6 groups all failed.*127.0.0.1:30000 died"):
             await asyncio.wait_for(pool.run(), 120)
@@ -169,8 +197,7 @@ def test_failures_within_the_window_do_not_stop_the_pool(engine):
     async def scenario():
         buffer = GroupBuffer(group_size=3, max_staleness=1000)
         tasks = [Task(f"t{i}") for i in range(12)]
-        pool = make_pool(engine, buffer, tasks, version=lambda: 0, max_failed_groups=2,
-                         failure_window_s=3600.0)  # fmt: skip
+        pool = make_pool(engine, buffer, tasks, max_failed_groups=2, failure_window_s=3600.0)
         pool.agent.engine = Flaky(engine, fail_calls=set(range(1, 25)))  # 8 groups in a row
         return await asyncio.wait_for(pool.run(), 120)
 

@@ -225,11 +225,15 @@ def test_inconsistent_answer_raises_engine_error(logprobs, error):
     run(scenario())
 
 
-def test_weight_versions_come_from_spans_then_weight_version_then_belief():
+def test_weight_versions_come_from_spans_else_the_older_of_server_and_belief():
+    """Without per-token spans the server's weight_version is its version when the output was
+    built: tokens sampled before an update in between are older, so the label is never fresher
+    than the version served when the request left."""
     answers = [
         {"weight_version": "4", "weight_versions": [
             {"version": "3", "start": 0, "end": 2}, {"version": "4", "start": 2, "end": 3}]},
         {"weight_version": "4"},
+        {"weight_version": "1"},
         {"weight_version": "default"},
     ]  # fmt: skip
 
@@ -247,13 +251,14 @@ def test_weight_versions_come_from_spans_then_weight_version_then_belief():
         runner, port = await serve(app, "127.0.0.1", 0)
         try:
             async with SGLangEngine([f"http://127.0.0.1:{port}"], version=2) as engine:
-                return [await engine.generate([1], GREEDY) for _ in range(3)]
+                return [await engine.generate([1], GREEDY) for _ in range(4)]
         finally:
             await runner.cleanup()
 
-    spans, single, believed = run(scenario())
-    assert spans.versions == [3, 3, 4] and single.versions == [4, 4, 4]
-    assert believed.versions == [2, 2, 2]
+    spans, updated_since, older, believed = run(scenario())
+    assert spans.versions == [3, 3, 4]
+    assert updated_since.versions == [2, 2, 2]  # the server moved to 4 after the request left
+    assert older.versions == [1, 1, 1] and believed.versions == [2, 2, 2]
     assert spans.finish_reason == "stop" and spans.stop == "</search>"
     assert spans.logprobs == [-0.1, -0.2, -0.3]
 

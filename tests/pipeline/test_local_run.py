@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from buffers.reader import read_trajectories
-from tests.conftest import child_env
+from tests.conftest import assert_accounting, child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = [
@@ -80,6 +80,8 @@ def test_a_short_run_streams_trains_and_leaves_a_complete_run_dir(tmp_path, cach
     report = (run_dir / "report.md").read_text()
     assert "| learner steps | 3 |" in report and (run_dir / "reward.png").is_file()
     assert yaml_config_is_resolved(run_dir)
+    books = assert_accounting(run_dir)
+    assert books["total"]["trained"] == 12  # three steps of one group of 4
 
 
 def yaml_config_is_resolved(run_dir) -> bool:
@@ -108,6 +110,7 @@ def test_sigterm_checkpoints_and_leaves_nothing_running(tmp_path, cache):
     for pid in map(int, children):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+    assert_accounting(run_dir)  # what was in flight at the signal is spilled as pending
 
 
 @pytest.mark.skipif(
@@ -144,6 +147,7 @@ def test_resume_goes_on_from_the_latest_checkpoint(tmp_path, cache):
     consumed = table.filter(pc.equal(table["status"], "released"))["consumed_version"].to_pylist()
     assert not bad and set(consumed) == {0, 1, 2, 3}  # the resumed learner went on from version 2
     assert "| learner steps | 4 |" in (run_dir / "report.md").read_text()
+    assert_accounting(run_dir)  # both processes' books against the whole spill
 
 
 def test_resume_refuses_other_settings_and_runs_without_a_checkpoint(tmp_path, cache):
@@ -193,3 +197,4 @@ def test_a_short_run_on_vllm_servers_the_launcher_starts_and_stops(tmp_path, cac
         if ("vllm" in line and str(cache) in line) or "EngineCore" in line:
             left.append(line)
     assert not left  # the server and its engine core are gone
+    assert_accounting(run_dir)

@@ -1,0 +1,178 @@
+"""Admission places and the consumption order of `GroupBuffer` (the run's one admission controller)."""
+
+import asyncio
+import contextlib
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from buffers.group_buffer import GroupBuffer
+from buffers.testing import synthetic_trajectory as traj
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def fill(buffer, prompt, version=0, tool_calls=0, size=None):
+    for i in range(size or buffer.group_size):
+        await buffer.put(traj(prompt, i, version=version, tool_names=["search"] * tool_calls))
+
+
+async def blocked(buffer, prompt) -> bool:
+    """True if admitting `prompt` has to wait now (the attempt is withdrawn)."""
+    attempt = asyncio.create_task(buffer.admit(prompt))
+    await asyncio.sleep(0.02)
+    if attempt.done():
+        return False
+    attempt.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await attempt
+    return True
+
+
+def test_every_way_out_of_the_buffer_frees_its_place_exactly_once():
+    """η = 0 with one group per step: one place. Each way a group leaves gives it back; a second
+    abandon of a gone group gives nothing back (places are never negative or doubled)."""
+
+    async def steps():
+        now = [0.0]
+        buffer = GroupBuffer(
+            group_size=2, max_staleness=0, group_timeout_s=10, clock=lambda: now[0]
+        )
+        # dropped as stale: its tokens are version 0, the learner is at 1
+        await buffer.admit("stale")
+        await fill(buffer, "stale", version=0)
+        assert await blocked(buffer, "x")
+        waiter = asyncio.create_task(buffer.next_groups(1, 1))
+        await asyncio.sleep(0.02)
+        assert buffer.stats().dropped_stale == 2 and buffer.stats().places_used == 0
+        # abandoned (its actor died), twice: the second gives nothing back
+        await buffer.admit("dead")
+        assert await blocked(buffer, "x")
+        buffer.abandon("dead")
+        buffer.abandon("dead")
+        assert buffer.stats().places_used == 0
+        # timed out before any member arrived
+        await buffer.admit("silent")
+        now[0] = 11.0
+        assert buffer.expire_overdue() == 1 and buffer.stats().places_used == 0
+        # released: the place waits until the engines serve the version trained on it
+        buffer.serve(1)
+        await buffer.admit("good")
+        await fill(buffer, "good", version=1)
+        (group,) = await asyncio.wait_for(waiter, 1)
+        assert group.prompt_id == "good" and buffer.stats().places_used == 1
+        buffer.trained([group], 2)
+        assert await blocked(buffer, "x")  # trained, not served yet: one version early
+        buffer.serve(2)
+        assert buffer.stats().places_used == 0
+        # a step that trained nothing gives its places back at once
+        await buffer.admit("flat")
+        await fill(buffer, "flat", version=2)
+        flat = await buffer.next_groups(2, 1)
+        buffer.trained(flat, None)
+        assert buffer.stats().places_used == 0
+        return buffer.stats()
+
+    stats = run(steps())
+    assert stats.admitted_groups == 5 and stats.abandoned_groups == 2
+    assert stats.put == stats.released + stats.dropped_stale + stats.abandoned + stats.pending
+
+
+def test_places_are_eta_plus_one_steps_of_groups():
+    async def scenario():
+        buffer = GroupBuffer(group_size=1, max_staleness=2, groups_per_step=3)
+        for i in range(9):
+            await buffer.admit(f"p{i}")
+        return await blocked(buffer, "p9"), buffer.stats()
+
+    waits, stats = run(scenario())
+    assert waits and stats.places == stats.places_used == 9
+
+
+def test_due_groups_go_first_and_the_learner_keeps_room_for_them():
+    """η = 1, two groups per step. "slow" was admitted at version 0, so at version 1 it is due:
+    the step must hold it, even though two later groups completed first."""
+
+    async def scenario():
+        buffer = GroupBuffer(group_size=2, max_staleness=1, groups_per_step=2)
+        await buffer.admit("slow")
+        await buffer.put(traj("slow", 0, version=0, tool_names=["search"] * 3))
+        buffer.serve(1)
+        for name in ("fast1", "fast2", "fast3"):
+            await buffer.admit(name)
+        for name in ("fast1", "fast2", "fast3"):
+            await fill(buffer, name, version=1)
+        step = asyncio.create_task(buffer.next_groups(1, 2))
+        await asyncio.sleep(0.05)
+        assert not step.done()  # one fast group taken, the other place kept for "slow"
+        await buffer.put(traj("slow", 1, version=0, tool_names=["search"] * 3))
+        groups = await asyncio.wait_for(step, 1)
+        return [g.prompt_id for g in groups], buffer.stats()
+
+    chosen, stats = run(scenario())
+    assert chosen == ["fast1", "slow"] and stats.dropped_stale == 0
+
+
+def test_first_complete_first_out_without_due_groups():
+    async def scenario():
+        buffer = GroupBuffer(group_size=1, max_staleness=3, groups_per_step=2)
+        for name in ("a", "b", "c"):
+            await buffer.admit(name)
+        for name in ("c", "a", "b"):
+            await fill(buffer, name)
+        return [g.prompt_id for g in await buffer.next_groups(0, 3)]
+
+    assert run(scenario()) == ["c", "a", "b"]
+
+
+operations = st.lists(
+    st.tuples(st.sampled_from(["admit", "put", "take", "abandon", "publish", "empty"]),
+              st.integers(0, 7)),
+    max_size=60,
+)  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(operations)
+def test_places_used_is_admitted_minus_freed_under_random_interleavings(ops):
+    """Whatever happens, places used = groups admitted whose place is not back yet, never more
+    than the places; once every group has left and its version is served, none is used."""
+
+    async def scenario():
+        buffer = GroupBuffer(group_size=2, max_staleness=1, groups_per_step=2)
+        admitted, version, consumed = [], 0, []
+        for op, a in ops:
+            if op == "admit" and buffer.stats().places_used < buffer.places:
+                prompt = f"p{len(admitted)}"
+                await buffer.admit(prompt)
+                admitted.append(prompt)
+            elif op == "put" and admitted:
+                prompt = admitted[a % len(admitted)]
+                with contextlib.suppress(Exception):
+                    await buffer.put(traj(prompt, a % 2, version=version))
+            elif op == "take" and buffer.stats().ready_groups:
+                with contextlib.suppress(TimeoutError):
+                    consumed += await asyncio.wait_for(buffer.next_groups(version, 1), 0.01)
+            elif op == "abandon" and admitted:
+                buffer.abandon(admitted[a % len(admitted)])
+            elif op in ("publish", "empty") and consumed:
+                if op == "publish":
+                    version += 1
+                    buffer.trained(consumed, version)
+                    buffer.serve(version if a % 2 else version - 1)  # sometimes served late
+                else:
+                    buffer.trained(consumed, None)
+                consumed = []
+            stats = buffer.stats()
+            assert 0 <= stats.places_used <= stats.places
+        for prompt in admitted:
+            buffer.abandon(prompt)  # whatever is still open leaves
+        buffer.trained(consumed, None)
+        buffer.serve(version)
+        stats = buffer.stats()
+        assert stats.places_used == stats.ready_groups  # only complete, never-taken groups
+        assert stats.put == stats.released + stats.dropped_stale + stats.abandoned + stats.pending
+
+    run(scenario())
