@@ -63,6 +63,7 @@ bench: setup
 	$(PY) benchmarks/engine.py
 	$(PY) benchmarks/learner_step.py
 	$(PY) benchmarks/pipeline_run.py
+	$(PY) benchmarks/fairness.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis

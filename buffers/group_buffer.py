@@ -83,7 +83,10 @@ class GroupBuffer:
         spill: ParquetSpill | None = None,
         clock: Callable[[], float] = time.monotonic,
         groups_per_step: int = 1,
+        due_first: bool = True,
     ) -> None:
+        """`due_first` False: plain first-complete-first-out, the order before due groups were
+        taken first (benchmarks/fairness.py compares the two)."""
         if (
             group_size < 1
             or max_staleness < 0
@@ -103,6 +106,7 @@ class GroupBuffer:
         self.spill = spill
         self._clock = clock
         self.places = (max_staleness + 1) * groups_per_step
+        self.due_first = due_first
         self.served_version = 0
         self._admitted = 0
         self._places: dict[str, int] = {}  # prompt -> version served at admission, place taken
@@ -160,7 +164,11 @@ class GroupBuffer:
     def _due(self, prompt_id: str, current_version: int) -> bool:
         """Admitted at a version the next step would leave more than η behind."""
         admitted_at = self._places.get(prompt_id)
-        return admitted_at is not None and admitted_at + self.max_staleness <= current_version
+        return (
+            self.due_first
+            and admitted_at is not None
+            and admitted_at + self.max_staleness <= current_version
+        )
 
     # ------------------------------------------------------------------------------ producers
 

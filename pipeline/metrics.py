@@ -68,6 +68,11 @@ class RunMetrics:
             ["source", "tools"], registry=r,
         )  # fmt: skip
         self.eval_step = Gauge("strata_eval_step", "Learner step of the last evaluation", registry=r)  # fmt: skip
+        self.stratum_share = Gauge(
+            "strata_stratum_share", "Share of the generated (left the buffer) or trained trajectories "
+            "per stratum; trained below generated: staleness starves the stratum",
+            ["stratum", "kind"], registry=r,
+        )  # fmt: skip
         self._seen: dict[str, float] = {}
         for status in ("released", "dropped_stale", "abandoned", "rejected"):
             self.trajectories.labels(status=status)  # every series exists from the first scrape
@@ -108,6 +113,11 @@ class RunMetrics:
         for key, value in metrics.items():
             if key.startswith("stratum/") and key.endswith("/reward"):
                 self.reward.labels(stratum=key.split("/")[1]).set(value)
+            elif key.startswith("stratum/") and key.endswith("_share"):
+                _, stratum, kind = key.split("/")
+                self.stratum_share.labels(stratum=stratum, kind=kind.removesuffix("_share")).set(
+                    value
+                )
         for t in trajectories:
             self.tool_calls.observe(len(t.tool_names))
             self.staleness.observe(max(0, int(metrics.get("version", 1)) - 1 - t.policy_version))

@@ -95,10 +95,45 @@ def write_report(run_dir: Path, config_path: str, summary) -> Path:
     if metrics:
         for name in _plots(metrics, run_dir):
             lines += [f"![{name}]({name})", ""]
+    lines += _accounting(summary.accounting)
     lines += _evaluations(run_dir)
     target = run_dir / "report.md"
     target.write_text("\n".join(lines))
     return target
+
+
+def _accounting(books: dict) -> list[str]:
+    """Where the trajectories went, per stratum, and whether staleness starved a stratum: its
+    share of the trained trajectories against its share of those generated (that left the buffer)."""
+    if not books or not books.get("per_stratum"):
+        return []
+    rows = books["per_stratum"]
+    left = {s: r["trained"] + r["dropped_stale"] + r["abandoned"] for s, r in rows.items()}
+    all_left, all_trained = (
+        max(sum(left.values()), 1),
+        max(sum(r["trained"] for r in rows.values()), 1),
+    )
+    lines = [
+        "## Where the trajectories went, per stratum (tool calls)",
+        "",
+        "generated = trained + dropped as stale + abandoned + failed + in flight at the end. "
+        "Fairness is the stratum's share of the trained trajectories over its share of those "
+        "generated (that left the buffer); below 1, staleness starved it.",
+        "",
+        "| stratum | generated | trained | dropped stale | abandoned | failed | in flight | generated share | trained share | fairness |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for stratum in sorted(rows, key=int):
+        r = rows[stratum]
+        generated_share, trained_share = left[stratum] / all_left, r["trained"] / all_trained
+        fairness = f"{trained_share / generated_share:.3f}" if generated_share else "-"
+        lines.append(
+            f"| {stratum} | {r['generated']} | {r['trained']} | {r['dropped_stale']} | {r['abandoned']} | "
+            f"{r['failed']} | {r['in_flight']} | {generated_share:.3f} | {trained_share:.3f} | {fairness} |"
+        )  # fmt: skip
+    aborted = books.get("total", {}).get("aborted", 0)
+    lines += ["", f"Generations that failed before they had a stratum (aborted): {aborted}.", ""]
+    return lines
 
 
 def _evaluations(run_dir: Path) -> list[str]:

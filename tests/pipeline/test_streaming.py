@@ -1,0 +1,107 @@
+"""The streaming loop with the real buffer, pools and admission; the learner and the agent are
+the fakes of `pipeline.testing` (a step sleeps; a trajectory takes longer the more tools it calls)."""
+
+import asyncio
+import itertools
+
+import pytest
+
+from actors.pool import ActorPool
+from buffers.group_buffer import GroupBuffer
+from pipeline.components import make_buffer
+from pipeline.config import BufferConfig, LearnerConfig, StrataConfig
+from pipeline.streaming import RunSummary, stream
+from pipeline.testing import SimulatedAgent, SimulatedEngine, SimulatedRoles, SimulatedTask
+from tests.conftest import assert_accounting
+
+
+class Hanging(SimulatedAgent):
+    """Sample 0 of every fifth prompt never finishes (a stuck tool): its group can only time out."""
+
+    async def run(self, task, prompt_id, sample_index):
+        if sample_index == 0 and int(task.id) % 5 == 0:
+            await asyncio.sleep(3600)
+        return await super().run(task, prompt_id, sample_index)
+
+
+def simulate(tmp_path, *, eta, steps, pools=2, groups_per_step=2, group_size=4, empty=(),
+             agent=SimulatedAgent, timeout_s=None, concurrency=8, per_call_s=0.02, due_first=True):  # fmt: skip
+    config = StrataConfig(
+        buffer=BufferConfig(group_size=group_size, max_staleness=eta, group_timeout_s=timeout_s),
+        learner=LearnerConfig(groups_per_step=groups_per_step, max_steps=steps),
+    )
+    engine = SimulatedEngine()
+    roles = SimulatedRoles(engine, step_s=0.02, empty=set(empty))
+    buffer = GroupBuffer(group_size=group_size, max_staleness=eta, groups_per_step=groups_per_step,
+                         group_timeout_s=timeout_s, due_first=due_first)  # fmt: skip
+    tasks = (SimulatedTask(str(i)) for i in itertools.count())
+    actors = [
+        ActorPool(agent(engine, per_call_s=per_call_s, actor_id=f"pool-{i}"), buffer, tasks,
+                  group_size=group_size, concurrency=concurrency, name=f"pool-{i}")
+        for i in range(pools)
+    ]  # fmt: skip
+    summary = RunSummary()
+    coro = stream(config, roles, buffer, actors, tmp_path, summary)
+    asyncio.run(asyncio.wait_for(coro, 120))  # a hang fails the test instead of the suite
+    return summary, roles, buffer
+
+
+def test_a_step_with_no_usable_group_trains_and_publishes_nothing_and_the_run_goes_on(tmp_path):
+    summary, roles, _ = simulate(tmp_path, eta=0, steps=3, empty={0, 2})
+    assert summary.steps == 3 and summary.empty_steps == 2
+    assert roles.published == [1, 2, 3]  # never the same version twice
+    assert_accounting_books(summary)
+
+
+def test_eta_zero_with_two_pools_and_timed_out_groups_finishes(tmp_path):
+    """With η = 0 every place is needed for the next step: one group that times out and keeps
+    its place would stop admission for good."""
+    summary, _, buffer = simulate(tmp_path, eta=0, steps=6, agent=Hanging, timeout_s=0.5)
+    stats = buffer.stats()
+    assert summary.steps == 6 and stats.abandoned_groups >= 1
+    assert stats.dropped_stale == 0  # η = 0 and yet nothing was too stale
+    assert_accounting_books(summary)
+
+
+def shares(summary) -> dict[int, float]:
+    """Per stratum: its share of the trained trajectories over its share of those generated."""
+    books = summary.accounting["per_stratum"]
+    left = {s: r["trained"] + r["dropped_stale"] + r["abandoned"] for s, r in books.items()}
+    trained = sum(r["trained"] for r in books.values())
+    return {
+        int(s): (r["trained"] / trained) / (left[s] / sum(left.values())) for s, r in books.items()
+    }
+
+
+@pytest.mark.parametrize("eta", [1, 2])
+def test_no_stratum_is_starved_under_staleness(tmp_path, eta):
+    """Trajectories with more tool calls take longer. Per stratum, the share of the trained
+    trajectories is within 5% (relative) of its share of those generated, and nothing is too
+    stale; first-complete-first-out alone, on the same workload, starves the slowest stratum."""
+    summary, _, buffer = simulate(tmp_path, eta=eta, steps=40, groups_per_step=4, concurrency=16)
+    assert summary.steps == 40 and buffer.stats().dropped_stale == 0
+    assert min(shares(summary).values()) >= 0.95, shares(summary)
+
+    (tmp_path / "fifo").mkdir()
+    fifo, _, buffer = simulate(tmp_path / "fifo", eta=eta, steps=40, groups_per_step=4,
+                               concurrency=16, due_first=False)  # fmt: skip
+    assert buffer.stats().dropped_stale > 0 and shares(fifo)[3] < 0.95, shares(fifo)
+
+
+def assert_accounting_books(summary):
+    for row in summary.accounting["per_stratum"].values():
+        parts = ("trained", "dropped_stale", "abandoned", "failed", "in_flight")
+        assert row["generated"] == sum(row[k] for k in parts)
+
+
+def test_the_run_dir_books_agree_with_the_spill(tmp_path):
+    config = StrataConfig(buffer=BufferConfig(group_size=4, max_staleness=1),
+                          learner=LearnerConfig(groups_per_step=2, max_steps=4))  # fmt: skip
+    engine = SimulatedEngine()
+    buffer = make_buffer(config.buffer, tmp_path, 2)
+    tasks = (SimulatedTask(str(i)) for i in itertools.count())
+    pool = ActorPool(SimulatedAgent(engine), buffer, tasks, group_size=4, concurrency=8)
+    summary = RunSummary()
+    asyncio.run(asyncio.wait_for(stream(config, SimulatedRoles(engine), buffer, [pool], tmp_path, summary), 120))  # fmt: skip
+    assert summary.steps == 4
+    assert_accounting(tmp_path)
