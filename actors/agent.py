@@ -21,6 +21,7 @@ from actors.engine import Generation, GenerationAborted, RolloutEngine, Sampling
 from actors.rewards import score
 from actors.tools import Tool, ToolStats, call_tool
 from buffers.records import Trajectory
+from buffers.strata import Stratifier, ToolCallCount
 
 SEARCH_INSTRUCTION = (
     "Answer the given question. You must conduct reasoning inside <think> and </think> first every "
@@ -66,6 +67,8 @@ class AgentSettings:
     top_p: float = 1.0
     reward: str | None = None  # None: chosen per data_source
     format_weight: float = 0.0
+    stratifier: Stratifier = field(default_factory=ToolCallCount)
+    """Assigns the stratum a trajectory is trained under, once, here (learner.stratifier)."""
 
 
 @dataclass
@@ -213,7 +216,7 @@ class AgentLoop:
             reward=float(reward),
             prompt_token_ids=prompt,
             tool_names=tool_names,
-            stratum=len(tool_names),
+            stratum=int(s.stratifier([tool_names], [f"{prompt_id}#{sample_index}"])[0]),
             data_source=task.data_source,
             question=task.question,
             ground_truth=list(task.ground_truth),

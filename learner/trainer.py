@@ -26,7 +26,6 @@ from buffers.records import Group
 from learner.advantages import stratified_advantages_with_stats
 from learner.batch import InvalidGroup, TrainBatch, build_batch, response_logprobs, validate_group
 from learner.losses import kl_penalty, policy_loss
-from learner.stratifiers import make_stratifier
 from learner.telemetry import stratum_summary
 
 
@@ -69,8 +68,7 @@ class Learner:
     """`config` is the pipeline's `learner` config section (read by attribute, not imported)."""
 
     def __init__(self, model_path: str | os.PathLike[str], config: Any, *, group_size: int,
-                 temperature: float = 1.0, tools: tuple[str, ...] = ("search", "python"),
-                 max_turns: int = 8, version: int = 0) -> None:  # fmt: skip
+                 temperature: float = 1.0, version: int = 0) -> None:  # fmt: skip
         import deepspeed
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -80,10 +78,6 @@ class Learner:
         self.group_size = group_size
         self.temperature = temperature
         self.version = version
-        self.stratifier = make_stratifier(
-            config.stratifier.type, tools=tools, max_calls=max_turns, k=config.stratifier.k,
-            seed=config.stratifier.seed,
-        )  # fmt: skip
         cuda = torch.cuda.is_available()
         dtype = torch.bfloat16 if cuda else torch.float32
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
@@ -157,7 +151,7 @@ class Learner:
         trajectories = [t for g in usable for t in g.members]
         rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float64)
         group_ids = torch.tensor([i for i, g in enumerate(usable) for _ in g.members])
-        strata = self.stratifier([t.tool_names for t in trajectories])
+        strata = torch.tensor([t.stratum for t in trajectories])  # assigned at collection
         result = stratified_advantages_with_stats(
             rewards, group_ids, strata, self.config.alpha, self.config.eps
         )

@@ -10,7 +10,14 @@ from actors.engine import RolloutEngine
 from actors.tools import Tool
 from buffers.group_buffer import GroupBuffer
 from buffers.spill import ParquetSpill
-from pipeline.config import ActorsConfig, BufferConfig, RetrievalConfig, StrataConfig
+from buffers.strata import make_stratifier
+from pipeline.config import (
+    ActorsConfig,
+    BufferConfig,
+    RetrievalConfig,
+    StrataConfig,
+    StratifierConfig,
+)
 from pipeline.config import SGLangEngine as SGLangEngineConfig
 from pipeline.config import VLLMEngine as VLLMEngineConfig
 
@@ -36,6 +43,14 @@ def make_buffer(
         spill=spill,
         groups_per_step=groups_per_step,
     )
+
+
+def make_learner(config: StrataConfig, policy_dir: str | os.PathLike[str]):
+    """The DeepSpeed learner of `config`, starting from the HF model at `policy_dir`."""
+    from learner.trainer import Learner
+
+    return Learner(policy_dir, config.learner, group_size=config.buffer.group_size,
+                   temperature=config.actors.temperature)  # fmt: skip
 
 
 def make_engine(
@@ -83,7 +98,12 @@ def make_tools(
     return tools
 
 
-def agent_settings(config: ActorsConfig) -> AgentSettings:
+def agent_settings(config: ActorsConfig, strata: StratifierConfig | None = None) -> AgentSettings:
+    """The agent loop's settings; `strata` (learner.stratifier) picks the stratifier that
+    assigns each trajectory's stratum at collection (default: the number of tool calls)."""
+    strata = strata or StratifierConfig()
+    stratifier = make_stratifier(strata.type, tools=config.tools, max_calls=config.max_turns,
+                                 k=strata.k, seed=strata.seed)  # fmt: skip
     return AgentSettings(
         max_turns=config.max_turns,
         max_new_tokens_per_turn=config.max_new_tokens_per_turn,
@@ -93,6 +113,7 @@ def agent_settings(config: ActorsConfig) -> AgentSettings:
         top_p=config.top_p,
         reward=config.reward,
         format_weight=config.format_weight,
+        stratifier=stratifier,
     )
 
 

@@ -149,7 +149,7 @@ def eval_settings(config: StrataConfig, samples: int):
     """The training agent settings, greedy for one sample, with the outcome reward only."""
     from pipeline.components import agent_settings
 
-    settings = agent_settings(config.actors)
+    settings = agent_settings(config.actors, config.learner.stratifier)
     temperature = 0.0 if samples == 1 else settings.temperature
     return dataclasses.replace(settings, temperature=temperature, format_weight=0.0)
 

@@ -117,12 +117,12 @@ async def run_local(
     from actors.agent import AgentLoop
     from actors.pool import ActorPool
     from learner.checkpoint import load_checkpoint
-    from learner.trainer import Learner
     from pipeline.components import (
         agent_settings,
         close_parts,
         make_buffer,
         make_engine,
+        make_learner,
         make_tools,
     )
     from pipeline.datasets import load_world
@@ -141,12 +141,10 @@ async def run_local(
     try:
         servers, urls = start_servers(config, assets, run_dir)
         engine = make_engine(config.actors, assets.policy_dir, seed=config.runtime.seed, urls=urls)
-        learner = Learner(assets.policy_dir, config.learner, group_size=config.buffer.group_size,
-                          temperature=config.actors.temperature, tools=tuple(config.actors.tools),
-                          max_turns=config.actors.max_turns)  # fmt: skip
+        learner = make_learner(config, assets.policy_dir)
         tokenizer = getattr(engine, "tokenizer", None) or learner.tokenizer
         agents = [
-            AgentLoop(engine, tokenizer, tools, agent_settings(config.actors), actor_id=f"pool-{i}")
+            AgentLoop(engine, tokenizer, tools, agent_settings(config.actors, config.learner.stratifier), actor_id=f"pool-{i}")
             for i in range(config.actors.num_pools)
         ]  # fmt: skip
         roles = LocalRoles(learner, engine, agents, make_sync(config, engine, learner, run_dir))

@@ -40,7 +40,7 @@ from typing import Any
 from actors.engine import EngineError
 from buffers.records import InvalidTrajectory, Trajectory
 from pipeline.assets import Assets
-from pipeline.components import pool_urls
+from pipeline.components import make_learner, pool_urls
 from pipeline.config import RayRuntime, StrataConfig
 from pipeline.ray_cluster import start_ray
 from pipeline.streaming import (
@@ -93,7 +93,7 @@ class GenerationWorker:
                         from transformers import AutoTokenizer
 
                         tokenizer = AutoTokenizer.from_pretrained(self.policy_dir)
-                    self.agent = AgentLoop(engine, tokenizer, tools, agent_settings(actors),
+                    self.agent = AgentLoop(engine, tokenizer, tools, agent_settings(actors, self.config.learner.stratifier),
                                            actor_id=self.name)  # fmt: skip
         return self.agent
 
@@ -189,13 +189,8 @@ class LearnerWorker:
     def __init__(self, config: dict, policy_dir: str, threads: int) -> None:
         import torch
 
-        from learner.trainer import Learner
-
         torch.set_num_threads(threads)
-        c = StrataConfig.model_validate(config)
-        self.learner = Learner(policy_dir, c.learner, group_size=c.buffer.group_size,
-                               temperature=c.actors.temperature, tools=tuple(c.actors.tools),
-                               max_turns=c.actors.max_turns)  # fmt: skip
+        self.learner = make_learner(StrataConfig.model_validate(config), policy_dir)
 
     def version(self) -> int:
         return self.learner.version

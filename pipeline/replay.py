@@ -22,8 +22,8 @@ import torch
 import yaml
 
 from buffers.reader import TrajectoryFileError, read_trajectories
+from buffers.strata import make_stratifier
 from learner.advantages import stratified_advantages_with_stats
-from learner.stratifiers import make_stratifier
 from learner.telemetry import stratum_summary
 
 COLUMNS = [
@@ -120,13 +120,14 @@ def _strata(table: pa.Table, args: argparse.Namespace, config: dict) -> torch.Te
         k=args.k,
         seed=args.seed,
     )
-    if args.stratifier == "random":
-        return stratifier([()] * table.num_rows)
+    if args.stratifier == "random":  # by trajectory key, as the agent loop assigns them
+        keys = [f"{p}#{i}" for p, i in zip(table["prompt_id"].to_pylist(), table["sample_index"].to_pylist(), strict=True)]  # fmt: skip
+        return torch.from_numpy(stratifier([()] * table.num_rows, keys))
     if table["tool_names"].null_count:
         raise ReplayError(
             "--stratifier tool_signature needs the tool_names column, which these files lack"
         )
-    return stratifier(table["tool_names"].to_pylist())
+    return torch.from_numpy(stratifier(table["tool_names"].to_pylist()))
 
 
 def _plot(table: pa.Table, path: Path) -> None:

@@ -8,6 +8,7 @@ from actors.agent import CORRECTION, AgentLoop, AgentSettings, parse_action
 from actors.embedded import EmbeddedEngine
 from actors.engine import Generation
 from actors.tools import PythonTool, SearchTool
+from buffers.strata import RandomStrata, ToolSignature
 from retrieval.client import RetrievalClient
 from retrieval.corpus import Passage
 from retrieval.server import create_app, serve
@@ -103,6 +104,23 @@ def test_search_then_answer_token_in_token_out(engine):
     assert loop.tools["search"].client.queries == ["Varno Telik"]
     # The prompt holds the instruction and the question; ids are never re-derived from text.
     assert "Question: Where was Varno Telik born?" in engine.tokenizer.decode(t.prompt_token_ids)
+
+
+def test_the_stratum_is_the_configured_stratifiers_recorded_at_collection(engine):
+    """The learner, the buffer's books and the spill all read Trajectory.stratum: it must be
+    what learner.stratifier says, not a tool-call count taken on the side."""
+    signature = ToolSignature(["search", "python"], max_calls=4)  # one search: 1; one python: 5
+    loop = agent(engine, stratifier=signature, max_turns=2)
+    task = Task("q1", "Where was Varno Telik born?", ("Quorvex",))
+    with Script(
+        engine, "<search> Varno Telik </search><search> again </search><answer> x </answer>"
+    ):
+        t = run(loop.run(task, "q1@0", 0))
+    assert t.tool_names == ["search", "search"] and t.stratum == 2
+    loop = agent(engine, stratifier=RandomStrata(1000, seed=3))
+    with Script(engine, "<answer> x </answer>"):
+        t = run(loop.run(task, "q1@0", 5))
+    assert t.stratum == int(RandomStrata(1000, seed=3)([[]], ["q1@0#5"])[0])
 
 
 def test_the_last_turn_may_only_answer(engine):

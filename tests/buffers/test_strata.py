@@ -1,7 +1,7 @@
+import numpy as np
 import pytest
-import torch
 
-from learner.stratifiers import RandomStrata, ToolCallCount, ToolSignature, make_stratifier
+from buffers.strata import RandomStrata, ToolCallCount, ToolSignature, make_stratifier
 
 CALLS = [
     [],
@@ -15,7 +15,7 @@ CALLS = [
 
 def test_tool_call_count_is_the_number_of_calls():
     assert ToolCallCount()(CALLS).tolist() == [0, 1, 2, 1, 2, 2]
-    assert ToolCallCount()(CALLS).dtype == torch.int64
+    assert ToolCallCount()(CALLS).dtype == np.int64
 
 
 def test_tool_signature_separates_tool_types_but_not_order():
@@ -34,9 +34,16 @@ def test_tool_signature_counts_unknown_tools_and_clamps():
 def test_random_strata_are_seeded_and_in_range():
     a = RandomStrata(3, seed=7)([[]] * 1000)
     b = RandomStrata(3, seed=7)([[]] * 1000)
-    assert torch.equal(a, b)
+    assert np.array_equal(a, b)
     assert set(a.tolist()) == {0, 1, 2}
-    assert not torch.equal(a, RandomStrata(3, seed=8)([[]] * 1000))
+    assert not np.array_equal(a, RandomStrata(3, seed=8)([[]] * 1000))
+
+
+def test_random_strata_by_key_are_the_same_wherever_computed():
+    keys = [f"p{i}#{i % 8}" for i in range(1000)]
+    one_by_one = [int(RandomStrata(4, seed=1)([[]], [key])[0]) for key in keys[:50]]
+    assert one_by_one == RandomStrata(4, seed=1)([[]] * 50, keys[:50]).tolist()
+    assert set(RandomStrata(4, seed=1)([[]] * 1000, keys).tolist()) == {0, 1, 2, 3}
 
 
 def test_make_stratifier_by_name():
