@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import child_env
+from tests.conftest import assert_accounting, child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = shutil.which("prometheus")
@@ -89,3 +89,4 @@ def test_every_panel_query_returns_data_from_a_live_run(tmp_path):
         if prom is not None:
             prom.terminate()
             prom.wait(timeout=30)
+    assert_accounting(tmp_path / "run")

@@ -14,7 +14,7 @@ from buffers.records import from_arrow
 from pipeline.datasets import load_questions
 from pipeline.evaluate import Row, generated_text, main
 from pipeline.metrics import RunMetrics
-from tests.conftest import child_env
+from tests.conftest import assert_accounting, child_env
 from tests.pipeline.test_local_run import ROOT, SHORT, launch
 
 EVAL = ["--set", "eval.every_steps=2", "--set", "eval.max_questions=12"]
@@ -27,6 +27,7 @@ def trained(tmp_path_factory, run_cache):
     proc = launch(run_dir, run_cache, "--set", "learner.max_steps=4", "--set", "buffer.max_staleness=1", *EVAL)  # fmt: skip
     out, err = proc.communicate(timeout=900)
     assert proc.returncode == 0, err[-3000:] + out[-2000:]
+    assert_accounting(run_dir)
     (world,) = run_cache.glob("world-*")
     return run_dir, world, out
 

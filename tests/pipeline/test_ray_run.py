@@ -19,6 +19,7 @@ from buffers.reader import read_trajectories
 from pipeline.components import pool_urls
 from pipeline.config_loader import load_config
 from pipeline.streaming import RuntimeUnavailable
+from tests.conftest import assert_accounting
 from tests.pipeline.test_local_run import REQUIRED_METRICS, ROOT, launch
 
 RAY = ["--set", "runtime.type=ray", "--set", "actors.num_pools=2", "--set", "runtime.actor_num_cpus=0.5",
@@ -115,6 +116,7 @@ def test_ray_runtime_survives_a_killed_actor_and_stops_cleanly(tmp_path, run_cac
     time.sleep(1.0)
     left = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not left, [p.cmdline() for p in left]  # no Ray process outlives the run
+    assert_accounting(run_dir)  # the killed actor's trajectories are abandoned or aborted, not lost
 
 
 @pytest.mark.parametrize(
@@ -203,3 +205,4 @@ def test_ray_pools_on_vllm_servers_and_a_killed_server_comes_back_on_the_latest_
     assert not vllm_servers_of(run_cache)  # stopped at the end
     (record,) = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
     assert record["step"] == 5 and record["rows"][-1]["questions"] == 4  # evaluated on the server
+    assert_accounting(run_dir)
