@@ -76,6 +76,9 @@ class EmbeddedEngine:
     def version(self) -> int:
         return self._version
 
+    async def served_versions(self) -> dict[str, int]:
+        return {"embedded": self._version}
+
     def _end_token_ids(self) -> set[int]:
         ids = {self.tokenizer.eos_token_id}
         configured = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -45,9 +45,18 @@ class GenerationAborted(EngineError):
 
 
 class RolloutEngine(Protocol):
+    generated_tokens: int
+    """Tokens generated so far (throughput metrics)."""
+    tokenizer: Any
+    """The policy's tokenizer when the engine holds one (in-process); None for servers."""
+
     @property
     def version(self) -> int:
         """The policy version new tokens are sampled with."""
+        ...
+
+    async def served_versions(self) -> dict[str, int]:
+        """The version each server (or the one in-process model) serves, as it says itself."""
         ...
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...

@@ -47,6 +47,7 @@ class RemoteEngine:
     `_resume`, the update calls)."""
 
     name = "remote"
+    tokenizer = None  # servers tokenize nothing for us: the agent uses the policy's own
 
     def __init__(
         self,
@@ -95,6 +96,11 @@ class RemoteEngine:
         """The oldest version a live server serves: a new trajectory may be sampled with it."""
         live = self._live() or [s for s in self._servers if not s.held] or self._servers
         return min(server.version for server in live)
+
+    async def served_versions(self) -> dict[str, int]:
+        """Each server in rotation and the version it was last told to serve (a wire format
+        whose servers report their own version overrides this)."""
+        return {server.url: server.version for server in self._servers if not server.held}
 
     def stats(self) -> dict[str, float]:
         """Totals, plus `<name>/<url>` per server: requests, aborts, server_aborts, in_flight,

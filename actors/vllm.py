@@ -176,12 +176,16 @@ class VLLMEngine(RemoteEngine):
         )
         self._weights_group = group
 
-    async def served_versions(self) -> dict[str, str]:
+    async def served_versions(self) -> dict[str, int]:
         """What each server in rotation reports in GET /weight_info (url -> its weight version)."""
         out = {}
         for server in (s for s in self._servers if not s.held):
             info = await self._get(server, "weight_info")
-            out[server.url] = str(info.get("weight_version") if isinstance(info, dict) else info)
+            version = info.get("weight_version") if isinstance(info, dict) else info
+            try:
+                out[server.url] = int(version)
+            except (TypeError, ValueError):
+                raise EngineError(f"{server.url}/weight_info gave no version: {info!r}") from None
         return out
 
 

@@ -1,11 +1,15 @@
-"""Publishing the learner's weights to the actors, with a version number that bounds staleness.
+"""Publishing the learner's weights to the actors, one publisher per transport, for both runtimes.
 
-`InProcessSync` hands one snapshot to engines living in this process (the embedded default): the
-snapshot is the only copy, engines adopt its tensors. `CheckpointSync` writes an HF checkpoint
-to a directory the servers can read and has each engine load it (SGLang's
-/update_weights_from_disk, vLLM's reload). Engines are anything with
-`update_weights(version, *, state_dict=None, path=None)` (the actors' RolloutEngine); the learner
-never imports the actor side.
+    InProcessSync    a snapshot of the state dict, adopted by engines in this process (embedded)
+    RaySync          the state dict in Ray's object store, loaded by each generation actor
+    CheckpointSync   an HF checkpoint directory every target can read (inference servers reload it)
+    NcclSync         GPU only: a broadcast from the learner's process to the servers' GPUs
+
+A target is anything with a `version` and `update_weights(version, *, state_dict=None,
+path=None)`: an actors' RolloutEngine, or a runtime's handle on a process that owns engines (the
+learner never imports the actor side). A target that fails raises (`EngineError` from the
+engines); it keeps its weights and the next publish retries it. Every `publish` returns what it
+measured (`PublishReport`). Versions only ever increase.
 """
 
 from __future__ import annotations
@@ -13,74 +17,141 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import socket
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 
-class VersionedEngine(Protocol):
+class WeightTarget(Protocol):
+    @property
+    def version(self) -> int:
+        """The version it serves now."""
+        ...
+
     async def update_weights(self, version: int, *, state_dict: Mapping[str, Any] | None = None,
                              path: str | None = None) -> None: ...  # fmt: skip
 
 
-class WeightSync(Protocol):
-    async def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> float:
-        """Make every engine serve `version`; returns the seconds it took."""
-        ...
+@dataclass
+class PublishReport:
+    published: bool
+    """Every target took the new version."""
+    seconds: float
+    served_version: int
+    """The oldest version a target serves now (what an admitted group may be sampled with)."""
+    failures: list[str] = field(default_factory=list)
+    """Why each target that failed did, this publish."""
+
+    def metrics(self) -> dict[str, float | bool]:
+        return {"published": self.published, "weight_sync_seconds": self.seconds,
+                "served_version": self.served_version}  # fmt: skip
 
 
-def _check_version(last: int | None, version: int) -> None:
-    if last is not None and version <= last:
-        raise ValueError(f"weight versions must increase: {version} after {last}")
+class Publisher:
+    """What every transport shares: increasing versions, one delivery to all targets at once,
+    failures collected (never raised past the caller: a server that failed keeps serving)."""
 
-
-class InProcessSync:
-    def __init__(self, engines: Sequence[VersionedEngine]) -> None:
-        self.engines = list(engines)
+    def __init__(self, targets: Sequence[WeightTarget]) -> None:
+        self.targets = list(targets)
         self.last_version: int | None = None
         self.seconds: list[float] = []
 
-    async def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> float:
-        _check_version(self.last_version, version)
-        start = time.perf_counter()
-        # One copy, detached from the learner's live parameters, shared by every engine.
-        snapshot = {name: tensor.detach().clone() for name, tensor in state_dict.items()}
-        await asyncio.gather(
-            *(e.update_weights(version, state_dict=snapshot) for e in self.engines)
-        )
+    def _check(self, version: int) -> float:
+        if self.last_version is not None and version <= self.last_version:
+            raise ValueError(f"weight versions must increase: {version} after {self.last_version}")
+        return time.perf_counter()
+
+    async def _deliver(self, version: int, start: float,
+                       load: Callable[[WeightTarget], Awaitable[None]]) -> PublishReport:  # fmt: skip
+        outcomes = await asyncio.gather(*(load(t) for t in self.targets), return_exceptions=True)
+        failures = []
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                if not isinstance(outcome, RuntimeError):  # EngineError is one; a bug is not
+                    raise outcome
+                failures.append(str(outcome))
         self.last_version = version
         self.seconds.append(time.perf_counter() - start)
-        return self.seconds[-1]
+        served = min((t.version for t in self.targets), default=version)
+        return PublishReport(not failures, self.seconds[-1], served, failures)
 
 
-class CheckpointSync:
-    """HF checkpoint per version under `directory` (the last `keep` are kept), loaded by path."""
+class InProcessSync(Publisher):
+    async def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> PublishReport:
+        start = self._check(version)
+        # One copy, detached from the learner's live parameters, shared by every engine.
+        snapshot = {name: tensor.detach().clone() for name, tensor in state_dict.items()}
+        return await self._deliver(version, start, lambda t: t.update_weights(version, state_dict=snapshot))  # fmt: skip
 
-    def __init__(self, engines: Sequence[VersionedEngine], directory: str | os.PathLike[str], model: Any,
-                 tokenizer: Any = None, keep: int = 2) -> None:  # fmt: skip
-        self.engines = list(engines)
+
+class CheckpointSync(Publisher):
+    """HF checkpoint per version under `directory` (the last `keep` are kept), loaded by path.
+    `publish` takes the state dict (written here, with `model`'s save_pretrained) or the path of
+    a checkpoint another process wrote (the Ray learner: `write_checkpoint`)."""
+
+    def __init__(self, targets: Sequence[WeightTarget], directory: str | os.PathLike[str],
+                 model: Any = None, tokenizer: Any = None, keep: int = 2) -> None:  # fmt: skip
+        super().__init__(targets)
         self.directory = Path(directory)
         self.model = model  # anything with save_pretrained(dir, state_dict=...)
         self.tokenizer = tokenizer
         self.keep = keep
-        self.last_version: int | None = None
-        self.seconds: list[float] = []
 
-    async def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> float:
-        _check_version(self.last_version, version)
-        start = time.perf_counter()
-        path = await asyncio.to_thread(
-            write_checkpoint, self.directory, version, dict(state_dict), self.model, self.tokenizer
-        )
-        await asyncio.gather(*(e.update_weights(version, path=str(path)) for e in self.engines))
-        self.last_version = version
+    async def publish(
+        self, weights: Mapping[str, torch.Tensor] | str, version: int
+    ) -> PublishReport:
+        start = self._check(version)
+        if isinstance(weights, str):
+            path = weights
+        else:
+            written = await asyncio.to_thread(write_checkpoint, self.directory, version, dict(weights),
+                                              self.model, self.tokenizer)  # fmt: skip
+            path = str(written)
+        report = await self._deliver(version, start, lambda t: t.update_weights(version, path=path))
         prune_checkpoints(self.directory, self.keep)
-        self.seconds.append(time.perf_counter() - start)
-        return self.seconds[-1]
+        return report
+
+
+class RaySync(Publisher):
+    """Targets inside Ray actors: the snapshot goes into the object store once and each target
+    loads it from there (zero-copy on one node). `publish` takes the state dict (put here) or an
+    ObjectRef of it (put by the learner's actor, so the driver never holds the weights)."""
+
+    async def publish(self, weights: Any, version: int) -> PublishReport:
+        import ray
+
+        start = self._check(version)
+        if not isinstance(weights, ray.ObjectRef):
+            weights = ray.put({name: tensor.detach().cpu() for name, tensor in weights.items()})
+        return await self._deliver(version, start, lambda t: t.update_weights(version, state_dict=weights))  # fmt: skip
+
+
+class NcclSync(Publisher):
+    """GPU only: this process (the learner's, rank 0) broadcasts every tensor to the servers'
+    GPUs; each target is a server engine with `update_weights_distributed` (SGLang, vLLM), which
+    forms the NCCL group at master_address:master_port on first use. Without CUDA every target
+    fails with one line saying so."""
+
+    def __init__(self, targets: Sequence[Any], master_address: str = "127.0.0.1", master_port: int = 0) -> None:  # fmt: skip
+        super().__init__(targets)
+        self.master_address, self.master_port = master_address, master_port or _free_port()
+
+    async def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> PublishReport:
+        start = self._check(version)
+        return await self._deliver(version, start, lambda t: t.update_weights_distributed(
+            version, state_dict, master_address=self.master_address, master_port=self.master_port))  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def write_checkpoint(directory: str | os.PathLike[str], version: int,
@@ -118,24 +189,3 @@ def prune_checkpoints(directory: str | os.PathLike[str], keep: int) -> None:
     versions = sorted(p for p in Path(directory).glob("v*") if p.is_dir())
     for old in versions[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
-
-
-class RaySync:
-    """Engines inside Ray actors: the snapshot goes into the object store once (`ray.put`) and each
-    actor's `update_weights(version, state_dict)` receives it from there (zero-copy on one node)."""
-
-    def __init__(self, actors: Sequence[Any]) -> None:
-        self.actors = list(actors)
-        self.last_version: int | None = None
-        self.seconds: list[float] = []
-
-    async def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> float:
-        import ray
-
-        _check_version(self.last_version, version)
-        start = time.perf_counter()
-        ref = ray.put({name: tensor.detach().cpu() for name, tensor in state_dict.items()})
-        await asyncio.gather(*(actor.update_weights.remote(version, ref) for actor in self.actors))
-        self.last_version = version
-        self.seconds.append(time.perf_counter() - start)
-        return self.seconds[-1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from actors.agent import AgentSettings
@@ -11,6 +12,7 @@ from actors.tools import Tool
 from buffers.group_buffer import GroupBuffer
 from buffers.spill import ParquetSpill
 from buffers.strata import make_stratifier
+from learner.weight_sync import CheckpointSync, InProcessSync, NcclSync, Publisher, RaySync
 from pipeline.config import (
     ActorsConfig,
     BufferConfig,
@@ -18,6 +20,7 @@ from pipeline.config import (
     StrataConfig,
     StratifierConfig,
 )
+from pipeline.config import EmbeddedEngine as EmbeddedEngineConfig
 from pipeline.config import SGLangEngine as SGLangEngineConfig
 from pipeline.config import VLLMEngine as VLLMEngineConfig
 
@@ -43,6 +46,19 @@ def make_buffer(
         spill=spill,
         groups_per_step=groups_per_step,
     )
+
+
+def make_publisher(config: StrataConfig, targets: list, run_dir: str | os.PathLike[str],
+                   model=None, tokenizer=None) -> Publisher:  # fmt: skip
+    """The weight publisher of the run's transport: in-process engines get a snapshot (under Ray,
+    through the object store); servers an HF checkpoint under run_dir/weights/ (or, with
+    `weight_sync: nccl` on GPUs, a broadcast)."""
+    engine = config.actors.engine
+    if isinstance(engine, EmbeddedEngineConfig):
+        return RaySync(targets) if config.runtime.type == "ray" else InProcessSync(targets)
+    if isinstance(engine, SGLangEngineConfig) and engine.weight_sync == "nccl":
+        return NcclSync(targets)
+    return CheckpointSync(targets, Path(run_dir) / "weights", model, tokenizer, keep=2)
 
 
 def make_learner(config: StrataConfig, policy_dir: str | os.PathLike[str]):
@@ -78,24 +94,34 @@ def make_engine(
     )
 
 
+def _search_tool(config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None) -> Tool:
+    from actors.tools import SearchTool
+    from retrieval.client import RetrievalClient
+
+    if search_url is None:
+        raise ValueError("the search tool is enabled but no retrieval server URL is known")
+    client = RetrievalClient(search_url, topk=retrieval.topk, timeout_s=retrieval.timeout_s)
+    return SearchTool(client, topk=retrieval.topk)
+
+
+def _python_tool(config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None) -> Tool:
+    from actors.tools import PythonTool
+
+    return PythonTool(timeout_s=config.python_timeout_s, memory_mb=config.python_memory_mb)
+
+
+TOOLS: dict[str, Callable[[ActorsConfig, RetrievalConfig, str | None], Tool]] = {
+    "search": _search_tool,
+    "python": _python_tool,
+}
+"""Tool name (an `actors.tools` entry) -> how it is built from config."""
+
+
 def make_tools(
     config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None
 ) -> dict[str, Tool]:
     """The agent's tools: search through the retrieval server at `search_url`, python in the sandbox."""
-    from actors.tools import PythonTool, SearchTool
-    from retrieval.client import RetrievalClient
-
-    tools: dict[str, Tool] = {}
-    if "search" in config.tools:
-        if search_url is None:
-            raise ValueError("the search tool is enabled but no retrieval server URL is known")
-        client = RetrievalClient(search_url, topk=retrieval.topk, timeout_s=retrieval.timeout_s)
-        tools["search"] = SearchTool(client, topk=retrieval.topk)
-    if "python" in config.tools:
-        tools["python"] = PythonTool(
-            timeout_s=config.python_timeout_s, memory_mb=config.python_memory_mb
-        )
-    return tools
+    return {name: TOOLS[name](config, retrieval, search_url) for name in config.tools}
 
 
 def agent_settings(config: ActorsConfig, strata: StratifierConfig | None = None) -> AgentSettings:
@@ -115,19 +141,6 @@ def agent_settings(config: ActorsConfig, strata: StratifierConfig | None = None)
         format_weight=config.format_weight,
         stratifier=stratifier,
     )
-
-
-async def close_parts(tools: dict | None, engine=None, servers=None, runner=None) -> None:
-    """Close what a run or an evaluation opened, users first: the search tool's client, the
-    engine, the inference servers it started, the retrieval server's HTTP runner."""
-    if tools is not None and "search" in tools:
-        await tools["search"].client.close()
-    if engine is not None:
-        await engine.close()
-    if servers is not None:
-        servers.stop()
-    if runner is not None:
-        await runner.cleanup()
 
 
 def pool_urls(config: StrataConfig) -> list[list[str] | None]:

@@ -234,49 +234,22 @@ def write_outputs(out: Path, result: dict, rows: Sequence[Row], trajectories: Se
 # ------------------------------------------------------------------------------------ engines
 
 
-async def open_engine(config: StrataConfig, checkpoint: Path, log_dir: Path):
-    """(engine, servers we started or None) serving `checkpoint`."""
-    from pipeline.components import make_engine
-    from pipeline.config import EmbeddedEngine, VLLMEngine
-
-    engine_config, servers, urls = config.actors.engine, None, None
-    if isinstance(engine_config, VLLMEngine) and not engine_config.urls:
-        from actors.vllm_server import VLLMServers
-
-        servers = VLLMServers(str(checkpoint), engine_config.num_servers, engine_config.python,
-                              engine_config.max_batch_size, engine_config.max_model_len,
-                              engine_config.kv_cache_gb, engine_config.startup_timeout_s,
-                              log_dir=str(log_dir))  # fmt: skip
-        urls = servers.start()
-    engine = make_engine(config.actors, checkpoint, seed=config.runtime.seed, urls=urls)
-    if not isinstance(engine_config, EmbeddedEngine) and servers is None:
-        await engine.update_weights(1, path=str(checkpoint))  # running servers: load it first
-    return engine, servers
-
-
 async def evaluate(config: StrataConfig, checkpoint: Path, items: Sequence[Item], samples: int,
                    index_dir: Path | None, log_dir: Path) -> tuple[list[Row], list]:  # fmt: skip
     """Rows (with tools, then the no-tools baseline if configured) and every trajectory."""
-    from transformers import AutoTokenizer
+    from pipeline.acting import open_acting
+    from pipeline.config import EmbeddedEngine
 
-    from pipeline.components import close_parts, make_tools
-    from retrieval.server import load_app, serve
-
-    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
     settings = eval_settings(config, samples)
-    runner = tools = engine = servers = None
+    acting = await open_acting(config, checkpoint, index_dir=index_dir, log_dir=log_dir)
     try:
-        search_url = config.retrieval.url
-        if "search" in config.actors.tools and search_url is None:
-            runner, port = await serve(load_app(str(index_dir)), config.retrieval.host, 0)
-            search_url = f"http://{config.retrieval.host}:{port}"
-        tools = make_tools(config.actors, config.retrieval, search_url)
-        engine, servers = await open_engine(config, checkpoint, log_dir)
+        if not isinstance(config.actors.engine, EmbeddedEngine) and acting.servers is None:
+            await acting.engine.update_weights(1, path=str(checkpoint))  # running servers: load it
         concurrency = config.actors.concurrency * config.actors.num_pools
-        return await with_and_without_tools(config, engine, tokenizer, tools, settings, items,
-                                            samples, concurrency)  # fmt: skip
+        return await with_and_without_tools(config, acting.engine, acting.tokenizer, acting.tools,
+                                            settings, items, samples, concurrency)  # fmt: skip
     finally:
-        await close_parts(tools, engine, servers, runner)
+        await acting.close()
 
 
 async def with_and_without_tools(config: StrataConfig, engine, tokenizer, tools: dict, settings,

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from actors.agent import AgentLoop, AgentSettings
 from actors.rewards import format_reward
-from actors.tools import PythonTool, SearchTool
+from pipeline.acting import open_acting
+from pipeline.config import ActorsConfig, EmbeddedEngine, LocalRuntime, StrataConfig
 
 LOCAL_AGENT = AgentSettings(
     max_turns=4, max_new_tokens_per_turn=64, max_response_tokens=640, max_observation_tokens=128
@@ -115,34 +116,28 @@ def format_rate(model_dir: str | os.PathLike[str], world_dir: str | os.PathLike[
 async def _measure(model_dir: Path, index: Path, questions: list, temperatures: Sequence[float],
                    tools: Sequence[str], settings: AgentSettings, concurrency: int,
                    seed: int) -> list[FormatReport]:  # fmt: skip
-    from actors.embedded import EmbeddedEngine
-    from retrieval.client import RetrievalClient
-    from retrieval.server import load_app, serve
-
-    runner, port = await serve(load_app(str(index)), "127.0.0.1", 0)
-    engine = EmbeddedEngine.from_pretrained(model_dir, max_batch_size=concurrency, seed=seed)
+    config = StrataConfig(
+        actors=ActorsConfig(tools=list(tools), engine=EmbeddedEngine(max_batch_size=concurrency)),
+        runtime=LocalRuntime(seed=seed),
+    )
+    acting = await open_acting(config, model_dir, index_dir=index)
     gate = asyncio.Semaphore(concurrency)
     try:
-        async with RetrievalClient(f"http://127.0.0.1:{port}") as client:
-            available = {"search": SearchTool(client), "python": PythonTool()}
-            chosen = {name: available[name] for name in tools}
 
-            async def one(agent: AgentLoop, i: int, question) -> tuple:
-                async with gate:
-                    trajectory = await agent.run(question, question.id, i)
-                return trajectory, generated_text(trajectory, engine.tokenizer)
+        async def one(agent: AgentLoop, i: int, question) -> tuple:
+            async with gate:
+                trajectory = await agent.run(question, question.id, i)
+            return trajectory, generated_text(trajectory, acting.tokenizer)
 
-            reports = []
-            for temperature in temperatures:
-                agent = AgentLoop(engine, engine.tokenizer, chosen,
-                                  replace(settings, temperature=temperature, reward="exact_match"))  # fmt: skip
-                start = time.monotonic()
-                results = await asyncio.gather(*(one(agent, i, q) for i, q in enumerate(questions)))
-                reports.append(FormatReport.of(temperature, results, time.monotonic() - start))
-            return reports
+        reports = []
+        for temperature in temperatures:
+            agent = acting.agent("format-rate", replace(settings, temperature=temperature, reward="exact_match"))  # fmt: skip
+            start = time.monotonic()
+            results = await asyncio.gather(*(one(agent, i, q) for i, q in enumerate(questions)))
+            reports.append(FormatReport.of(temperature, results, time.monotonic() - start))
+        return reports
     finally:
-        await engine.close()
-        await runner.cleanup()
+        await acting.close()
 
 
 # ------------------------------------------------------------------------------------------ CLI

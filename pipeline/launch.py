@@ -148,11 +148,12 @@ def unavailable(config: StrataConfig) -> str | None:
     if config.learner.zero_stage == 3 and not gpu:
         return "learner.zero_stage 3 needs CUDA GPUs here: use --set learner.zero_stage=2 on CPU"
     engine = config.actors.engine
-    if getattr(engine, "weight_sync", "disk") == "nccl":
+    nccl = isinstance(engine, SGLangEngine) and engine.weight_sync == "nccl"
+    if nccl and isinstance(config.runtime, RayRuntime):
         return (
-            "actors.engine.weight_sync nccl: the engines can broadcast over NCCL "
-            "(update_weights_distributed) but the runtimes publish through checkpoints only so far: "
-            "use weight_sync disk"
+            "actors.engine.weight_sync nccl broadcasts from the process that holds both the "
+            "learner and the engine client, which runtime.type ray splits: use weight_sync "
+            "disk under Ray, or runtime.type local"
         )
     if isinstance(engine, VLLMEngine) and not engine.urls:
         from actors.vllm_server import VLLMServerError, vllm_python

@@ -33,14 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 from actors.engine import EngineError
 from buffers.records import InvalidTrajectory, Trajectory
 from pipeline.assets import Assets
-from pipeline.components import make_learner, pool_urls
+from pipeline.components import make_learner, make_publisher, pool_urls
 from pipeline.config import RayRuntime, StrataConfig
 from pipeline.ray_cluster import start_ray
 from pipeline.streaming import (
@@ -48,8 +47,8 @@ from pipeline.streaming import (
     ActorStats,
     RunSummary,
     previous_metrics,
+    question_stream,
     stream,
-    task_stream,
 )
 
 
@@ -81,20 +80,11 @@ class GenerationWorker:
             self._building = self._building or asyncio.Lock()
             async with self._building:
                 if self.agent is None:
-                    from actors.agent import AgentLoop
-                    from pipeline.components import agent_settings, make_engine, make_tools
+                    from pipeline.acting import open_acting
 
-                    actors = self.config.actors
-                    engine = make_engine(actors, self.policy_dir, seed=self.config.runtime.seed,
-                                         urls=self.urls)  # fmt: skip
-                    tools = make_tools(actors, self.config.retrieval, self.search_url)
-                    tokenizer = getattr(engine, "tokenizer", None)  # servers: the policy's own
-                    if tokenizer is None:
-                        from transformers import AutoTokenizer
-
-                        tokenizer = AutoTokenizer.from_pretrained(self.policy_dir)
-                    self.agent = AgentLoop(engine, tokenizer, tools, agent_settings(actors, self.config.learner.stratifier),
-                                           actor_id=self.name)  # fmt: skip
+                    self.acting = await open_acting(self.config, self.policy_dir, search_url=self.search_url,
+                                                    urls=self.urls)  # fmt: skip
+                    self.agent = self.acting.agent(self.name)
         return self.agent
 
     async def run(self, task: Any, prompt_id: str, index: int, latest: list) -> Trajectory:
@@ -171,16 +161,14 @@ class GenerationWorker:
         if self.agent is None:
             return os.getpid(), ActorStats(0, 0, ToolStats())
         engine = self.agent.engine
-        return os.getpid(), ActorStats(engine.version, getattr(engine, "generated_tokens", 0),
+        return os.getpid(), ActorStats(engine.version, engine.generated_tokens,
                                        self.agent.stats.tools)  # fmt: skip
 
     async def close(self) -> None:
         if self.eval_engine is not None:
             await self.eval_engine.close()
         if self.agent is not None:
-            if "search" in self.agent.tools:
-                await self.agent.tools["search"].client.close()
-            await self.agent.engine.close()
+            await self.acting.close()
 
 
 class LearnerWorker:
@@ -201,15 +189,14 @@ class LearnerWorker:
     def state_dict(self) -> dict:
         return {name: t.detach().cpu() for name, t in self.learner.state_dict().items()}
 
-    def save_weights(self, directory: str, keep: int = 2) -> str:
+    def save_weights(self, directory: str) -> str:
         """The current weights as an HF checkpoint `directory/vNNNNNN` for inference servers to
-        load (on storage they can read); older ones beyond `keep` are deleted."""
-        from learner.weight_sync import prune_checkpoints, write_checkpoint
+        load (on storage they can read); the driver's CheckpointSync prunes old ones."""
+        from learner.weight_sync import write_checkpoint
 
         learner = self.learner
         path = write_checkpoint(directory, learner.version, learner.state_dict(), learner.model,
                                 learner.tokenizer)  # fmt: skip
-        prune_checkpoints(directory, keep)
         return str(path)
 
     def save(self, directory: str, extra: dict) -> str:
@@ -276,15 +263,35 @@ async def unwrap(call: Any, who: str) -> Any:
         raise EngineError(f"{who} is gone ({type(exc).__name__}); Ray restarts it") from None
 
 
+class WorkerTarget:
+    """A generation actor as a weight target (`learner.weight_sync`): it loads what it is sent
+    into its engine and says which version it serves. One that is dead is restarted by Ray and
+    loads `latest` before it generates again, so it counts as serving the new version."""
+
+    def __init__(self, name: str, handle: Any) -> None:
+        self.name, self.handle, self.version = name, handle, 0
+
+    async def update_weights(self, version: int, *, state_dict: Any = None, path: str | None = None) -> None:  # fmt: skip
+        try:
+            problem, served = await self.handle.update_weights.remote(version, path or state_dict)
+        except _ray_errors():
+            self.version = version
+            return
+        self.version = served
+        if problem is not None:  # its servers keep their weights; the next publish retries
+            raise EngineError(f"{self.name}: {problem}")
+
+
 class RayRoles:
     """The learner and the generation actors, seen from the driver's streaming loop."""
 
-    def __init__(self, learner: Any, workers: dict[str, Any], latest: list,
+    def __init__(self, learner: Any, workers: dict[str, Any], latest: list, publisher: Any,
                  weights_dir: Path | None = None) -> None:  # fmt: skip
-        """`weights_dir`: publish an HF checkpoint there for inference servers; None: weights go
-        through the object store to in-process engines."""
+        """`publisher`: the run's (components.make_publisher) over the workers' `WorkerTarget`s;
+        `weights_dir`: the learner writes an HF checkpoint there for inference servers; None:
+        weights go through the object store to in-process engines."""
         self.learner, self.workers, self.latest = learner, workers, latest
-        self.weights_dir = weights_dir
+        self.publisher, self.weights_dir = publisher, weights_dir
         self.sync_failures = 0
         self.watch = None  # the ServerWatch of servers this run started, if any
         self._version = 0
@@ -305,36 +312,19 @@ class RayRoles:
         return metrics
 
     async def publish(self) -> dict:
-        start = time.perf_counter()
         if self.weights_dir is not None:
             weights = await self.learner.save_weights.remote(str(self.weights_dir.resolve()))
         else:
             weights = self.learner.state_dict.remote()  # stored once; every actor reads it
-        self.latest[:] = [self._version, weights]
-        names = list(self.workers)
-        calls = [self.workers[n].update_weights.remote(self._version, weights) for n in names]
-        # A dead actor must not stall training: it catches up from `latest` when it is back.
-        replies = await asyncio.gather(*calls, return_exceptions=True)
-        served, published = [], True
-        for name, reply in zip(names, replies, strict=True):
-            if isinstance(reply, BaseException):
-                continue  # restarting: it loads `latest` before it generates again
-            problem, version = reply
-            served.append(version)
-            if problem is not None:  # its servers keep their weights; the next publish retries
-                published = False
-                self.sync_failures += 1
-                print(f"strata: weight sync of {name} to version {self._version} failed: {problem}",
-                      flush=True)  # fmt: skip
-        report = {
-            "published": published,
-            "weight_sync_seconds": time.perf_counter() - start,
-            "weight_sync_failures": self.sync_failures,
-            "served_version": min(served, default=self._version),
-        }
+        self.latest[:] = [self._version, weights]  # what a restarted actor loads first
+        report = await self.publisher.publish(weights, self._version)
+        for problem in report.failures:
+            print(f"strata: weight sync to version {self._version} failed: {problem}", flush=True)
+        self.sync_failures += len(report.failures)
+        metrics = {**report.metrics(), "weight_sync_failures": self.sync_failures}
         if self.watch is not None:
-            report["server_restarts"] = self.watch.restarts
-        return report
+            metrics["server_restarts"] = self.watch.restarts
+        return metrics
 
     async def checkpoint(self, directory: Path, extra: dict) -> Path:
         return Path(await self.learner.save.remote(str(directory.resolve()), extra))
@@ -367,11 +357,12 @@ async def run_ray(
 ) -> RunSummary:
     """Stream until learner.max_steps with every role in a Ray actor (see the module doc)."""
     import ray
+    from transformers import AutoTokenizer
 
     from actors.pool import ActorPool
+    from pipeline.acting import start_servers
     from pipeline.components import make_buffer
-    from pipeline.datasets import load_world
-    from pipeline.local_runtime import start_metrics, start_servers
+    from pipeline.metrics import start_metrics
 
     runtime = config.runtime
     assert isinstance(runtime, RayRuntime)
@@ -386,7 +377,7 @@ async def run_ray(
     run_metrics = retrieval = servers = watching = None
     workers: dict[str, Any] = {}
     try:
-        servers, started = start_servers(config, assets, run_dir)  # from this, the main thread
+        servers, started = start_servers(config, assets.policy_dir, run_dir / "logs")  # main thread
         if started is not None:
             urls = [started[i::pools_n] for i in range(pools_n)]
         plain = config.model_dump(mode="json")
@@ -412,9 +403,9 @@ async def run_ray(
                 max_restarts=-1, max_task_retries=0, max_concurrency=config.actors.concurrency + 8,
             ).remote(plain, policy, search_url, name, threads, urls[i])  # fmt: skip
         latest: list = []
-        roles = RayRoles(
-            learner, workers, latest, run_dir / "weights" if urls[0] is not None else None
-        )
+        targets = [WorkerTarget(name, handle) for name, handle in workers.items()]
+        roles = RayRoles(learner, workers, latest, make_publisher(config, targets, run_dir),
+                         run_dir / "weights" if urls[0] is not None else None)  # fmt: skip
         if servers is not None:
             roles.watch = watch_servers(servers, workers, pools_n)
             watching = asyncio.create_task(roles.watch.run())
@@ -428,8 +419,8 @@ async def run_ray(
         if roles.version:
             await roles.publish()
         buffer = make_buffer(config.buffer, run_dir, config.learner.groups_per_step)
-        train, _ = load_world(assets.world_dir)
-        tasks = task_stream(train[: config.data.num_questions], config.data.seed, config.data.shuffle, skip)  # fmt: skip
+        tokenizer = AutoTokenizer.from_pretrained(policy, local_files_only=True)
+        tasks = question_stream(config, assets.world_dir, tokenizer, skip)
         pools = [
             ActorPool(RemoteAgent(handle, name, latest), buffer, tasks,
                       group_size=config.buffer.group_size, concurrency=config.actors.concurrency,

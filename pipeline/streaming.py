@@ -89,6 +89,19 @@ class Roles(Protocol):
     async def actor_stats(self) -> dict[str, ActorStats]: ...
 
 
+def question_stream(
+    config: StrataConfig, world_dir: Path, tokenizer: Any, skip: int = 0
+) -> Iterator:
+    """The run's training questions forever (`task_stream`): the first `data.num_questions` of
+    the world's training split."""
+    from pipeline.datasets import load_world
+
+    train, _ = load_world(world_dir)
+    return task_stream(
+        train[: config.data.num_questions], config.data.seed, config.data.shuffle, skip
+    )
+
+
 def task_stream(questions: Sequence, seed: int, shuffle: bool, skip: int = 0) -> Iterator:
     """Questions forever, reshuffled each epoch with a seeded generator; the first `skip` are
     passed over (a resumed run continues where the checkpoint's pools had got to)."""

@@ -14,6 +14,7 @@ from aiohttp import web
 from actors.embedded import EmbeddedEngine
 from actors.engine import EngineError, SamplingParams
 from actors.sglang import SGLangEngine
+from learner.weight_sync import NcclSync
 from retrieval.server import serve
 from tests.actors.sglang_standin import SGLangStandIn
 
@@ -374,8 +375,23 @@ def test_distributed_update_without_gpu_says_what_it_needs():
                 await engine.update_weights_distributed(
                     1, {"w": torch.zeros(2)}, master_address="127.0.0.1", master_port=29500
                 )
+            # the same through the run's publisher (weight_sync: nccl): reported, not raised
+            report = await NcclSync([engine]).publish({"w": torch.zeros(2)}, 1)
+            assert not report.published and report.served_version == 0
+            assert "needs torch.distributed with nccl and a CUDA GPU" in report.failures[0]
 
     run(scenario())
+
+
+def test_weight_sync_nccl_is_refused_under_ray_in_one_line():
+    from pipeline.config_loader import load_config
+    from pipeline.launch import unavailable
+
+    config = load_config("configs/gaia.yaml", ["actors.engine.weight_sync=nccl"])
+    problem = unavailable(config)
+    assert problem is not None and "\n" not in problem
+    if torch.cuda.is_available():
+        assert "runtime.type local" in problem
 
 
 def test_nccl_updates_go_in_buckets_and_the_last_one_sets_the_version():

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from learner.weight_sync import RaySync
+from pipeline.ray_runtime import WorkerTarget
 
 ray = pytest.importorskip("ray")
 
@@ -27,6 +28,7 @@ class EngineHost:
 
     async def update_weights(self, version, state_dict):
         self.version, self.weights = version, state_dict
+        return None, version  # (why it failed, the version it serves), as GenerationWorker does
 
     def served(self):
         return self.version, float(sum(t.sum() for t in self.weights.values()))
@@ -34,10 +36,12 @@ class EngineHost:
 
 def test_publish_reaches_every_ray_actor(cluster):
     hosts = [EngineHost.remote() for _ in range(3)]
-    sync = RaySync(hosts)
+    sync = RaySync([WorkerTarget(f"pool-{i}", h) for i, h in enumerate(hosts)])
     weights = {"a": torch.ones(4, 4), "b": torch.arange(6.0)}
-    seconds = asyncio.run(sync.publish(weights, 1))
-    assert seconds > 0
+    report = asyncio.run(sync.publish(weights, 1))
+    assert report.seconds > 0 and report.published and report.served_version == 1
     assert ray.get([h.served.remote() for h in hosts]) == [(1, 31.0)] * 3
+    report = asyncio.run(sync.publish(ray.put(weights), 2))  # an ObjectRef the learner put
+    assert report.served_version == 2 and ray.get(hosts[0].served.remote()) == (2, 31.0)
     with pytest.raises(ValueError, match="must increase"):
-        asyncio.run(sync.publish(weights, 1))
+        asyncio.run(sync.publish(weights, 2))

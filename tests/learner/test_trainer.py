@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from actors.engine import EngineError
 from buffers.group_buffer import GroupBuffer
 from buffers.records import Group
 from buffers.testing import synthetic_trajectory
@@ -194,11 +195,14 @@ def test_resume_refuses_broken_or_foreign_checkpoints(policy, tmp_path):
 
 
 class RecordingEngine:
-    def __init__(self):
-        self.updates = []
+    def __init__(self, fail=False):
+        self.updates, self.version, self.fail = [], 0, fail
 
     async def update_weights(self, version, *, state_dict=None, path=None):
+        if self.fail:
+            raise EngineError("127.0.0.1:30000 refused the checkpoint")
         self.updates.append((version, state_dict, path))
+        self.version = version
 
 
 def test_weight_sync_snapshots_once_and_versions_increase(policy, tmp_path):
@@ -206,8 +210,9 @@ def test_weight_sync_snapshots_once_and_versions_increase(policy, tmp_path):
     engines = [RecordingEngine() for _ in range(4)]
     sync = InProcessSync(engines)
     model.step(groups(40))
-    seconds = asyncio.run(sync.publish(model.state_dict(), model.version))
-    assert seconds > 0 and {e.updates[0][0] for e in engines} == {1}
+    report = asyncio.run(sync.publish(model.state_dict(), model.version))
+    assert report.seconds > 0 and report.published and report.served_version == 1
+    assert {e.updates[0][0] for e in engines} == {1}
     shared = engines[0].updates[0][1]
     assert all(e.updates[0][1] is shared for e in engines)  # one snapshot for all
     before = shared["model.norm.weight"].clone()
@@ -221,6 +226,14 @@ def test_weight_sync_snapshots_once_and_versions_increase(policy, tmp_path):
         asyncio.run(disk.publish(model.state_dict(), version))
     assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v000003", "v000004"]
     assert engines[0].updates[-1][2].endswith("v000004")
+
+    # A target that fails keeps its version; the report says so and nothing is raised.
+    broken = CheckpointSync(
+        [engines[0], RecordingEngine(fail=True)], tmp_path / "weights", model.model
+    )
+    report = asyncio.run(broken.publish(model.state_dict(), 5))
+    assert not report.published and report.served_version == 0
+    assert report.failures == ["127.0.0.1:30000 refused the checkpoint"]
 
 
 def test_a_step_makes_rewarded_responses_more_likely(policy):

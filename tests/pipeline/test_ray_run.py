@@ -22,9 +22,11 @@ from pipeline.streaming import RuntimeUnavailable
 from tests.conftest import assert_accounting
 from tests.pipeline.test_local_run import REQUIRED_METRICS, ROOT, launch
 
+# The pools share (η + 1) * groups_per_step = 4 group places, so each always has a group
+# generating (concurrency 4 = one group): killing one always kills work in flight.
 RAY = ["--set", "runtime.type=ray", "--set", "actors.num_pools=2", "--set", "runtime.actor_num_cpus=0.5",
        "--set", "runtime.learner_num_cpus=1", "--set", "actors.concurrency=4",
-       "--set", "buffer.max_staleness=1"]  # fmt: skip
+       "--set", "buffer.max_staleness=1", "--set", "learner.groups_per_step=2"]  # fmt: skip
 
 
 def descendants(pid: int) -> list[psutil.Process]:
