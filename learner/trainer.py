@@ -13,7 +13,6 @@ launcher that sets the distributed environment.
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import time
@@ -26,6 +25,7 @@ from buffers.records import Group
 from learner.advantages import stratified_advantages_with_stats
 from learner.batch import InvalidGroup, TrainBatch, build_batch, response_logprobs, validate_group
 from learner.losses import kl_penalty, policy_loss
+from learner.schedule import step_schedule
 from learner.telemetry import stratum_summary
 
 
@@ -48,20 +48,6 @@ def init_distributed() -> None:
         os.environ.setdefault(name, value)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     deepspeed.init_distributed(dist_backend=backend, verbose=False)
-
-
-def lr_lambda(warmup_steps: int, max_steps: int, schedule: str):
-    def factor(step: int) -> float:
-        if warmup_steps and step < warmup_steps:
-            return (step + 1) / warmup_steps
-        if schedule == "constant":
-            return 1.0
-        progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
-        if schedule == "linear":
-            return 1.0 - progress
-        return 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine
-
-    return factor
 
 
 class Learner:
@@ -93,7 +79,7 @@ class Learner:
             model.parameters(), lr=config.lr, weight_decay=config.weight_decay
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lr_lambda(config.warmup_steps, config.max_steps, config.schedule)
+            optimizer, step_schedule(config.warmup_steps, config.max_steps, config.schedule)
         )
         ds_config = {
             "train_micro_batch_size_per_gpu": config.micro_batch_size,

@@ -19,24 +19,24 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
-import random
 import re
 import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from types import SimpleNamespace
 
 from actors.agent import AgentLoop, AgentSettings, instruction
 from actors.tools import PythonTool, SearchTool
+from learner.sft import SftExample, Training, train_sft
 from pipeline.config import TinyModel
 from pipeline.format_rate import LOCAL_AGENT, format_rate
 
+DEFAULT_TRAINING = Training()
 CODE_VERSION = 2
 """Bump when the data layout or the training changes: every cached warm start is then rebuilt."""
 CACHE_FILE = "warm_start.json"
@@ -51,29 +51,6 @@ _SEARCH_STEP = re.compile(r"<search>(.*?)</search>(\s*)<information>(.*?)</infor
 
 class WarmStartError(ValueError):
     """A world or a demo the warm start cannot use; the message says what to do, in one line."""
-
-
-@dataclass(frozen=True)
-class Training:
-    lr: float = 3e-3
-    batch_tokens: int = 2048
-    """Padded tokens per optimiser step (sequences of similar length are batched together)."""
-    max_epochs: int = 30
-    warmup_steps: int = 10
-    final_lr: float = 0.1
-    """The learning rate decays (cosine, over the time budget) to this fraction of `lr`."""
-    plateau: float = 0.02
-    """Stop when an epoch lowers the mean loss by less than this fraction of the previous one."""
-
-
-@dataclass(frozen=True)
-class SftExample:
-    prompt_ids: list[int]
-    response_ids: list[int]
-    loss_mask: list[int]  # over response_ids: 1 generated, 0 observation
-
-    def __len__(self) -> int:
-        return len(self.prompt_ids) + len(self.response_ids)
 
 
 # --------------------------------------------------------------------------------- data layout
@@ -214,127 +191,6 @@ def _read_world(world: Path) -> tuple[list[dict], list[str]]:
     return lines["demos.jsonl"], [p["contents"] for p in lines["corpus.jsonl"]]
 
 
-def _batches(examples: list[SftExample], batch_tokens: int, rng: random.Random) -> list[list[int]]:
-    """Indices of examples grouped by length (little padding), in a shuffled order."""
-    batches, batch = [], []
-    for i in sorted(range(len(examples)), key=lambda i: len(examples[i])):
-        if batch and len(examples[i]) * (len(batch) + 1) > batch_tokens:
-            batches.append(batch)
-            batch = []
-        batch.append(i)
-    batches.append(batch)
-    rng.shuffle(batches)
-    return batches
-
-
-def shared_prefix(examples: Sequence[SftExample]) -> list[int]:
-    """The prompt ids every example starts with (the instruction): encoded once per step."""
-    first = examples[0].prompt_ids
-    n = min(len(e.prompt_ids) for e in examples) - 1  # keep one prompt token per row
-    for e in examples:
-        n = next((i for i in range(n) if e.prompt_ids[i] != first[i]), n)
-    return first[:n]
-
-
-def _tensors(batch: Sequence[SftExample], skip: int, pad: int):
-    """(input ids, attention mask, labels) after the first `skip` prompt ids, right-padded:
-    labels[t] is the token at t + 1 where that token was generated, else -100."""
-    import torch
-
-    width = max(len(e) for e in batch) - skip
-    ids = torch.full((len(batch), width), pad, dtype=torch.long)
-    labels = torch.full((len(batch), width), -100, dtype=torch.long)
-    attention = torch.zeros((len(batch), width), dtype=torch.long)
-    for row, e in enumerate(batch):
-        ids[row, : len(e) - skip] = torch.tensor((e.prompt_ids + e.response_ids)[skip:])
-        attention[row, : len(e) - skip] = 1
-        target = [t if m else -100 for t, m in zip(e.response_ids, e.loss_mask, strict=True)]
-        start = len(e.prompt_ids) - skip - 1
-        labels[row, start : start + len(target)] = torch.tensor(target)
-    return ids, attention, labels
-
-
-def sft_loss(model, batch: Sequence[SftExample], prefix: Sequence[int], pad: int):
-    """(mean cross-entropy over the generated tokens, their count, tokens attended).
-
-    The shared prefix runs once as a batch of one and its keys and values are repeated for the
-    rows (gradients flow through them); logits are computed only where a token is predicted.
-    """
-    import torch
-    import torch.nn.functional as F
-    from transformers import DynamicCache
-
-    ids, attention, labels = _tensors(batch, len(prefix), pad)
-    cache, p, rows = DynamicCache(), len(prefix), len(batch)
-    decoder = model.get_decoder()
-    if p:
-        decoder(input_ids=torch.tensor([list(prefix)]), past_key_values=cache, use_cache=True)
-        cache.batch_repeat_interleave(rows)
-    hidden = decoder(
-        input_ids=ids,
-        attention_mask=torch.cat([torch.ones((rows, p), dtype=torch.long), attention], 1),
-        position_ids=(p + torch.arange(ids.shape[1])).expand(rows, -1),
-        past_key_values=cache if p else None,
-        use_cache=bool(p),
-    ).last_hidden_state
-    where = labels != -100
-    logits = model.get_output_embeddings()(hidden[where])
-    return F.cross_entropy(logits.float(), labels[where]), int(where.sum()), int(attention.sum()) + p * rows  # fmt: skip
-
-
-def _learning_rate(training: Training, step: int, progress: float) -> float:
-    """Linear warmup, then cosine decay to `final_lr` as `progress` (share of the time budget
-    spent) goes from 0 to 1: the budget, not an epoch count, says when training ends."""
-    warmup = min(1.0, (step + 1) / training.warmup_steps)
-    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-    return training.lr * warmup * (training.final_lr + (1 - training.final_lr) * cosine)
-
-
-def _train(model, examples: list[SftExample], pad: int, training: Training, deadline: float,
-           seed: int, progress: bool) -> dict:  # fmt: skip
-    """AdamW on the generated tokens until the deadline, a loss plateau or max_epochs."""
-    import torch
-
-    optimizer = torch.optim.AdamW(model.parameters(), lr=training.lr, betas=(0.9, 0.95), weight_decay=0.0)  # fmt: skip
-    rng, prefix, origin = random.Random(seed), shared_prefix(examples), time.monotonic()
-    step, step_s, epochs, losses, stopped = 0, 0.0, [], [], "max_epochs"
-    model.train()
-    for epoch in range(1, training.max_epochs + 1):
-        start, total, tokens, generated = time.monotonic(), 0.0, 0, 0
-        for batch in _batches(examples, training.batch_tokens, rng):
-            began = time.monotonic()
-            if began + 1.5 * step_s > deadline:
-                stopped = "time_budget"
-                break
-            loss, n, attended = sft_loss(model, [examples[i] for i in batch], prefix, pad)
-            for group in optimizer.param_groups:
-                group["lr"] = _learning_rate(training, step, (began - origin) / max(1e-6, deadline - origin))  # fmt: skip
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            step, losses = step + 1, [*losses, loss.item()]
-            total, generated, tokens = total + loss.item() * n, generated + n, tokens + attended
-            step_s = time.monotonic() - began
-        if generated:
-            seconds = time.monotonic() - start
-            epochs.append({"epoch": epoch, "loss": total / generated, "tokens_per_s": tokens / seconds,
-                           "seconds": seconds, "complete": stopped != "time_budget"})  # fmt: skip
-            if progress:
-                part = " (partial: time budget)" if stopped == "time_budget" else ""
-                print(f"epoch {epoch}: loss {total / generated:.3f} on generated tokens, "
-                      f"{tokens / seconds:,.0f} tokens/s, {seconds:.1f}s{part}", flush=True)  # fmt: skip
-        done = [e["loss"] for e in epochs if e["complete"]]
-        if stopped == "time_budget":
-            break
-        if len(done) >= 2 and done[-2] - done[-1] < training.plateau * done[-2]:
-            stopped = "plateau"
-            break
-    final = sum(losses[-10:]) / len(losses[-10:]) if losses else None
-    return {"steps": step, "first_loss": losses[0] if losses else None, "final_loss": final,
-            "stopped": stopped, "epochs": epochs}  # fmt: skip
-
-
 def _replace_dir(tmp: Path, target: Path) -> None:
     """Move the finished `tmp` to `target`; an earlier `target` is removed only afterwards."""
     old = target.with_name(f".{target.name}.old-{os.getpid()}")
@@ -351,7 +207,7 @@ def _replace_dir(tmp: Path, target: Path) -> None:
 
 def warm_start(world_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
                model: TinyModel | Mapping | None = None, *, tools: Sequence[str] = ("search", "python"),
-               settings: AgentSettings = LOCAL_AGENT, training: Training = Training(),
+               settings: AgentSettings = LOCAL_AGENT, training: Training = DEFAULT_TRAINING,
                time_budget_s: float = 170.0, progress: bool = True,
                index_dir: str | os.PathLike[str] | None = None, topk: int = 3) -> Path:  # fmt: skip
     """Build and fine-tune the tiny policy on the world's demos; returns the HF directory.
@@ -405,7 +261,7 @@ def warm_start(world_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str
                   f"and model built in {time.monotonic() - began:.1f}s", flush=True)  # fmt: skip
         torch.manual_seed(spec.seed)
         deadline = began + time_budget_s - 3.0  # what saving takes
-        result = _train(policy, examples, tokenizer.pad_token_id, training, deadline, spec.seed, progress)  # fmt: skip
+        result = train_sft(policy, examples, tokenizer.pad_token_id, training, deadline, spec.seed, progress)  # fmt: skip
         final = tmp / "model"
         policy.eval().save_pretrained(final)
         tokenizer.save_pretrained(final)

@@ -13,21 +13,18 @@ import pytest
 from actors.agent import AgentLoop
 from actors.engine import Generation
 from actors.tools import PythonTool, SearchTool
+from learner.sft import Training, learning_rate, sft_loss, shared_prefix
 from pipeline.config import TinyModel
 from pipeline.warm_start import (
     CACHE_FILE,
     LOCAL_AGENT,
-    Training,
     WarmStartError,
-    _learning_rate,
     cache_key,
     cached,
     demo_example,
     format_rate,
     layout_agent,
     retrieved_observations,
-    sft_loss,
-    shared_prefix,
     warm_start,
 )
 from retrieval.corpus import read_corpus
@@ -130,10 +127,10 @@ def test_a_demo_is_the_sequence_the_agent_loop_produces(world, tokenizer, strate
 
 def test_the_learning_rate_warms_up_then_decays_over_the_budget():
     t = Training(lr=1.0, warmup_steps=10, final_lr=0.1)
-    assert _learning_rate(t, 0, 0.0) == pytest.approx(0.1)
-    assert _learning_rate(t, 9, 0.0) == pytest.approx(1.0)
-    assert _learning_rate(t, 50, 0.5) == pytest.approx(0.55)
-    assert _learning_rate(t, 50, 1.0) == _learning_rate(t, 50, 2.0) == pytest.approx(0.1)
+    assert learning_rate(t, 0, 0.0) == pytest.approx(0.1)
+    assert learning_rate(t, 9, 0.0) == pytest.approx(1.0)
+    assert learning_rate(t, 50, 0.5) == pytest.approx(0.55)
+    assert learning_rate(t, 50, 1.0) == learning_rate(t, 50, 2.0) == pytest.approx(0.1)
 
 
 def test_the_shared_prefix_changes_nothing_in_the_loss(world, warm, tokenizer):
