@@ -14,11 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from transformers import AutoTokenizer
+
 from actors.agent import AgentLoop, AgentSettings
 from actors.engine import RolloutEngine
 from actors.tools import Tool
+from actors.vllm_server import VLLMServers
 from pipeline.components import agent_settings, make_engine, make_tools
 from pipeline.config import StrataConfig, VLLMEngine
+from retrieval.server import load_app, serve
 
 
 @dataclass
@@ -70,8 +74,6 @@ async def open_acting(
     try:
         search_url = search_url or config.retrieval.url
         if "search" in config.actors.tools and search_url is None:
-            from retrieval.server import load_app, serve
-
             if index_dir is None:
                 raise ValueError("the search tool is enabled but there is no index to serve")
             retrieval, port = await serve(load_app(str(index_dir)), config.retrieval.host, config.retrieval.port)  # fmt: skip
@@ -85,8 +87,6 @@ async def open_acting(
         raise
     tokenizer = engine.tokenizer  # servers hold none: the policy directory's own
     if tokenizer is None:
-        from transformers import AutoTokenizer
-
         tokenizer = AutoTokenizer.from_pretrained(str(policy_dir), local_files_only=True)
     return Acting(config, engine, tokenizer, tools, servers, retrieval)
 
@@ -98,8 +98,6 @@ def start_servers(config: StrataConfig, policy_dir: str | os.PathLike[str],
     engine = config.actors.engine
     if not isinstance(engine, VLLMEngine) or engine.urls:
         return None, None
-    from actors.vllm_server import VLLMServers
-
     logs = Path(log_dir) if log_dir is not None else Path(policy_dir) / "logs"
     servers = VLLMServers(str(policy_dir), engine.num_servers, engine.python, engine.max_batch_size,
                           engine.max_model_len, engine.kv_cache_gb, engine.startup_timeout_s,

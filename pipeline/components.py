@@ -8,10 +8,11 @@ from pathlib import Path
 
 from actors.agent import AgentSettings
 from actors.engine import RolloutEngine
-from actors.tools import Tool
+from actors.tools import PythonTool, SearchTool, Tool
 from buffers.group_buffer import GroupBuffer
 from buffers.spill import ParquetSpill
 from buffers.strata import make_stratifier
+from learner.trainer import Learner
 from learner.weight_sync import CheckpointSync, InProcessSync, NcclSync, Publisher, RaySync
 from pipeline.config import (
     ActorsConfig,
@@ -23,6 +24,8 @@ from pipeline.config import (
 from pipeline.config import EmbeddedEngine as EmbeddedEngineConfig
 from pipeline.config import SGLangEngine as SGLangEngineConfig
 from pipeline.config import VLLMEngine as VLLMEngineConfig
+from pipeline.streaming import RuntimeUnavailable
+from retrieval.client import RetrievalClient
 
 
 def make_buffer(
@@ -63,8 +66,6 @@ def make_publisher(config: StrataConfig, targets: list, run_dir: str | os.PathLi
 
 def make_learner(config: StrataConfig, policy_dir: str | os.PathLike[str]):
     """The DeepSpeed learner of `config`, starting from the HF model at `policy_dir`."""
-    from learner.trainer import Learner
-
     return Learner(policy_dir, config.learner, group_size=config.buffer.group_size,
                    temperature=config.actors.temperature)  # fmt: skip
 
@@ -95,9 +96,6 @@ def make_engine(
 
 
 def _search_tool(config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None) -> Tool:
-    from actors.tools import SearchTool
-    from retrieval.client import RetrievalClient
-
     if search_url is None:
         raise ValueError("the search tool is enabled but no retrieval server URL is known")
     client = RetrievalClient(search_url, topk=retrieval.topk, timeout_s=retrieval.timeout_s)
@@ -105,8 +103,6 @@ def _search_tool(config: ActorsConfig, retrieval: RetrievalConfig, search_url: s
 
 
 def _python_tool(config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None) -> Tool:
-    from actors.tools import PythonTool
-
     return PythonTool(timeout_s=config.python_timeout_s, memory_mb=config.python_memory_mb)
 
 
@@ -148,11 +144,8 @@ def pool_urls(config: StrataConfig) -> list[list[str] | None]:
     pools would be paused and reloaded by both). None per pool for in-process engines; started
     servers are not known yet (empty lists until they are). RuntimeUnavailable with fewer servers
     than pools."""
-    from pipeline.config import EmbeddedEngine
-    from pipeline.streaming import RuntimeUnavailable
-
     engine, pools = config.actors.engine, config.actors.num_pools
-    if isinstance(engine, EmbeddedEngine):
+    if isinstance(engine, EmbeddedEngineConfig):
         return [None] * pools
     count = len(engine.urls) or (engine.num_servers if isinstance(engine, VLLMEngineConfig) else 0)
     if count < pools:

@@ -34,9 +34,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from pipeline.config import StrataConfig
+from actors.agent import AgentLoop
+from actors.engine import EngineError
+from actors.rewards import format_reward
+from actors.vllm import checkpoint_problem
+from actors.vllm_server import VLLMServerError
+from buffers.records import to_arrow
+from pipeline.acting import open_acting
+from pipeline.assets import prepare_index, prepare_world
+from pipeline.components import agent_settings
+from pipeline.config import EmbeddedEngine, LocalRuntime, StrataConfig
+from pipeline.config_loader import ConfigError, load_config
 from pipeline.datasets import DatasetError, Question, load_questions
+from pipeline.launch import unavailable
 
 TOOLS_ACTOR, BASELINE_ACTOR = "eval", "eval-no-tools"
 
@@ -71,8 +84,6 @@ class Row:
 
 def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
     """The HF model directory CHECKPOINT_DIR stands for, checked, or EvalError."""
-    from actors.vllm import checkpoint_problem
-
     given = Path(path)
     candidates = [given, given / "hf"]
     for root in (given, given / "checkpoints"):
@@ -107,8 +118,6 @@ def eval_files(config: StrataConfig, given: Sequence[str]) -> list[Path]:
             "no questions to evaluate: pass --data FILE (Search-R1 .parquet or GAIA metadata "
             ".jsonl) or set eval.data"
         )
-    from pipeline.assets import prepare_world
-
     return [prepare_world(config, quiet=True) / "test.parquet"]
 
 
@@ -133,8 +142,6 @@ def load_items(files: Sequence[Path], max_questions: int | None) -> list[Item]:
 async def run_items(engine, tokenizer, tools: dict, settings, items: Sequence[Item], samples: int,
                     concurrency: int, actor_id: str) -> list:  # fmt: skip
     """One trajectory per (question, sample), `concurrency` agent loops at a time, in input order."""
-    from actors.agent import AgentLoop
-
     loop = AgentLoop(engine, tokenizer, tools, settings, actor_id=actor_id)
     slots = asyncio.Semaphore(concurrency)
 
@@ -147,8 +154,6 @@ async def run_items(engine, tokenizer, tools: dict, settings, items: Sequence[It
 
 def eval_settings(config: StrataConfig, samples: int):
     """The training agent settings, greedy for one sample, with the outcome reward only."""
-    from pipeline.components import agent_settings
-
     settings = agent_settings(config.actors, config.learner.stratifier)
     temperature = 0.0 if samples == 1 else settings.temperature
     return dataclasses.replace(settings, temperature=temperature, format_weight=0.0)
@@ -163,8 +168,6 @@ def generated_text(trajectory, tokenizer) -> str:
 def summarize(trajectories: Sequence, items: Sequence[Item], samples: int, tools: bool,
               tokenizer) -> list[Row]:  # fmt: skip
     """One row per table row name, in first-seen order, then `all`."""
-    from actors.rewards import format_reward
-
     row_of = {item.key: item.row for item in items}
     by_row: dict[str, list] = defaultdict(list)
     for t in trajectories:
@@ -207,11 +210,6 @@ def markdown(rows: Sequence[Row], samples: int) -> str:
 def write_outputs(out: Path, result: dict, rows: Sequence[Row], trajectories: Sequence) -> list[Path]:  # fmt: skip
     """FILE.trajectories.parquet, FILE.md, then FILE.json (last: its presence means complete),
     each written to a temporary name first."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from buffers.records import to_arrow
-
     out.parent.mkdir(parents=True, exist_ok=True)
     stem = out.with_suffix("")
     paths = [stem.with_name(stem.name + ".trajectories.parquet"), out.with_suffix(".md"), out]
@@ -237,9 +235,6 @@ def write_outputs(out: Path, result: dict, rows: Sequence[Row], trajectories: Se
 async def evaluate(config: StrataConfig, checkpoint: Path, items: Sequence[Item], samples: int,
                    index_dir: Path | None, log_dir: Path) -> tuple[list[Row], list]:  # fmt: skip
     """Rows (with tools, then the no-tools baseline if configured) and every trajectory."""
-    from pipeline.acting import open_acting
-    from pipeline.config import EmbeddedEngine
-
     settings = eval_settings(config, samples)
     acting = await open_acting(config, checkpoint, index_dir=index_dir, log_dir=log_dir)
     try:
@@ -309,8 +304,6 @@ class PeriodicEval:
             await self._evaluate(*job)
 
     async def _evaluate(self, step: int, version: int, weights) -> None:
-        from actors.engine import EngineError
-
         started = time.perf_counter()
         try:
             rows, trajectories = await self.run(self.items, version, weights)
@@ -377,7 +370,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.config_loader import ConfigError, load_config
 
     args = _parser().parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -394,9 +386,6 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint = resolve_checkpoint(args.checkpoint)
         files = eval_files(config, args.data)
         items = load_items(files, limit)
-        from pipeline.config import LocalRuntime
-        from pipeline.launch import unavailable
-
         problem = unavailable(config.model_copy(update={"runtime": LocalRuntime()}))  # engine only
         if problem is not None:
             raise EvalError(problem)
@@ -411,15 +400,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     index_dir = None
     if "search" in config.actors.tools and config.retrieval.url is None:
-        from pipeline.assets import prepare_index, prepare_world
-
         corpus = config.retrieval.corpus
         index_dir = prepare_index(config, Path(corpus) if corpus else prepare_world(config) / "corpus.jsonl")  # fmt: skip
     print(f"strata: evaluating {checkpoint} on {len(items)} questions × {samples} sample(s)"
           f"{' with and without tools' if config.eval.no_tools_baseline else ''}", flush=True)  # fmt: skip
     started = time.perf_counter()
-    from actors.engine import EngineError
-    from actors.vllm_server import VLLMServerError
 
     try:
         rows, trajectories = asyncio.run(

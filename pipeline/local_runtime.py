@@ -19,12 +19,15 @@ import torch
 from actors.embedded import EmbeddedEngine
 from actors.engine import EngineError
 from actors.pool import ActorPool
+from actors.tools import ToolStats
+from actors.vllm_server import ServerWatch
 from learner.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.acting import Acting, open_acting
 from pipeline.assets import Assets
 from pipeline.components import make_buffer, make_learner, make_publisher
 from pipeline.config import EmbeddedEngine as EmbeddedEngineConfig
 from pipeline.config import StrataConfig
+from pipeline.evaluate import eval_settings, periodic_eval, with_and_without_tools
 from pipeline.metrics import start_metrics
 from pipeline.streaming import (
     CURSOR_KEY,
@@ -83,8 +86,6 @@ class LocalRoles:
         return await asyncio.to_thread(save_checkpoint, self.learner, directory, extra)
 
     async def actor_stats(self) -> dict[str, ActorStats]:
-        from actors.tools import ToolStats
-
         tools = ToolStats()  # the pools share the one engine: their tool counts add up
         for agent in self.agents:
             for name in agent.stats.tools.calls:
@@ -152,8 +153,6 @@ def make_evaluator(config: StrataConfig, assets: Assets, acting: Acting, learner
     runs on an engine of its own holding a copy of the evaluated version's weights; with servers,
     on the run's servers (the version may move on during an evaluation: each trajectory records
     the versions that sampled it)."""
-    from pipeline.evaluate import eval_settings, periodic_eval, with_and_without_tools
-
     embedded = isinstance(config.actors.engine, EmbeddedEngineConfig)
     settings = eval_settings(config, config.eval.samples)
 
@@ -180,7 +179,6 @@ def make_evaluator(config: StrataConfig, assets: Assets, acting: Acting, learner
 
 def watch_servers(servers, engine):
     """A ServerWatch that restarts the run's dead servers and readmits them to `engine`."""
-    from actors.vllm_server import ServerWatch
 
     async def hold(url: str) -> None:
         engine.hold(url)

@@ -36,11 +36,24 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
+from transformers import AutoTokenizer
+
+from actors.embedded import EmbeddedEngine
 from actors.engine import EngineError
+from actors.pool import ActorPool
+from actors.tools import ToolStats
+from actors.vllm_server import ServerWatch
 from buffers.records import InvalidTrajectory, Trajectory
+from learner.checkpoint import load_checkpoint, save_checkpoint
+from learner.weight_sync import write_checkpoint
+from pipeline.acting import open_acting, start_servers
 from pipeline.assets import Assets
-from pipeline.components import make_learner, make_publisher, pool_urls
+from pipeline.components import make_buffer, make_learner, make_publisher, pool_urls
+from pipeline.config import EmbeddedEngine as EmbeddedEngineConfig
 from pipeline.config import RayRuntime, StrataConfig
+from pipeline.evaluate import eval_settings, periodic_eval, with_and_without_tools
+from pipeline.metrics import start_metrics
 from pipeline.ray_cluster import start_ray
 from pipeline.streaming import (
     CURSOR_KEY,
@@ -50,6 +63,7 @@ from pipeline.streaming import (
     question_stream,
     stream,
 )
+from retrieval.server import load_app, serve
 
 
 def _threads(num_cpus: float, configured: int) -> int:
@@ -64,8 +78,6 @@ class GenerationWorker:
                  threads: int, urls: list[str] | None = None) -> None:  # fmt: skip
         """`urls`: the inference servers this pool owns (remote engines); no two pools share one,
         so each server is updated by exactly one client."""
-        import torch
-
         self.config = StrataConfig.model_validate(config)
         self.policy_dir, self.search_url, self.name, self.urls = policy_dir, search_url, name, urls
         torch.set_num_threads(threads)
@@ -80,8 +92,6 @@ class GenerationWorker:
             self._building = self._building or asyncio.Lock()
             async with self._building:
                 if self.agent is None:
-                    from pipeline.acting import open_acting
-
                     self.acting = await open_acting(self.config, self.policy_dir, search_url=self.search_url,
                                                     urls=self.urls)  # fmt: skip
                     self.agent = self.acting.agent(self.name)
@@ -127,16 +137,11 @@ class GenerationWorker:
     async def evaluate(self, items: list, version: int, weights: Any) -> tuple[list, list]:
         """Periodic evaluation (pipeline.evaluate.PeriodicEval) of `version`: in-process engines
         get an engine of their own loaded with `weights`; servers are evaluated as they serve."""
-        from pipeline.config import EmbeddedEngine
-        from pipeline.evaluate import eval_settings, with_and_without_tools
-
         agent = await self._ready()
         engine = agent.engine
-        if isinstance(self.config.actors.engine, EmbeddedEngine):
+        if isinstance(self.config.actors.engine, EmbeddedEngineConfig):
             if self.eval_engine is None:
-                from actors.embedded import EmbeddedEngine as Embedded
-
-                self.eval_engine = Embedded.from_pretrained(
+                self.eval_engine = EmbeddedEngine.from_pretrained(
                     self.policy_dir, max_batch_size=self.config.actors.engine.max_batch_size,
                     seed=self.config.runtime.seed,
                 )  # fmt: skip
@@ -156,8 +161,6 @@ class GenerationWorker:
 
     async def stats(self) -> tuple[int, ActorStats]:
         """(process id, figures): a new process id means Ray restarted this actor."""
-        from actors.tools import ToolStats
-
         if self.agent is None:
             return os.getpid(), ActorStats(0, 0, ToolStats())
         engine = self.agent.engine
@@ -175,8 +178,6 @@ class LearnerWorker:
     """The learner (DeepSpeed) in its own process; weights leave it as CPU tensors."""
 
     def __init__(self, config: dict, policy_dir: str, threads: int) -> None:
-        import torch
-
         torch.set_num_threads(threads)
         self.learner = make_learner(StrataConfig.model_validate(config), policy_dir)
 
@@ -192,21 +193,15 @@ class LearnerWorker:
     def save_weights(self, directory: str) -> str:
         """The current weights as an HF checkpoint `directory/vNNNNNN` for inference servers to
         load (on storage they can read); the driver's CheckpointSync prunes old ones."""
-        from learner.weight_sync import write_checkpoint
-
         learner = self.learner
         path = write_checkpoint(directory, learner.version, learner.state_dict(), learner.model,
                                 learner.tokenizer)  # fmt: skip
         return str(path)
 
     def save(self, directory: str, extra: dict) -> str:
-        from learner.checkpoint import save_checkpoint
-
         return str(save_checkpoint(self.learner, directory, extra))
 
     def load(self, directory: str) -> dict:
-        from learner.checkpoint import load_checkpoint
-
         return load_checkpoint(self.learner, directory)
 
 
@@ -214,8 +209,6 @@ class RetrievalWorker:
     """The retrieval HTTP server, serving from this actor's event loop."""
 
     async def start(self, index_dir: str, host: str, port: int) -> int:
-        from retrieval.server import load_app, serve
-
         self.runner, bound = await serve(load_app(index_dir), host, port)
         return bound
 
@@ -357,12 +350,6 @@ async def run_ray(
 ) -> RunSummary:
     """Stream until learner.max_steps with every role in a Ray actor (see the module doc)."""
     import ray
-    from transformers import AutoTokenizer
-
-    from actors.pool import ActorPool
-    from pipeline.acting import start_servers
-    from pipeline.components import make_buffer
-    from pipeline.metrics import start_metrics
 
     runtime = config.runtime
     assert isinstance(runtime, RayRuntime)
@@ -455,10 +442,7 @@ def make_evaluator(config: StrataConfig, learner: Any, worker: Any, run_dir: Pat
     """Periodic evaluation in the first generation actor: the weights are the learner's
     state_dict as an ObjectRef taken when the step comes due (in-process engines), or what the
     servers serve."""
-    from pipeline.config import EmbeddedEngine
-    from pipeline.evaluate import periodic_eval
-
-    embedded = isinstance(config.actors.engine, EmbeddedEngine)
+    embedded = isinstance(config.actors.engine, EmbeddedEngineConfig)
 
     def snapshot():
         return learner.state_dict.remote() if embedded else None  # queued before the next step
@@ -472,8 +456,6 @@ def make_evaluator(config: StrataConfig, learner: Any, worker: Any, run_dir: Pat
 def watch_servers(servers: Any, workers: dict[str, Any], pools: int):
     """A ServerWatch that restarts the run's dead servers; the pool owning one holds and
     readmits it (server j belongs to pool j % pools)."""
-    from actors.vllm_server import ServerWatch
-
     owners = {s.url: workers[f"pool-{j % pools}"] for j, s in enumerate(servers.servers)}
 
     async def hold(url: str) -> None:

@@ -27,6 +27,7 @@ from actors.tools import ToolStats
 from buffers.group_buffer import BufferStats, GroupBuffer
 from buffers.records import Group
 from pipeline.config import StrataConfig
+from pipeline.datasets import load_world
 
 CURSOR_KEY = "tasks_started"
 """Checkpoint field: tasks the pools had started, so a resumed run goes on with the next ones."""
@@ -94,8 +95,6 @@ def question_stream(
 ) -> Iterator:
     """The run's training questions forever (`task_stream`): the first `data.num_questions` of
     the world's training split."""
-    from pipeline.datasets import load_world
-
     train, _ = load_world(world_dir)
     return task_stream(
         train[: config.data.num_questions], config.data.seed, config.data.shuffle, skip
