@@ -199,33 +199,72 @@ def validate(
         raise ConfigError(line) from None
 
 
-def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> StrataConfig:
-    """The validated config in `path` with `--set` overrides applied in order."""
+def load_config(
+    path: str | os.PathLike[str], overrides: Sequence[str] = (), notes: list[str] | None = None
+) -> StrataConfig:
+    """The validated config in `path` with `--set` overrides applied in order. A `--set` that
+    changes a backend section's `type` starts that section from the new type's defaults: the
+    file's other keys there are dropped (the keys given by --set stay), and `notes` gets one line
+    saying which."""
     raw = read_yaml(path)
     applied: dict[str, str] = {}
     for text in overrides:
         try:
             key, value = parse_override(text)
+            note = _switch_type(raw, key, value, applied, text, str(path))
             apply_override(raw, key, value)
         except OverrideError as exc:
             raise ConfigError(str(exc)) from None
+        if note is not None and notes is not None:
+            notes.append(note)
         applied[key] = text
     return validate(raw, str(path), applied)
 
 
-def dump_config(config: StrataConfig) -> str:
-    """The fully resolved config (defaults included) as YAML that `load_config` reads back."""
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False, default_flow_style=False)
+def _switch_type(raw: dict[str, Any], key: str, value: Any, applied: dict[str, str], text: str,
+                 source: str) -> str | None:  # fmt: skip
+    """Before `--set SECTION.type=VALUE` is applied: if it changes the section's backend, drop
+    the section's keys that no earlier --set gave, and say so."""
+    section, _, leaf = key.rpartition(".")
+    if leaf != "type" or not section:
+        return None
+    node: Any = raw
+    for part in section.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    if not isinstance(node, dict):
+        return None
+    model = _section_model(raw, section.split("."))
+    tag = model.model_fields.get("type") if model is not None else None
+    current = node.get("type", tag.default if tag is not None else None)
+    if current == value:
+        return None
+    dropped = [k for k in node if k != "type" and f"{section}.{k}" not in applied]
+    for name in dropped:
+        del node[name]
+    if not dropped:
+        return None
+    keys = ", ".join(f"{section}.{k}" for k in dropped)
+    return (f"--set {text}: {section} starts from the {value} defaults; dropped {keys} "
+            f"(of the {current} backend) from {source}")  # fmt: skip
 
 
-def write_resolved_config(config: StrataConfig, run_dir: str | os.PathLike[str]) -> Path:
+def dump_config(config: StrataConfig, notes: Sequence[str] = ()) -> str:
+    """The fully resolved config (defaults included) as YAML that `load_config` reads back;
+    `notes` go first, as comments."""
+    text = yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False, default_flow_style=False)
+    return "".join(f"# note: {note}\n" for note in notes) + text
+
+
+def write_resolved_config(
+    config: StrataConfig, run_dir: str | os.PathLike[str], notes: Sequence[str] = ()
+) -> Path:
     """Write `run_dir/config.yaml` atomically (temporary file, then rename)."""
     target = Path(run_dir) / "config.yaml"
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".config.", suffix=".yaml", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(dump_config(config))
+            fh.write(dump_config(config, notes))
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)

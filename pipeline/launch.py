@@ -72,16 +72,19 @@ def new_run_dir(config: StrataConfig, config_path: str, requested: str | None) -
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    notes: list[str] = []
     try:
-        config = load_config(args.config, args.overrides)
+        config = load_config(args.config, args.overrides, notes)
+        for note in notes:
+            print(f"strata: note: {note}", file=sys.stderr)
         if args.dry_run:
-            sys.stdout.write(dump_config(config))
+            sys.stdout.write(dump_config(config, notes))
             return 0
         if args.resume:
             run_dir = resumable_run_dir(config, args.run_dir)
         else:
             run_dir = new_run_dir(config, args.config, args.run_dir)
-        written = write_resolved_config(config, run_dir)
+        written = write_resolved_config(config, run_dir, notes)
     except ConfigError as exc:
         print(f"strata: error: {exc}", file=sys.stderr)
         return 2

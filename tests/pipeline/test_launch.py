@@ -99,3 +99,39 @@ def test_resume_needs_the_run_dir(tmp_path, capsys, no_training):
     assert main([LOCAL, "--resume"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--resume needs --run-dir" in err and not no_training
+
+
+@pytest.mark.parametrize("urls_first", [False, True])
+def test_switching_a_backend_by_set_starts_the_section_from_its_defaults(capsys, tmp_path, no_training, urls_first):  # fmt: skip
+    sets = [
+        "--set",
+        "actors.engine.type=sglang",
+        "--set",
+        "actors.engine.urls=[http://127.0.0.1:30000]",
+    ]
+    if urls_first:
+        sets = sets[2:] + sets[:2]
+    assert main([LOCAL, "--dry-run", *sets]) == 0
+    out, err = capsys.readouterr()
+    engine = yaml.safe_load(out)["actors"]["engine"]
+    assert engine["type"] == "sglang" and engine["urls"] == ["http://127.0.0.1:30000"]
+    assert "max_batch_size" not in engine  # the embedded section's key, dropped
+    note = "actors.engine starts from the sglang defaults; dropped actors.engine.max_batch_size"
+    assert (
+        err.count("\n") == 1
+        and note in err
+        and f"# note: --set actors.engine.type=sglang: {note}" in out
+    )
+
+    # a run (sglang is refused on machines without GPUs: vLLM servers given by URL instead)
+    run_dir = tmp_path / "run"
+    sets = [
+        "--set",
+        "actors.engine.type=vllm",
+        "--set",
+        "actors.engine.urls=[http://127.0.0.1:8000]",
+    ]
+    assert main([LOCAL, "--run-dir", str(run_dir), *sets]) == 0
+    written = (run_dir / "config.yaml").read_text()
+    assert written.startswith("# note: --set actors.engine.type=vllm: actors.engine starts from")
+    assert load_config(run_dir / "config.yaml").actors.engine.type == "vllm"  # reads back
