@@ -61,6 +61,22 @@ def aggregate(loss: torch.Tensor, mask: torch.Tensor, agg: Aggregation) -> torch
     return per_seq.mean()
 
 
+def kept_by_importance(
+    loss_mask: torch.Tensor,
+    behavior_logprobs: torch.Tensor,
+    proximal_logprobs: torch.Tensor | None,
+    importance: Importance,
+    is_cap: float,
+) -> torch.Tensor:
+    """The tokens the loss is taken over: `loss_mask`, less (with `importance="mask"`) those whose
+    weight `exp(proximal - behaviour)` exceeds `is_cap`. The learner weights micro-batches by
+    these counts, so it must decide exactly as `policy_loss` does: both call this."""
+    if importance != "mask" or proximal_logprobs is None:
+        return loss_mask
+    weight = torch.exp(proximal_logprobs - behavior_logprobs).detach()
+    return loss_mask * (weight <= is_cap).to(loss_mask.dtype)
+
+
 def policy_loss(
     logprobs: torch.Tensor,
     behavior_logprobs: torch.Tensor,
@@ -134,8 +150,10 @@ def policy_loss(
         if importance == "tis":
             loss = loss * torch.clamp(raw_weight, max=is_cap)
         else:
-            dropped = (raw_weight > is_cap).to(mask.dtype) * mask
-            mask = mask - dropped
+            kept = kept_by_importance(
+                mask, behavior_logprobs, proximal_logprobs, importance, is_cap
+            )
+            dropped, mask = mask - kept, kept
 
     total = aggregate(loss, mask, agg)
     tokens = loss_mask.to(logprobs.dtype)
@@ -159,7 +177,8 @@ def kl_penalty(
     """Per-token KL estimate of the policy from the reference, from sampled-token log-probs.
 
     k1: log p - log q; k2: (log p - log q)^2 / 2; k3 ("low_var_kl"): exp(log q - log p) - (log q -
-    log p) - 1, with the log-ratio clamped to [-20, 20] and the result to [-10, 10] as verl does.
+    log p) - 1, with the log-ratio clamped to [-20, 20] and the result to [0, 10] (verl clamps to
+    [-10, 10]; k3 is never negative, but exp(x) - x - 1 rounds to -1e-16 for |x| ~ 1e-11).
     Mask the result yourself: tool-observation tokens carry no KL.
     """
     diff = logprobs - ref_logprobs
@@ -169,5 +188,5 @@ def kl_penalty(
         return 0.5 * diff.square()
     if kind == "k3":
         log_ratio = torch.clamp(-diff, min=-20.0, max=20.0)
-        return torch.clamp(torch.exp(log_ratio) - log_ratio - 1.0, min=-10.0, max=10.0)
+        return torch.clamp(torch.exp(log_ratio) - log_ratio - 1.0, min=0.0, max=10.0)
     raise ValueError(f"unknown KL kind {kind!r}: use k1, k2 or k3")

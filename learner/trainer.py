@@ -24,7 +24,7 @@ import torch
 from buffers.records import Group
 from learner.advantages import stratified_advantages_with_stats
 from learner.batch import InvalidGroup, TrainBatch, build_batch, response_logprobs, validate_group
-from learner.losses import kl_penalty, policy_loss
+from learner.losses import kept_by_importance, kl_penalty, policy_loss
 from learner.schedule import step_schedule
 from learner.telemetry import stratum_summary
 
@@ -144,9 +144,14 @@ class Learner:
         batch = build_batch(trajectories, result.advantages, self.pad_id)
 
         proximal = self._proximal(batch) if self.config.importance != "none" else None
+        # The tokens the loss is taken over (importance "mask" drops some before the loss sees
+        # them): each micro-batch's share of the step is its share of these.
+        kept = kept_by_importance(batch.response_mask, batch.behavior_logprobs, proximal,
+                                  self.config.importance, self.config.is_cap)  # fmt: skip
         totals = {
-            "tokens": float(batch.response_mask.sum()),
-            "sequences": float((batch.response_mask.sum(-1) > 0).sum()),
+            "tokens": max(float(kept.sum()), 1.0),
+            "sequences": max(float((kept.sum(-1) > 0).sum()), 1.0),
+            "response_tokens": max(float(batch.response_mask.sum()), 1.0),
         }
         sums: Counter[str] = Counter()
         self.engine.train()
@@ -158,7 +163,10 @@ class Learner:
                 boundary = i == len(starts) - 1
                 self.engine.set_gradient_accumulation_boundary(boundary)
                 loss, stats = self._micro_step(
-                    batch.select(rows), None if proximal is None else proximal[rows], totals
+                    batch.select(rows),
+                    None if proximal is None else proximal[rows],
+                    kept[rows],
+                    totals,
                 )
                 self.engine.backward(loss)
                 if boundary and self.config.zero_stage == 0:  # ZeRO 1-3 report their own norm
@@ -189,7 +197,11 @@ class Learner:
         return out
 
     def _micro_step(
-        self, micro: TrainBatch, proximal: torch.Tensor | None, totals: dict[str, float]
+        self,
+        micro: TrainBatch,
+        proximal: torch.Tensor | None,
+        kept: torch.Tensor,
+        totals: dict[str, float],
     ):
         device = self.engine.device
         logits = self.engine(
@@ -205,8 +217,8 @@ class Learner:
             importance=self.config.importance, is_cap=self.config.is_cap, agg=self.config.loss_agg,
         )  # fmt: skip
         tokens = float(mask.sum())
-        share = tokens / totals["tokens"] if self.config.loss_agg == "token-mean" else (
-            float((mask.sum(-1) > 0).sum()) / totals["sequences"]
+        share = float(kept.sum()) / totals["tokens"] if self.config.loss_agg == "token-mean" else (
+            float((kept.sum(-1) > 0).sum()) / totals["sequences"]
         )  # fmt: skip
         loss = loss * share
         kl_value = 0.0
@@ -217,14 +229,14 @@ class Learner:
                 ref_logp, _ = response_logprobs(ref_logits, micro, self.temperature)
             kl = kl_penalty(logp, ref_logp, self.config.kl_kind)
             kl_mean = (kl * mask).sum() / mask.sum().clamp(min=1)
-            loss = loss + self.config.kl_coef * kl_mean * (tokens / totals["tokens"])
+            loss = loss + self.config.kl_coef * kl_mean * (tokens / totals["response_tokens"])
             kl_value = float(kl_mean.detach())
         weighted = {
             f"{k}_sum": v * tokens
             for k, v in stats.items()
             if k not in ("tokens", "ratio_max", "importance_weight_max")
         }
-        weighted.update(tokens=tokens, loss_sum=float(loss.detach()) * totals["tokens"],
+        weighted.update(tokens=tokens, loss_sum=float(loss.detach()) * totals["response_tokens"],
                         entropy_sum=float((entropy * mask).sum()), kl_sum=kl_value * tokens)  # fmt: skip
         return loss, weighted
 

@@ -3,6 +3,7 @@
 import asyncio
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -256,3 +257,27 @@ def test_a_step_makes_rewarded_responses_more_likely(policy):
     model.step(batch)
     gain = logp() - before
     assert gain[rewards == 1].mean() > gain[rewards == 0].mean() + 0.1
+
+
+def step_gradient(policy, batch, **options) -> torch.Tensor:
+    """The gradient one step accumulates over its micro-batches (the optimiser step is skipped)."""
+    model = learner(policy, **options)
+    model.engine.step = lambda: None  # keep what the micro-batches accumulated
+    model.step(batch)
+    return torch.cat([p.grad.flatten() for p in model.model.parameters() if p.grad is not None])
+
+
+def test_importance_mask_weights_micro_batches_by_the_tokens_it_keeps(policy):
+    """With importance "mask" dropping most tokens of one group only, a step split into
+    micro-batches has the gradient of the same step in one piece: each micro-batch counts by
+    the tokens the loss keeps, not by those it had before the mask."""
+    batch = groups(7)
+    for t in batch[0].members:  # behaviour log-probs far below the policy's: weight above the cap
+        generated = t.loss_mask == 1
+        t.behavior_logprobs[generated] = -30.0
+        t.behavior_logprobs[np.flatnonzero(generated)[:2]] = -1.0  # a few tokens stay
+    options = dict(importance="mask", is_cap=2.0, drop_zero_variance_groups=False)
+    whole = step_gradient(policy, batch, micro_batch_size=8, **options)
+    split = step_gradient(policy, batch, micro_batch_size=4, **options)  # one micro-batch per group
+    assert whole.norm() > 0
+    torch.testing.assert_close(split, whole, rtol=1e-4, atol=1e-6)
