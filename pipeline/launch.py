@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"strata: error: cannot write the run directory: {exc}", file=sys.stderr)
         return 2
-    problem = unavailable(config)
+    problem = unavailable(config) or refused_for_training(config)
     if problem:
         print(f"strata: error: {problem}", file=sys.stderr)
         return 2
@@ -134,6 +134,18 @@ def resumable_run_dir(config: StrataConfig, requested: str | None) -> Path:
             f"{', '.join(changed)}: resume with the same config (only learner.max_steps may change)"
         )
     return run_dir
+
+
+def refused_for_training(config: StrataConfig) -> str | None:
+    """Settings that evaluation takes but training cannot, in one line, or None."""
+    if config.actors.top_p < 1:
+        return (
+            f"actors.top_p {config.actors.top_p:g} < 1 cannot train correctly: the embedded engine "
+            "records behaviour log-probs before the nucleus cut, vLLM after it, and the learner "
+            "recomputes them uncut, so the importance ratios would be wrong: set actors.top_p=1.0 "
+            "(pipeline.evaluate may still sample with top_p < 1)"
+        )
+    return None
 
 
 def unavailable(config: StrataConfig) -> str | None:

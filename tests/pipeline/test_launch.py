@@ -135,3 +135,10 @@ def test_switching_a_backend_by_set_starts_the_section_from_its_defaults(capsys,
     written = (run_dir / "config.yaml").read_text()
     assert written.startswith("# note: --set actors.engine.type=vllm: actors.engine starts from")
     assert load_config(run_dir / "config.yaml").actors.engine.type == "vllm"  # reads back
+
+
+def test_top_p_below_one_is_refused_for_training_in_one_line(capsys, tmp_path, no_training):
+    code = main([LOCAL, "--run-dir", str(tmp_path / "run"), "--set", "actors.top_p=0.9"])
+    err = capsys.readouterr().err
+    assert code == 2 and not no_training
+    assert err.count("\n") == 1 and "actors.top_p 0.9 < 1" in err and "actors.top_p=1.0" in err
