@@ -61,16 +61,18 @@ class EmbeddedEngine:
         self.generated_tokens = 0
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike[str], **kwargs: object) -> EmbeddedEngine:
+    def from_pretrained(cls, path: str | os.PathLike[str], *, device: str = "cpu",
+                        dtype: str = "float32", **kwargs: object) -> EmbeddedEngine:  # fmt: skip
+        """The HF model at `path` on `device` ("cpu", "cuda") with parameters of `dtype`."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(
-            path, local_files_only=True, dtype=torch.float32
+            path, local_files_only=True, dtype=getattr(torch, dtype)
         )
-        return cls(model, tokenizer, **kwargs)
+        return cls(model.to(device), tokenizer, **kwargs)
 
     @property
     def version(self) -> int:

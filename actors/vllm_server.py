@@ -65,13 +65,15 @@ class VLLMServers:
     startup_timeout_s: float = 300.0
     log_dir: str | None = None
     host: str = "127.0.0.1"
+    dtype: str = "float32"
+    """The servers' weights and compute dtype (model.dtype)."""
     servers: list[VLLMServer] = field(default_factory=list)
 
     def command(self, port: int) -> list[str]:
         return [
             str(vllm_python(self.python)), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.model_dir), "--served-model-name", SERVED_NAME,
-            "--host", self.host, "--port", str(port), "--dtype", "float32",
+            "--host", self.host, "--port", str(port), "--dtype", self.dtype,
             "--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.max_num_seqs),
             "--enforce-eager", "--gpu-memory-utilization", "0.3",  # without these it refuses to start on CPU
             "--logprobs-mode", "processed_logprobs",

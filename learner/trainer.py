@@ -54,7 +54,10 @@ class Learner:
     """`config` is the pipeline's `learner` config section (read by attribute, not imported)."""
 
     def __init__(self, model_path: str | os.PathLike[str], config: Any, *, group_size: int,
-                 temperature: float = 1.0, version: int = 0) -> None:  # fmt: skip
+                 temperature: float = 1.0, version: int = 0, dtype: str | None = None,
+                 gradient_checkpointing: bool = False) -> None:  # fmt: skip
+        """`dtype` (float32, bfloat16, float16): the parameters' dtype, None: bfloat16 on CUDA,
+        else float32. `gradient_checkpointing`: recompute activations in the backward pass."""
         import deepspeed
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -65,9 +68,13 @@ class Learner:
         self.temperature = temperature
         self.version = version
         cuda = torch.cuda.is_available()
-        dtype = torch.bfloat16 if cuda else torch.float32
+        dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if cuda else torch.float32)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True, dtype=dtype)
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
         self.reference = None
         if config.kl_coef > 0:  # the initial policy, frozen; only loaded when the KL term is on
             self.reference = AutoModelForCausalLM.from_pretrained(
@@ -86,7 +93,8 @@ class Learner:
             "gradient_accumulation_steps": 1,  # the step boundary is set by hand, see step()
             "gradient_clipping": config.grad_clip,
             "zero_optimization": {"stage": config.zero_stage},
-            "bf16": {"enabled": cuda},
+            "bf16": {"enabled": dtype == torch.bfloat16},
+            "fp16": {"enabled": dtype == torch.float16},
             "steps_per_print": 1 << 30,
         }
         self.engine, _, _, _ = deepspeed.initialize(

@@ -20,7 +20,7 @@ from actors.agent import AgentLoop, AgentSettings
 from actors.engine import RolloutEngine
 from actors.tools import Tool
 from actors.vllm_server import VLLMServers
-from pipeline.components import agent_settings, make_engine, make_tools
+from pipeline.components import agent_settings, make_engine, make_tools, model_dtype
 from pipeline.config import StrataConfig, VLLMEngine
 from retrieval.server import load_app, serve
 
@@ -81,7 +81,7 @@ async def open_acting(
         tools = make_tools(config.actors, config.retrieval, search_url)
         if urls is None:
             servers, urls = start_servers(config, policy_dir, log_dir)
-        engine = make_engine(config.actors, policy_dir, seed=config.runtime.seed, urls=urls)
+        engine = make_engine(config, policy_dir, urls=urls)
     except BaseException:
         await Acting(config, _NoEngine(), None, tools, servers, retrieval).close()
         raise
@@ -101,7 +101,7 @@ def start_servers(config: StrataConfig, policy_dir: str | os.PathLike[str],
     logs = Path(log_dir) if log_dir is not None else Path(policy_dir) / "logs"
     servers = VLLMServers(str(policy_dir), engine.num_servers, engine.python, engine.max_batch_size,
                           engine.max_model_len, engine.kv_cache_gb, engine.startup_timeout_s,
-                          log_dir=str(logs))  # fmt: skip
+                          log_dir=str(logs), dtype=model_dtype(config))  # fmt: skip
     print(f"strata: starting {engine.num_servers} vLLM server(s) (logs in {logs})", flush=True)
     return servers, servers.start()
 

@@ -17,6 +17,7 @@ from learner.weight_sync import CheckpointSync, InProcessSync, NcclSync, Publish
 from pipeline.config import (
     ActorsConfig,
     BufferConfig,
+    PretrainedModel,
     RetrievalConfig,
     StrataConfig,
     StratifierConfig,
@@ -66,33 +67,56 @@ def make_publisher(config: StrataConfig, targets: list, run_dir: str | os.PathLi
 
 def make_learner(config: StrataConfig, policy_dir: str | os.PathLike[str]):
     """The DeepSpeed learner of `config`, starting from the HF model at `policy_dir`."""
+    pretrained = isinstance(config.model, PretrainedModel)
     return Learner(policy_dir, config.learner, group_size=config.buffer.group_size,
-                   temperature=config.actors.temperature)  # fmt: skip
+                   temperature=config.actors.temperature, dtype=model_dtype(config) if pretrained else None,
+                   gradient_checkpointing=pretrained and config.model.gradient_checkpointing)  # fmt: skip
+
+
+def _embedded(config: StrataConfig, model_path: str | os.PathLike[str], urls: list[str] | None) -> RolloutEngine:  # fmt: skip
+    from actors.embedded import EmbeddedEngine
+
+    engine = config.actors.engine
+    return EmbeddedEngine.from_pretrained(model_path, device=engine.device, dtype=model_dtype(config),
+                                          max_batch_size=engine.max_batch_size, seed=config.runtime.seed)  # fmt: skip
+
+
+def _sglang(config: StrataConfig, model_path: str | os.PathLike[str], urls: list[str] | None) -> RolloutEngine:  # fmt: skip
+    from actors.sglang import SGLangEngine
+
+    engine = config.actors.engine
+    return SGLangEngine(list(urls or engine.urls), timeout_s=engine.timeout_s)
+
+
+def _vllm(config: StrataConfig, model_path: str | os.PathLike[str], urls: list[str] | None) -> RolloutEngine:  # fmt: skip
+    from actors.vllm import VLLMEngine
+
+    engine = config.actors.engine
+    return VLLMEngine(list(urls or engine.urls), timeout_s=engine.timeout_s)
+
+
+ENGINES: dict[
+    str, Callable[[StrataConfig, str | os.PathLike[str], list[str] | None], RolloutEngine]
+] = {
+    "embedded": _embedded,
+    "sglang": _sglang,
+    "vllm": _vllm,
+}
+"""`actors.engine.type` -> how the engine is built (each imports its backend only when chosen)."""
 
 
 def make_engine(
-    config: ActorsConfig,
-    model_path: str | os.PathLike[str],
-    seed: int = 0,
-    urls: list[str] | None = None,
+    config: StrataConfig, model_path: str | os.PathLike[str], urls: list[str] | None = None
 ) -> RolloutEngine:
     """The generation backend `actors.engine` names, serving the policy at `model_path`.
     `urls`: the servers to use instead of `actors.engine.urls` (those the runtime started, or a
     pool's share of them)."""
-    engine = config.engine
-    if isinstance(engine, SGLangEngineConfig):
-        from actors.sglang import SGLangEngine
+    return ENGINES[config.actors.engine.type](config, model_path, urls)
 
-        return SGLangEngine(list(urls or engine.urls), timeout_s=engine.timeout_s)
-    if isinstance(engine, VLLMEngineConfig):
-        from actors.vllm import VLLMEngine
 
-        return VLLMEngine(list(urls or engine.urls), timeout_s=engine.timeout_s)
-    from actors.embedded import EmbeddedEngine
-
-    return EmbeddedEngine.from_pretrained(
-        model_path, max_batch_size=engine.max_batch_size, seed=seed
-    )
+def model_dtype(config: StrataConfig) -> str:
+    """The policy's parameter dtype: `model.dtype` for a pretrained model; the tiny one is float32."""
+    return config.model.dtype if isinstance(config.model, PretrainedModel) else "float32"
 
 
 def _search_tool(config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None) -> Tool:

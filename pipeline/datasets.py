@@ -16,6 +16,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from actors.agent import prompt_ids
+
 WORLD_VERSION = 1
 SEARCH_R1_COLUMNS = (
     "id", "question", "prompt", "data_source", "reward_model", "golden_answers", "ability",
@@ -285,3 +287,12 @@ def load_world(world_dir: str | os.PathLike[str]) -> tuple[list[Question], list[
             f"{manifest}: field 'version' is {version!r}, expected {WORLD_VERSION}; rebuild it with python -m retrieval.world --out {d} --force"
         )
     return load_search_r1(d / "train.parquet"), load_search_r1(d / "test.parquet")
+
+
+def drop_long_prompts(
+    questions: list[Question], tokenizer: Any, tools: list[str], max_tokens: int
+) -> tuple[list[Question], int]:
+    """The questions whose prompt (instruction, question and chat template, as the agent loop
+    builds it with `tools`) has at most `max_tokens` tokens, and how many were skipped."""
+    kept = [q for q in questions if len(prompt_ids(tokenizer, tools, q.question)) <= max_tokens]
+    return kept, len(questions) - len(kept)

@@ -152,7 +152,13 @@ def unavailable(config: StrataConfig) -> str | None:
     """Why this machine cannot run `config`, in one line, or None."""
     import torch
 
-    from pipeline.config import RayRuntime, SGLangEngine, VLLMEngine
+    from pipeline.config import (
+        EmbeddedEngine,
+        PretrainedModel,
+        RayRuntime,
+        SGLangEngine,
+        VLLMEngine,
+    )
 
     gpu = torch.cuda.is_available()
     if isinstance(config.actors.engine, SGLangEngine) and not gpu:
@@ -160,9 +166,16 @@ def unavailable(config: StrataConfig) -> str | None:
             "this config generates with SGLang servers and trains with ZeRO-3, which need CUDA GPUs; "
             "this machine has none: run configs/local.yaml (the embedded CPU default) instead"
         )
+    engine = config.actors.engine
+    if isinstance(engine, EmbeddedEngine) and engine.device == "cuda" and not gpu:
+        return "actors.engine.device cuda: this machine has no CUDA GPU: use --set actors.engine.device=cpu"
+    if isinstance(config.model, PretrainedModel) and config.model.dtype == "float16" and not gpu:
+        return (
+            "model.dtype float16 trains only on CUDA GPUs (DeepSpeed refuses fp16 on CPU): "
+            "use --set model.dtype=bfloat16 or float32 here"
+        )
     if config.learner.zero_stage == 3 and not gpu:
         return "learner.zero_stage 3 needs CUDA GPUs here: use --set learner.zero_stage=2 on CPU"
-    engine = config.actors.engine
     nccl = isinstance(engine, SGLangEngine) and engine.weight_sync == "nccl"
     if nccl and isinstance(config.runtime, RayRuntime):
         return (

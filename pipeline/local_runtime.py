@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 
-from actors.embedded import EmbeddedEngine
 from actors.engine import EngineError
 from actors.pool import ActorPool
 from actors.tools import ToolStats
@@ -24,7 +23,7 @@ from actors.vllm_server import ServerWatch
 from learner.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.acting import Acting, open_acting
 from pipeline.assets import Assets
-from pipeline.components import make_buffer, make_learner, make_publisher
+from pipeline.components import make_buffer, make_engine, make_learner, make_publisher
 from pipeline.config import EmbeddedEngine as EmbeddedEngineConfig
 from pipeline.config import StrataConfig
 from pipeline.evaluate import eval_settings, periodic_eval, with_and_without_tools
@@ -127,7 +126,9 @@ async def run_local(
             summary.metrics = previous_metrics(run_dir, learner.version)
             await roles.publish()  # the engine serves the resumed weights from the first token
         buffer = make_buffer(config.buffer, run_dir, config.learner.groups_per_step)
-        tasks = question_stream(config, assets.world_dir, acting.tokenizer, skip)
+        tasks, summary.skipped_prompts = question_stream(
+            config, assets.world_dir, acting.tokenizer, skip
+        )
         pools = [
             ActorPool(agent, buffer, tasks, group_size=config.buffer.group_size,
                       concurrency=config.actors.concurrency, name=agent.actor_id)
@@ -165,9 +166,7 @@ def make_evaluator(config: StrataConfig, assets: Assets, acting: Acting, learner
         used = acting.engine
         if embedded:
             if not evaluator.engines:
-                evaluator.engines.append(EmbeddedEngine.from_pretrained(
-                    assets.policy_dir, max_batch_size=config.actors.engine.max_batch_size, seed=config.runtime.seed
-                ))  # fmt: skip
+                evaluator.engines.append(make_engine(config, assets.policy_dir))
             used = evaluator.engines[0]
             await used.update_weights(version, state_dict=weights)
         return await with_and_without_tools(config, used, acting.tokenizer, acting.tools, settings, items,

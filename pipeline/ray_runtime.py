@@ -39,7 +39,6 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer
 
-from actors.embedded import EmbeddedEngine
 from actors.engine import EngineError
 from actors.pool import ActorPool
 from actors.tools import ToolStats
@@ -49,7 +48,7 @@ from learner.checkpoint import load_checkpoint, save_checkpoint
 from learner.weight_sync import write_checkpoint
 from pipeline.acting import open_acting, start_servers
 from pipeline.assets import Assets
-from pipeline.components import make_buffer, make_learner, make_publisher, pool_urls
+from pipeline.components import make_buffer, make_engine, make_learner, make_publisher, pool_urls
 from pipeline.config import EmbeddedEngine as EmbeddedEngineConfig
 from pipeline.config import RayRuntime, StrataConfig
 from pipeline.evaluate import eval_settings, periodic_eval, with_and_without_tools
@@ -141,10 +140,7 @@ class GenerationWorker:
         engine = agent.engine
         if isinstance(self.config.actors.engine, EmbeddedEngineConfig):
             if self.eval_engine is None:
-                self.eval_engine = EmbeddedEngine.from_pretrained(
-                    self.policy_dir, max_batch_size=self.config.actors.engine.max_batch_size,
-                    seed=self.config.runtime.seed,
-                )  # fmt: skip
+                self.eval_engine = make_engine(self.config, self.policy_dir)
             await self.eval_engine.update_weights(version, state_dict=weights)
             engine = self.eval_engine
         c = self.config
@@ -407,7 +403,7 @@ async def run_ray(
             await roles.publish()
         buffer = make_buffer(config.buffer, run_dir, config.learner.groups_per_step)
         tokenizer = AutoTokenizer.from_pretrained(policy, local_files_only=True)
-        tasks = question_stream(config, assets.world_dir, tokenizer, skip)
+        tasks, summary.skipped_prompts = question_stream(config, assets.world_dir, tokenizer, skip)
         pools = [
             ActorPool(RemoteAgent(handle, name, latest), buffer, tasks,
                       group_size=config.buffer.group_size, concurrency=config.actors.concurrency,

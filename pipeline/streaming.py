@@ -27,7 +27,7 @@ from actors.tools import ToolStats
 from buffers.group_buffer import BufferStats, GroupBuffer
 from buffers.records import Group
 from pipeline.config import StrataConfig
-from pipeline.datasets import load_world
+from pipeline.datasets import drop_long_prompts, load_world
 
 CURSOR_KEY = "tasks_started"
 """Checkpoint field: tasks the pools had started, so a resumed run goes on with the next ones."""
@@ -50,6 +50,8 @@ class RunSummary:
     resumed_from: int = 0
     """Step of the checkpoint this run resumed from (0: a fresh run)."""
     actor_restarts: int = 0
+    skipped_prompts: int = 0
+    """Training questions whose prompt was longer than data.max_prompt_tokens (never asked)."""
     empty_steps: int = 0
     """Steps whose groups were all unusable (e.g. zero variance): nothing trained or published."""
     accounting: dict = field(default_factory=dict)
@@ -90,15 +92,22 @@ class Roles(Protocol):
     async def actor_stats(self) -> dict[str, ActorStats]: ...
 
 
-def question_stream(
-    config: StrataConfig, world_dir: Path, tokenizer: Any, skip: int = 0
-) -> Iterator:
+def question_stream(config: StrataConfig, world_dir: Path, tokenizer: Any, skip: int = 0) -> tuple[Iterator, int]:  # fmt: skip
     """The run's training questions forever (`task_stream`): the first `data.num_questions` of
-    the world's training split."""
+    the world's training split, less those whose prompt is longer than `data.max_prompt_tokens`
+    (skipped, and how many is returned and said in one line). RuntimeUnavailable if none fits."""
     train, _ = load_world(world_dir)
-    return task_stream(
-        train[: config.data.num_questions], config.data.seed, config.data.shuffle, skip
-    )
+    questions = train[: config.data.num_questions]
+    kept, skipped = drop_long_prompts(questions, tokenizer, config.actors.tools, config.data.max_prompt_tokens)  # fmt: skip
+    if not kept:
+        raise RuntimeUnavailable(
+            f"none of the {len(questions)} training questions fits data.max_prompt_tokens "
+            f"{config.data.max_prompt_tokens} (instruction and chat template included): raise it"
+        )
+    if skipped:
+        print(f"strata: skipped {skipped} of {len(questions)} training questions: their prompt is "
+              f"longer than data.max_prompt_tokens {config.data.max_prompt_tokens}", flush=True)  # fmt: skip
+    return task_stream(kept, config.data.seed, config.data.shuffle, skip), skipped
 
 
 def task_stream(questions: Sequence, seed: int, shuffle: bool, skip: int = 0) -> Iterator:
@@ -216,7 +225,7 @@ async def stream(
                            generated_tokens_per_s=max(tokens, 0) / elapsed,
                            buffer_ready=stats.ready_groups, buffer_open=stats.open_groups,
                            dropped_stale=stats.dropped_stale, abandoned=stats.abandoned,
-                           abandoned_groups=stats.abandoned_groups, empty_steps=summary.empty_steps,
+                           abandoned_groups=stats.abandoned_groups, empty_steps=summary.empty_steps, skipped_prompts=summary.skipped_prompts,
                            aborted=sum(p.stats.aborted for p in pools))  # fmt: skip
             metrics.update(fairness_metrics(stats))
             if run_metrics is not None:

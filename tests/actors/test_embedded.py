@@ -188,3 +188,16 @@ def test_prompts_at_the_position_limit_and_empty_prompts(engine):
     assert (out.token_ids, out.finish_reason) == ([], "length")
     with pytest.raises(EngineError, match="empty prompt"):
         run(engine.generate([], SamplingParams()))
+
+
+def test_the_engine_takes_the_models_dtype_from_config(tiny_policy_dir):
+    """model.dtype reaches the embedded engine (built as every runtime builds it)."""
+    from pipeline.components import make_engine
+    from pipeline.config import PretrainedModel, StrataConfig
+
+    config = StrataConfig(model=PretrainedModel(path=str(tiny_policy_dir), dtype="bfloat16"))
+    engine = make_engine(config, tiny_policy_dir)
+    assert {p.dtype for p in engine.model.parameters()} == {torch.bfloat16}
+    assert engine.device.type == "cpu"
+    default = make_engine(StrataConfig(), tiny_policy_dir)  # the tiny policy: float32
+    assert {p.dtype for p in default.model.parameters()} == {torch.float32}

@@ -281,3 +281,24 @@ def test_importance_mask_weights_micro_batches_by_the_tokens_it_keeps(policy):
     split = step_gradient(policy, batch, micro_batch_size=4, **options)  # one micro-batch per group
     assert whole.norm() > 0
     torch.testing.assert_close(split, whole, rtol=1e-4, atol=1e-6)
+
+
+def test_model_dtype_and_gradient_checkpointing_act(policy):
+    """model.dtype and model.gradient_checkpointing reach the learner (bfloat16 trains on CPU)."""
+    bf16 = Learner(
+        policy, LearnerConfig(micro_batch_size=3, lr=5e-3), group_size=4, dtype="bfloat16"
+    )
+    assert {p.dtype for p in bf16.model.parameters()} == {torch.bfloat16}
+    assert math.isfinite(bf16.step(groups(0))["loss"]) and bf16.version == 1
+
+    def gradient(**options):
+        model = Learner(policy, LearnerConfig(micro_batch_size=3, lr=5e-3), group_size=4, **options)
+        model.engine.step = lambda: None
+        model.step(groups(3))
+        return model, torch.cat(
+            [p.grad.flatten() for p in model.model.parameters() if p.grad is not None]
+        )
+
+    checkpointed, with_checkpoints = gradient(gradient_checkpointing=True)
+    assert checkpointed.model.is_gradient_checkpointing
+    torch.testing.assert_close(with_checkpoints, gradient()[1], rtol=1e-5, atol=1e-6)

@@ -33,12 +33,12 @@ def test_actor_side_from_config(tmp_path):
     from actors.sglang import SGLangEngine
     from actors.tools import PythonTool, SearchTool
     from pipeline.components import agent_settings, make_engine, make_tools
-    from pipeline.config import ActorsConfig, RetrievalConfig
+    from pipeline.config import ActorsConfig, RetrievalConfig, StrataConfig
 
     actors = ActorsConfig(
         engine={"type": "sglang", "urls": ["http://127.0.0.1:30000"]}, tools=["search", "python"]
     )
-    assert isinstance(make_engine(actors, tmp_path), SGLangEngine)
+    assert isinstance(make_engine(StrataConfig(actors=actors), tmp_path), SGLangEngine)
     tools = make_tools(actors, RetrievalConfig(topk=5), "http://127.0.0.1:8000")
     assert isinstance(tools["search"], SearchTool) and tools["search"].topk == 5
     assert (

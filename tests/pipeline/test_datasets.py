@@ -211,3 +211,23 @@ def test_bad_files_fail_with_one_line_naming_file_place_and_field(tmp_path, make
     if name and name != "invalid JSON":
         assert f"field '{name}'" in message
     assert name in message
+
+
+def test_prompts_longer_than_max_prompt_tokens_are_skipped_and_counted(tmp_path):
+    from transformers import AutoTokenizer
+
+    from actors.agent import prompt_ids
+    from pipeline.datasets import Question, drop_long_prompts
+    from pipeline.tiny_policy import build_tiny_policy
+
+    policy = build_tiny_policy(
+        tmp_path / "tiny", [f"Where was person {i} born?" for i in range(300)], vocab_size=300
+    )
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    short = Question("s", "Where was Ann born?", ("x",), "q")
+    long = Question("l", "Where was Ann born? " * 40, ("x",), "q")
+    limit = len(prompt_ids(tokenizer, ["search"], short.question))
+    kept, skipped = drop_long_prompts([short, long, short], tokenizer, ["search"], limit)
+    assert [q.id for q in kept] == ["s", "s"] and skipped == 1
+    # the python instruction is longer: the same limit now skips the short one too
+    assert drop_long_prompts([short], tokenizer, ["search", "python"], limit) == ([], 1)

@@ -142,3 +142,22 @@ def test_top_p_below_one_is_refused_for_training_in_one_line(capsys, tmp_path, n
     err = capsys.readouterr().err
     assert code == 2 and not no_training
     assert err.count("\n") == 1 and "actors.top_p 0.9 < 1" in err and "actors.top_p=1.0" in err
+
+
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="checks the messages shown without a GPU"
+)
+@pytest.mark.parametrize(
+    "sets, expected",
+    [
+        (["actors.engine.device=cuda"], "actors.engine.device cuda: this machine has no CUDA GPU"),
+        (["model.type=hf", "model.path=/models/x", "model.dtype=float16"], "model.dtype float16 trains only on CUDA"),
+    ],
+)  # fmt: skip
+def test_keys_this_machine_cannot_honour_are_refused_in_one_line(sets, expected, capsys, tmp_path, no_training):  # fmt: skip
+    argv = [LOCAL, "--run-dir", str(tmp_path / "run")]
+    for s in sets:
+        argv += ["--set", s]
+    assert main(argv) == 2 and not no_training
+    err = capsys.readouterr().err
+    assert expected in err and err.strip().splitlines()[-1].count("error") == 1

@@ -152,6 +152,13 @@ def test_resume_goes_on_from_the_latest_checkpoint(tmp_path, cache):
     assert_accounting(run_dir)  # both processes' books against the whole spill
 
 
+def test_a_prompt_limit_no_question_fits_is_refused_in_one_line(tmp_path, cache):
+    done = launch(tmp_path / "run", cache, "--set", "data.max_prompt_tokens=16")
+    _, err = done.communicate(timeout=600)
+    assert done.returncode == 2 and err.strip().count("\n") == 0, err
+    assert "none of the 32 training questions fits data.max_prompt_tokens 16" in err
+
+
 def test_resume_refuses_other_settings_and_runs_without_a_checkpoint(tmp_path, cache):
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
