@@ -89,6 +89,8 @@ def write_report(run_dir: Path, config_path: str, summary) -> Path:
         f"| mean reward, first 20% of steps | {first:.3f} |",
         f"| mean reward, last 20% of steps | {last:.3f} |",
         f"| learned (last > first) | {learned} |",
+        f"| steps with no usable group (nothing trained or published) | {summary.empty_steps} |",
+        f"| training questions skipped (prompt over data.max_prompt_tokens) | {summary.skipped_prompts} |",
         f"| final checkpoint | `{summary.checkpoint}` |",
         "",
     ]
