@@ -17,7 +17,9 @@ Consumption order (stratum fairness). Complete groups leave first-complete-first
 a group admitted at version s is *due* once `s + η <= current_version`: the next step would make it
 too stale. Due groups go first, and the learner keeps room in the step for due groups still being
 generated and waits for them. Slow groups are the many-search ones, so first-complete-first-out
-alone would drop exactly the strata with the most tool calls.
+alone would drop exactly the strata with the most tool calls. A due group whose members never
+finish holds the learner until they fail (engine and tool calls all have timeouts) or
+`group_timeout_s` abandons it.
 
 Backpressure: `admit` also waits while `max_groups_in_flight` groups are open or waiting, or
 `max_resident_bytes` are held. A trajectory of a group that was not admitted waits on the same

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -204,8 +205,9 @@ async def stream(
             if not metrics.get("groups"):  # nothing usable: nothing trained, nothing published
                 buffer.trained(groups, None)
                 summary.empty_steps += 1
-                print(f"strata: a step at version {roles.version} had no usable group "
-                      f"({summary.empty_steps} so far); its groups were not trained", flush=True)  # fmt: skip
+                if math.log10(summary.empty_steps).is_integer():  # the 1st, 10th, 100th, ...
+                    print(f"strata: {summary.empty_steps} step(s) so far had no usable group (e.g. "
+                          f"all rewards equal): nothing trained or published", flush=True)  # fmt: skip
                 continue
             published = await roles.publish()
             metrics.update(published)
