@@ -285,10 +285,12 @@ class GroupBuffer:
     def abandon(self, prompt_id: str) -> int:
         """Give up on an open group (its actor died): its members are counted, spilled, never trained.
 
-        Returns how many members it had (0 if the prompt has no open group)."""
+        Returns how many members it had (0 if the prompt has no open group; a complete group
+        waiting for the learner is not open and stays as it is)."""
         group = self._open.pop(prompt_id, None)
         if group is None:
-            if prompt_id not in self._closed:
+            ready = any(g.prompt_id == prompt_id for g in self._ready)
+            if prompt_id not in self._closed and not ready:
                 # No member has arrived yet: its siblings still may, and must count as abandoned.
                 self._remember(prompt_id, "abandoned")
             return 0

@@ -80,6 +80,22 @@ def test_every_way_out_of_the_buffer_frees_its_place_exactly_once():
     assert stats.put == stats.released + stats.dropped_stale + stats.abandoned + stats.pending
 
 
+def test_abandoning_a_complete_group_changes_nothing():
+    """Found by the property test below: a complete group waiting for the learner is not open;
+    abandoning it must neither free its place nor mark it abandoned while it is still ready."""
+
+    async def scenario():
+        buffer = GroupBuffer(group_size=2, max_staleness=1, groups_per_step=2)
+        await buffer.admit("p")
+        await fill(buffer, "p")
+        assert buffer.abandon("p") == 0
+        stats = buffer.stats()
+        assert (stats.places_used, stats.ready_groups, stats.abandoned_groups) == (1, 1, 0)
+        return [g.prompt_id for g in await buffer.next_groups(0, 1)]
+
+    assert run(scenario()) == ["p"]
+
+
 def test_places_are_eta_plus_one_steps_of_groups():
     async def scenario():
         buffer = GroupBuffer(group_size=1, max_staleness=2, groups_per_step=3)
