@@ -204,8 +204,8 @@ def load_config(
 ) -> StrataConfig:
     """The validated config in `path` with `--set` overrides applied in order. A `--set` that
     changes a backend section's `type` starts that section from the new type's defaults: the
-    file's other keys there are dropped (the keys given by --set stay), and `notes` gets one line
-    saying which."""
+    file's keys there that the new type does not have are dropped (keys given by --set stay),
+    and `notes` gets one line saying which."""
     raw = read_yaml(path)
     applied: dict[str, str] = {}
     for text in overrides:
@@ -224,28 +224,38 @@ def load_config(
 def _switch_type(raw: dict[str, Any], key: str, value: Any, applied: dict[str, str], text: str,
                  source: str) -> str | None:  # fmt: skip
     """Before `--set SECTION.type=VALUE` is applied: if it changes the section's backend, drop
-    the section's keys that no earlier --set gave, and say so."""
+    the file's keys of that section the new backend does not have (those an earlier --set gave
+    stay), and say so."""
     section, _, leaf = key.rpartition(".")
     if leaf != "type" or not section:
         return None
+    parts = section.split(".")
+    parent = _section_model(raw, parts[:-1])
+    field = parent.model_fields.get(parts[-1]) if parent is not None else None
+    if field is None or len(model_classes(field.annotation)) < 2:
+        return None  # a plain `type` field (data.type): the section's keys hold for every value
     node: Any = raw
-    for part in section.split("."):
+    for part in parts:
         node = node.get(part) if isinstance(node, dict) else None
     if not isinstance(node, dict):
         return None
-    model = _section_model(raw, section.split("."))
+    model = _section_model(raw, parts)
     tag = model.model_fields.get("type") if model is not None else None
     current = node.get("type", tag.default if tag is not None else None)
     if current == value:
         return None
-    dropped = [k for k in node if k != "type" and f"{section}.{k}" not in applied]
+    chosen = [m for m in model_classes(field.annotation) if m.model_fields["type"].default == value]
+    accepted = (
+        set(chosen[0].model_fields) if chosen else set()
+    )  # an unknown type: validation says so
+    dropped = [k for k in node if k not in accepted and f"{section}.{k}" not in applied]
     for name in dropped:
         del node[name]
     if not dropped:
         return None
     keys = ", ".join(f"{section}.{k}" for k in dropped)
     return (f"--set {text}: {section} starts from the {value} defaults; dropped {keys} "
-            f"(of the {current} backend) from {source}")  # fmt: skip
+            f"(of the {current} backend, not of {value}) from {source}")  # fmt: skip
 
 
 def dump_config(config: StrataConfig, notes: Sequence[str] = ()) -> str:

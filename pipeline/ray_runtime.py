@@ -80,7 +80,7 @@ class GenerationWorker:
         self.config = StrataConfig.model_validate(config)
         self.policy_dir, self.search_url, self.name, self.urls = policy_dir, search_url, name, urls
         torch.set_num_threads(threads)
-        self.agent = None
+        self.acting = self.agent = None  # built on first use (`_ready`)
         self.synced = -1  # the newest version this actor was asked to load (-1: none yet)
         self.eval_engine = None  # an embedded engine of its own for periodic evaluation
         self._building: asyncio.Lock | None = None

@@ -285,11 +285,18 @@ def test_importance_mask_weights_micro_batches_by_the_tokens_it_keeps(policy):
 
 def test_model_dtype_and_gradient_checkpointing_act(policy):
     """model.dtype and model.gradient_checkpointing reach the learner (bfloat16 trains on CPU)."""
-    bf16 = Learner(
-        policy, LearnerConfig(micro_batch_size=3, lr=5e-3), group_size=4, dtype="bfloat16"
-    )
+    from pipeline.components import make_learner
+    from pipeline.config import BufferConfig, PretrainedModel, StrataConfig
+
+    config = StrataConfig(model=PretrainedModel(path=str(policy), dtype="bfloat16"),
+                          learner=LearnerConfig(micro_batch_size=3, lr=5e-3),
+                          buffer=BufferConfig(group_size=4))  # fmt: skip
+    bf16 = make_learner(config, policy)  # as both runtimes build it
     assert {p.dtype for p in bf16.model.parameters()} == {torch.bfloat16}
+    before = {k: v.clone() for k, v in bf16.state_dict().items()}
     assert math.isfinite(bf16.step(groups(0))["loss"]) and bf16.version == 1
+    after = bf16.state_dict()
+    assert all(not torch.equal(before[k], after[k]) for k in before)  # every tensor trained
 
     def gradient(**options):
         model = Learner(policy, LearnerConfig(micro_batch_size=3, lr=5e-3), group_size=4, **options)

@@ -179,3 +179,20 @@ def test_dump_holds_every_default():
         "eval",
     }
     assert dumped["learner"]["stratifier"] == {"type": "tool_calls", "k": 2, "seed": 0}
+
+
+def test_setting_a_plain_type_field_keeps_the_sections_other_keys():
+    """data.type picks a kind, not a backend union: every key of the section holds for every
+    kind, so a --set of the type drops nothing (and notes nothing)."""
+    notes: list[str] = []
+    config = load_config(
+        CONFIGS / "local.yaml",
+        ["data.type=search_r1", "data.train_files=[/data/train.parquet]"],
+        notes,
+    )
+    assert (config.data.type, config.data.num_questions, config.data.max_prompt_tokens) == (
+        "search_r1",
+        32,
+        256,
+    )
+    assert notes == []

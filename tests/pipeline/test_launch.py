@@ -123,18 +123,25 @@ def test_switching_a_backend_by_set_starts_the_section_from_its_defaults(capsys,
         and f"# note: --set actors.engine.type=sglang: {note}" in out
     )
 
-    # a run (sglang is refused on machines without GPUs: vLLM servers given by URL instead)
+    # a run (sglang is refused on machines without GPUs: a model switch instead)
     run_dir = tmp_path / "run"
-    sets = [
-        "--set",
-        "actors.engine.type=vllm",
-        "--set",
-        "actors.engine.urls=[http://127.0.0.1:8000]",
-    ]
+    sets = ["--set", "model.type=hf", "--set", "model.path=/models/x"]
     assert main([LOCAL, "--run-dir", str(run_dir), *sets]) == 0
     written = (run_dir / "config.yaml").read_text()
-    assert written.startswith("# note: --set actors.engine.type=vllm: actors.engine starts from")
-    assert load_config(run_dir / "config.yaml").actors.engine.type == "vllm"  # reads back
+    assert written.startswith("# note: --set model.type=hf: model starts from the hf defaults; dropped model.layers")  # fmt: skip
+    assert load_config(run_dir / "config.yaml").model.type == "hf"  # reads back
+
+
+def test_switching_a_backend_keeps_the_keys_both_backends_have(capsys, tmp_path):
+    """runtime.runs_dir holds for both runtimes, max_batch_size for embedded and vLLM engines."""
+    config = tmp_path / "c.yaml"
+    config.write_text("actors: {engine: {type: embedded, max_batch_size: 7}}\nruntime: {type: local, runs_dir: elsewhere}\n")  # fmt: skip
+    assert main([str(config), "--dry-run", "--set", "runtime.type=ray", "--set", "actors.engine.type=vllm"]) == 0  # fmt: skip
+    out, err = capsys.readouterr()
+    resolved = yaml.safe_load(out)
+    assert resolved["runtime"]["type"] == "ray" and resolved["runtime"]["runs_dir"] == "elsewhere"
+    assert resolved["actors"]["engine"]["max_batch_size"] == 7
+    assert err == "" and not out.startswith("# note")
 
 
 def test_top_p_below_one_is_refused_for_training_in_one_line(capsys, tmp_path, no_training):
