@@ -115,6 +115,7 @@ class GroupBuffer:
         self._trained: list[tuple[int, str]] = []  # (version made, prompt): freed when served
         self._open: dict[str, _OpenGroup] = {}
         self._ready: deque[Group] = deque()
+        self._ready_ids: set[str] = set()  # prompts of `_ready`: complete, not consumed yet
         self._closed: OrderedDict[str, str] = OrderedDict()
         self._abandoned_groups = 0
         self._counts: Counter[tuple[str, int]] = Counter()  # (event, stratum) -> trajectories
@@ -194,6 +195,11 @@ class GroupBuffer:
             if prompt in self._closed:
                 self._arrive_after_close(trajectory)
                 return
+            if prompt in self._ready_ids:  # complete: one more member is one too many
+                self._counts["rejected", trajectory.stratum] += 1
+                raise InvalidTrajectory(
+                    f"trajectory {trajectory.key!r}: its group is already complete"
+                )
             group = self._open.get(prompt)
             if group is not None:
                 self._join(group, trajectory)
@@ -222,6 +228,7 @@ class GroupBuffer:
             del self._open[trajectory.prompt_id]
             members = tuple(group.members[i] for i in sorted(group.members))
             self._ready.append(Group(trajectory.prompt_id, members))
+            self._ready_ids.add(trajectory.prompt_id)
         _wake(self._group_waiters)  # a completion, or a due group coming closer to one
 
     def _arrive_after_close(self, trajectory: Trajectory) -> None:
@@ -263,6 +270,7 @@ class GroupBuffer:
                 ):
                     break  # the rest of the step is kept for due groups still generating
                 self._ready.remove(group)
+                self._ready_ids.discard(group.prompt_id)
                 staleness = current_version - group.policy_version
                 status = "released" if staleness <= self.max_staleness else "dropped_stale"
                 self._leave(group.members, status, consumed_version=current_version)
@@ -289,8 +297,7 @@ class GroupBuffer:
         waiting for the learner is not open and stays as it is)."""
         group = self._open.pop(prompt_id, None)
         if group is None:
-            ready = any(g.prompt_id == prompt_id for g in self._ready)
-            if prompt_id not in self._closed and not ready:
+            if prompt_id not in self._closed and prompt_id not in self._ready_ids:
                 # No member has arrived yet: its siblings still may, and must count as abandoned.
                 self._remember(prompt_id, "abandoned")
             return 0

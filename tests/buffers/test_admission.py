@@ -3,10 +3,12 @@
 import asyncio
 import contextlib
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from buffers.group_buffer import GroupBuffer
+from buffers.records import InvalidTrajectory
 from buffers.testing import synthetic_trajectory as traj
 
 
@@ -94,6 +96,21 @@ def test_abandoning_a_complete_group_changes_nothing():
         return [g.prompt_id for g in await buffer.next_groups(0, 1)]
 
     assert run(scenario()) == ["p"]
+
+
+def test_a_member_for_a_complete_group_is_rejected_not_a_second_group():
+    """Found by the property test below: a duplicate that arrived after the group was complete,
+    but before the learner took it, opened a second group under the same prompt id."""
+
+    async def scenario():
+        buffer = GroupBuffer(group_size=2, max_staleness=1)
+        await fill(buffer, "p")
+        with pytest.raises(InvalidTrajectory, match="already complete"):
+            await buffer.put(traj("p", 0))
+        stats = buffer.stats()
+        assert (stats.open_groups, stats.ready_groups, stats.rejected, stats.put) == (0, 1, 1, 2)
+
+    run(scenario())
 
 
 def test_places_are_eta_plus_one_steps_of_groups():
