@@ -24,6 +24,7 @@ import torch
 from buffers.records import Group
 from learner.advantages import stratified_advantages_with_stats
 from learner.batch import InvalidGroup, TrainBatch, build_batch, response_logprobs, validate_group
+from learner.estimators import estimate
 from learner.losses import kept_by_importance, kl_penalty, policy_loss
 from learner.schedule import step_schedule
 from learner.telemetry import stratum_summary
@@ -146,10 +147,14 @@ class Learner:
         rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float64)
         group_ids = torch.tensor([i for i, g in enumerate(usable) for _ in g.members])
         strata = torch.tensor([t.stratum for t in trajectories])  # assigned at collection
+        # the stratified statistics feed the per-stratum telemetry whatever the estimator
         result = stratified_advantages_with_stats(
             rewards, group_ids, strata, self.config.alpha, self.config.eps
         )
-        batch = build_batch(trajectories, result.advantages, self.pad_id)
+        chosen = estimate(self.config.advantage.type, rewards, group_ids, strata,
+                          self.config.alpha, self.config.eps)  # fmt: skip
+        batch = build_batch(trajectories, chosen.advantages, self.pad_id)
+        batch.response_mask[~chosen.keep] = 0  # left out of the loss (mc_grpo's pivots)
 
         proximal = self._proximal(batch) if self.config.importance != "none" else None
         # The tokens the loss is taken over (importance "mask" drops some before the loss sees

@@ -235,9 +235,19 @@ class StratifierConfig(Section):
     """random: seed of the assignment."""
 
 
+class AdvantageConfig(Section):
+    type: Literal["stratified", "grpo", "dr_grpo", "rloo", "mc_grpo"] = "stratified"
+    """The advantage estimator (learner/estimators.py): stratified (Stratified GRPO, learner.alpha),
+    grpo, dr_grpo (no std division), rloo (leave-one-out), mc_grpo (median / MAD, the pivot of an
+    odd group left out of the loss)."""
+
+
 class LearnerConfig(Section):
+    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    """How rewards become advantages."""
     alpha: float = Field(0.6, ge=0, le=1)
-    """Blend: A = alpha * A_SAN + (1 - alpha) * A_GN; 0 is GRPO, 1 is pure SAN."""
+    """Blend: A = alpha * A_SAN + (1 - alpha) * A_GN; 0 is GRPO, 1 is pure SAN (advantage.type
+    stratified only)."""
     eps: float = Field(1e-6, ge=0, le=1)
     """Added to every std before dividing."""
     stratifier: StratifierConfig = Field(default_factory=StratifierConfig)
@@ -282,6 +292,16 @@ class LearnerConfig(Section):
     """DeepSpeed ZeRO stage; 0-2 run on CPU with gloo, 3 is for GPUs."""
     checkpoint_every: int = Field(0, ge=0)
     """Save a checkpoint every this many steps (0: only at the end)."""
+
+    @model_validator(mode="after")
+    def _alpha_acts(self) -> LearnerConfig:
+        default = LearnerConfig.model_fields["alpha"].default
+        if self.advantage.type != "stratified" and self.alpha != default:
+            raise ValueError(
+                f"alpha {self.alpha} blends only the stratified estimator, not "
+                f"advantage.type {self.advantage.type}: leave alpha at {default} or use stratified"
+            )
+        return self
 
 
 # ------------------------------------------------------------------------------------ retrieval

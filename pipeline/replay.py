@@ -24,6 +24,7 @@ import yaml
 from buffers.reader import TrajectoryFileError, read_trajectories
 from buffers.strata import make_stratifier
 from learner.advantages import stratified_advantages_with_stats
+from learner.estimators import ESTIMATORS, estimate
 from learner.telemetry import stratum_summary
 
 COLUMNS = [
@@ -44,6 +45,8 @@ def _parser() -> argparse.ArgumentParser:
         "run_dir", help="a run directory (holding trajectories/) or a folder of Parquet files"
     )
     p.add_argument("--alpha", type=float, help="blend; default: the run's learner.alpha, else 0.6")
+    p.add_argument("--estimator", choices=sorted(ESTIMATORS),
+                   help="advantage estimator; default: the run's learner.advantage.type, else stratified")  # fmt: skip
     p.add_argument(
         "--eps", type=float, help="std stabiliser; default: the run's learner.eps, else 1e-6"
     )
@@ -173,6 +176,7 @@ def replay(args: argparse.Namespace) -> int:
     eps = args.eps if args.eps is not None else learner_cfg.get("eps", 1e-6)
     if not 0 <= alpha <= 1 or eps < 0:
         raise ReplayError(f"--alpha must lie in [0, 1] and --eps be >= 0 (got {alpha}, {eps})")
+    estimator = args.estimator or learner_cfg.get("advantage", {}).get("type", "stratified")
 
     table, bad = read_trajectories(source, COLUMNS, skip_bad=args.skip_bad)
     for error in bad:
@@ -199,6 +203,7 @@ def replay(args: argparse.Namespace) -> int:
     )
     strata = _strata(table, args, config)
     result = stratified_advantages_with_stats(rewards, group_ids, strata, alpha=alpha, eps=eps)
+    chosen = estimate(estimator, rewards, group_ids, strata, alpha, eps)
 
     consumed = table["consumed_version"].to_numpy(zero_copy_only=False).astype(np.float64)
     staleness = np.where(consumed >= 0, consumed - table["policy_version"].to_numpy(), np.nan)
@@ -207,7 +212,7 @@ def replay(args: argparse.Namespace) -> int:
         "mean_tool_calls": torch.from_numpy(table["num_tool_calls"].to_numpy().astype(np.float64)),
     }
     summary = stratum_summary(result, rewards, strata, extra)
-    print(f"alpha {alpha}, eps {eps}, stratifier {args.stratifier}")
+    print(f"estimator {estimator}, alpha {alpha}, eps {eps}, stratifier {args.stratifier}")
     header = f"{'stratum':>8} {'count':>8} {'mean reward':>12} {'in-stratum adv var':>19} {'mean staleness':>15} {'mean tool calls':>16}"
     print(header)
     for stratum, row in summary.items():
@@ -223,7 +228,8 @@ def replay(args: argparse.Namespace) -> int:
                 "sample_index": table["sample_index"],
                 "stratum": pa.array(strata.numpy().astype(np.int32)),
                 "reward": table["reward"],
-                "advantage": pa.array(result.advantages.numpy().astype(np.float32)),
+                "advantage": pa.array(chosen.advantages.numpy().astype(np.float32)),
+                "in_loss": pa.array(chosen.keep.numpy()),
                 "policy_version": table["policy_version"],
                 "num_tool_calls": table["num_tool_calls"],
                 "status": table["status"],

@@ -309,3 +309,30 @@ def test_model_dtype_and_gradient_checkpointing_act(policy):
     checkpointed, with_checkpoints = gradient(gradient_checkpointing=True)
     assert checkpointed.model.is_gradient_checkpointing
     torch.testing.assert_close(with_checkpoints, gradient()[1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "mc_grpo"])
+def test_every_estimator_trains(policy, name):
+    """learner.advantage.type picks the estimator; mc_grpo's pivots (odd groups) carry no tokens."""
+    model = learner(policy, advantage={"type": name})
+    batch = groups(9, size=4)
+    if name == "mc_grpo":
+        model.group_size = 3  # odd groups: one pivot each
+        batch = [Group(g.prompt_id, g.members[:3]) for g in batch]
+    metrics = model.step(batch)
+    assert math.isfinite(metrics["loss"]) and model.version == 1
+    generated = sum(int(t.loss_mask.sum()) for g in batch for t in g.members)
+    pivots = {"mc_grpo": 2}.get(name, 0)
+    assert metrics["trained_tokens"] <= generated
+    if pivots:  # the trained tokens exclude exactly the pivots' generated tokens
+        from learner.estimators import estimate
+
+        members = [t for g in batch for t in g.members]
+        keep = estimate("mc_grpo", torch.tensor([t.reward for t in members], dtype=torch.float64),
+                        torch.tensor([i // 3 for i in range(len(members))]),
+                        torch.tensor([t.stratum for t in members])).keep  # fmt: skip
+        assert int((~keep).sum()) == pivots
+        kept_tokens = sum(
+            int(t.loss_mask.sum()) for t, k in zip(members, keep.tolist(), strict=True) if k
+        )
+        assert metrics["trained_tokens"] == kept_tokens

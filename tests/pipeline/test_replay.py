@@ -189,3 +189,23 @@ def test_group_size_is_inferred_without_a_config(tmp_path, capsys):
     (tmp_path / "config.yaml").unlink()
     assert main([str(tmp_path)]) == 0
     assert "12 complete groups of 3, 2 incomplete groups skipped" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo", "mc_grpo"])
+def test_replay_recomputes_any_estimator(tmp_path, capsys, estimator):
+    from learner.estimators import estimate
+
+    write_run(tmp_path, group_size=5)  # odd: mc_grpo leaves each group's pivot out of the loss
+    out = tmp_path / "adv.parquet"
+    assert main([str(tmp_path), "--estimator", estimator, "--out", str(out)]) == 0
+    assert f"estimator {estimator}," in capsys.readouterr().out
+    replayed = pq.read_table(out)
+    prompts = replayed["prompt_id"].to_pylist()
+    ids = {p: i for i, p in enumerate(sorted(set(prompts)))}
+    direct = estimate(estimator, torch.tensor(replayed["reward"].to_numpy(), dtype=torch.float64),
+                      torch.tensor([ids[p] for p in prompts]),
+                      torch.tensor(replayed["stratum"].to_numpy(), dtype=torch.int64))  # fmt: skip
+    assert replayed["advantage"].to_pylist() == pytest.approx(direct.advantages.tolist(), abs=1e-6)
+    assert replayed["in_loss"].to_pylist() == direct.keep.tolist()
+    if estimator == "mc_grpo":
+        assert replayed["in_loss"].to_pylist().count(False) == 12  # one pivot per group

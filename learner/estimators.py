@@ -1,0 +1,129 @@
+"""Advantage estimators: rewards, prompt groups and strata in, one advantage per trajectory out.
+
+    stratified  Algorithm 1 of Stratified GRPO (learner.advantages): alpha * SAN + (1 - alpha) * GN
+    grpo        (r - mean_g) / (std_g + eps)                     group-normalised (GRPO)
+    dr_grpo     r - mean_g                                       mean-centred, no std (Dr. GRPO)
+    rloo        r - mean of the group's other members            leave-one-out baseline
+    mc_grpo     (r - median_g) / (MAD_g + eps)                   median-centred (MC-GRPO)
+
+Each is a pure function over 1-D tensors, vectorised with segment reductions (no loop over
+groups), returning an `Estimate`: the advantages and which trajectories the loss keeps. Only
+mc_grpo drops any: in a group of odd size the median is one member's own reward, and that pivot
+rollout (advantage 0 by construction) is left out of the loss, as the paper does.
+
+mc_grpo when the MAD is 0 (more than half the group shares the median reward): the paper leaves
+this open. Here the denominator falls back to the group's population std (+ eps), so the rare
+members away from the majority still get a bounded signal; a group whose rewards are all equal
+gets 0. A group of one gets 0 under every estimator.
+
+Add one: a function `(rewards, group_ids, strata, alpha, eps) -> Estimate` in `ESTIMATORS` and its
+name in `AdvantageConfig.type`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from learner.advantages import _check_inputs, _dense_ids, segment_stats, stratified_advantages
+
+
+@dataclass(frozen=True)
+class Estimate:
+    advantages: torch.Tensor
+    """One per trajectory, the rewards' dtype."""
+    keep: torch.Tensor
+    """bool per trajectory: False leaves it out of the loss (its tokens count nowhere)."""
+
+
+def _groups(rewards: torch.Tensor, group_ids: torch.Tensor, strata: torch.Tensor, eps: float):
+    _check_inputs(rewards, group_ids, strata)
+    if not torch.isfinite(rewards).all():
+        raise ValueError("rewards must be finite: a NaN or inf reward cannot be trained on")
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    g, values = _dense_ids(group_ids.to(device=rewards.device, dtype=torch.int64))
+    count, mean, std = segment_stats(rewards, g, len(values))
+    return g, count, mean, std
+
+
+def _divide(centered: torch.Tensor, denom: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """centered / denom; 0 where the denominator is 0 or the group has one member."""
+    safe = torch.where(denom > 0, denom, torch.ones_like(denom))
+    return torch.where((denom > 0) & (count > 1), centered / safe, torch.zeros_like(centered))
+
+
+def _all(rewards: torch.Tensor) -> torch.Tensor:
+    return torch.ones_like(rewards, dtype=torch.bool)
+
+
+def stratified(rewards, group_ids, strata, alpha: float = 0.6, eps: float = 1e-6) -> Estimate:
+    return Estimate(stratified_advantages(rewards, group_ids, strata, alpha, eps), _all(rewards))
+
+
+def grpo(rewards, group_ids, strata, alpha: float = 0.0, eps: float = 1e-6) -> Estimate:
+    g, count, mean, std = _groups(rewards, group_ids, strata, eps)
+    return Estimate(_divide(rewards - mean[g], std[g] + eps, count[g]), _all(rewards))
+
+
+def dr_grpo(rewards, group_ids, strata, alpha: float = 0.0, eps: float = 1e-6) -> Estimate:
+    g, count, mean, _ = _groups(rewards, group_ids, strata, eps)
+    centered = torch.where(count[g] > 1, rewards - mean[g], torch.zeros_like(rewards))
+    return Estimate(centered, _all(rewards))
+
+
+def rloo(rewards, group_ids, strata, alpha: float = 0.0, eps: float = 1e-6) -> Estimate:
+    """r_i - (sum_g - r_i) / (n - 1) = n / (n - 1) * (r_i - mean_g)."""
+    g, count, mean, _ = _groups(rewards, group_ids, strata, eps)
+    n = count[g].to(rewards.dtype)
+    scale = torch.where(n > 1, n / (n - 1).clamp(min=1), torch.zeros_like(n))
+    return Estimate(scale * (rewards - mean[g]), _all(rewards))
+
+
+def _medians(values: torch.Tensor, g: torch.Tensor, count: torch.Tensor):
+    """Per group: the median of `values` (the mean of the two middle ones for an even size) and,
+    per trajectory, whether it is the odd group's middle member in (value, position) order."""
+    order = torch.sort(values, stable=True).indices
+    order = order[torch.sort(g[order], stable=True).indices]  # by group, then value, then position
+    start = torch.cumsum(count, 0) - count
+    low = start + (count - 1) // 2
+    high = start + count // 2
+    sorted_values = values[order]
+    valid = count > 0
+    median = torch.zeros(len(count), dtype=values.dtype, device=values.device)
+    median[valid] = (sorted_values[low[valid]] + sorted_values[high[valid]]) / 2
+    pivot = torch.zeros_like(values, dtype=torch.bool)
+    odd = valid & (count % 2 == 1)
+    pivot[order[low[odd]]] = True
+    return median, pivot
+
+
+def mc_grpo(rewards, group_ids, strata, alpha: float = 0.0, eps: float = 1e-6) -> Estimate:
+    g, count, _, std = _groups(rewards, group_ids, strata, eps)
+    median, pivot = _medians(rewards, g, count)
+    centered = rewards - median[g]
+    mad, _ = _medians(centered.abs(), g, count)
+    denom = torch.where(mad[g] > 0, mad[g], std[g]) + eps  # MAD 0: the group's std (module doc)
+    denom = torch.where((mad[g] > 0) | (std[g] > 0), denom, torch.zeros_like(denom))
+    return Estimate(_divide(centered, denom, count[g]), ~pivot)
+
+
+ESTIMATORS: dict[str, Callable[..., Estimate]] = {
+    "stratified": stratified,
+    "grpo": grpo,
+    "dr_grpo": dr_grpo,
+    "rloo": rloo,
+    "mc_grpo": mc_grpo,
+}
+
+
+def estimate(name: str, rewards: torch.Tensor, group_ids: torch.Tensor, strata: torch.Tensor,
+             alpha: float = 0.6, eps: float = 1e-6) -> Estimate:  # fmt: skip
+    """The advantages of estimator `name` (a key of `ESTIMATORS`)."""
+    if name not in ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {name!r}: use {', '.join(ESTIMATORS)}")
+    if rewards.is_floating_point() and not torch.isfinite(rewards).all():
+        raise ValueError("rewards must be finite: a NaN or inf reward cannot be trained on")
+    return ESTIMATORS[name](rewards, group_ids, strata, alpha, eps)

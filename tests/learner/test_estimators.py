@@ -1,0 +1,123 @@
+"""Every estimator against a literal loop over groups, as the papers write them. The stratified
+blend has its own loop reference (Algorithm 1 as the paper writes it) in test_advantages.py."""
+
+import math
+import statistics
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from learner.advantages import stratified_advantages
+from learner.estimators import ESTIMATORS, estimate
+
+
+def by_group(rewards, groups):
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(i)
+    return members
+
+
+def reference(name, rewards, groups, strata, alpha=0.6, eps=1e-6):
+    """(advantages, keep) by a loop over groups, one formula each."""
+    adv, keep = [0.0] * len(rewards), [True] * len(rewards)
+    for idx in by_group(rewards, groups).values():
+        r = [rewards[i] for i in idx]
+        n, mean = len(r), sum(r) / len(r)
+        std = math.sqrt(sum((x - mean) ** 2 for x in r) / n)
+        for k, i in enumerate(idx):
+            if n == 1:
+                adv[i] = 0.0
+            elif name == "grpo":
+                adv[i] = (r[k] - mean) / (std + eps) if std + eps > 0 else 0.0
+            elif name == "dr_grpo":
+                adv[i] = r[k] - mean
+            elif name == "rloo":
+                adv[i] = r[k] - (sum(r) - r[k]) / (n - 1)
+            elif name == "mc_grpo":
+                median = statistics.median(r)
+                mad = statistics.median([abs(x - median) for x in r])
+                denom = (mad if mad > 0 else std) + eps if (mad > 0 or std > 0) else 0.0
+                adv[i] = (r[k] - median) / denom if denom > 0 else 0.0
+        if name == "mc_grpo" and n % 2 == 1:  # the pivot: the middle of (reward, position)
+            pivot = sorted(range(n), key=lambda k: (r[k], k))[n // 2]
+            keep[idx[pivot]] = False
+    return adv, keep
+
+
+def run(name, rewards, groups, strata, alpha=0.6, eps=1e-6):
+    out = estimate(name, torch.tensor(rewards, dtype=torch.float64), torch.tensor(groups),
+                   torch.tensor(strata), alpha, eps)  # fmt: skip
+    return out.advantages.tolist(), out.keep.tolist()
+
+
+cases = st.integers(1, 40).flatmap(
+    lambda n: st.tuples(
+        st.lists(st.sampled_from([0.0, 0.0, 1.0, 0.5, 0.25, -1.0, 3.0]), min_size=n, max_size=n),
+        st.lists(st.integers(0, 6), min_size=n, max_size=n),
+        st.lists(st.integers(0, 3), min_size=n, max_size=n),
+    )
+)
+
+
+LOOPED = sorted(set(ESTIMATORS) - {"stratified"})
+
+
+@pytest.mark.parametrize("name", LOOPED)
+@settings(max_examples=120, deadline=None)
+@given(cases)
+def test_each_estimator_equals_its_loop_reference(name, case):
+    rewards, groups, strata = case
+    got, keep = run(name, rewards, groups, strata)
+    want, want_keep = reference(name, rewards, groups, strata)
+    assert got == pytest.approx(want, abs=1e-9) and keep == want_keep
+
+
+@pytest.mark.parametrize("name", LOOPED)
+def test_adversarial_groups(name):
+    # all equal, a singleton, ties around the median, an even group
+    rewards = [1.0, 1.0, 1.0, 5.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 2.0]
+    groups = [0, 0, 0, 1, 2, 2, 2, 2, 2, 3, 3, 3]
+    got, keep = run(name, rewards, groups, [0] * 12)
+    want, want_keep = reference(name, rewards, groups, [0] * 12)
+    assert got == pytest.approx(want, abs=1e-9) and keep == want_keep
+    assert got[:4] == [0.0] * 4  # all-equal group and singleton: no signal
+    assert all(math.isfinite(a) for a in got)
+
+
+def test_mc_grpo_falls_back_to_the_std_when_the_mad_is_zero():
+    rewards = [0.0, 0.0, 0.0, 0.0, 1.0]  # median 0, MAD 0: more than half share the median
+    got, keep = run("mc_grpo", rewards, [0] * 5, [0] * 5)
+    std = statistics.pstdev(rewards)
+    assert got == pytest.approx([0, 0, 0, 0, 1 / (std + 1e-6)]) and keep == [
+        True,
+        True,
+        False,
+        True,
+        True,
+    ]
+
+
+def test_stratified_is_the_blend_and_keeps_everything():
+    rewards, groups, strata = [1.0, 0.0, 1.0, 1.0], [0, 0, 0, 0], [0, 1, 1, 2]
+    got, keep = run("stratified", rewards, groups, strata, alpha=0.8)
+    want = stratified_advantages(torch.tensor(rewards, dtype=torch.float64), torch.tensor(groups),
+                                 torch.tensor(strata), 0.8, 1e-6)  # fmt: skip
+    assert got == want.tolist() and all(keep)
+
+
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_rewards_are_refused_in_one_line(name, bad):
+    with pytest.raises(ValueError, match="rewards must be finite") as error:
+        estimate(name, torch.tensor([0.0, bad]), torch.tensor([0, 0]), torch.tensor([0, 0]))
+    assert "\n" not in str(error.value)
+    with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'"):
+        estimate(
+            "ppo",
+            torch.zeros(2),
+            torch.zeros(2, dtype=torch.long),
+            torch.zeros(2, dtype=torch.long),
+        )
