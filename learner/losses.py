@@ -6,8 +6,18 @@ the token and 0 for tool observations and padding: only generated tokens carry l
 Off-policy correction follows the decoupled objective of AReaL: the PPO ratio is taken against a
 *proximal* policy (log-probs recomputed by the learner before the update) when one is given, and the
 gap between proximal and *behaviour* policy (the actor that sampled the token, possibly several
-versions old) is corrected by a truncated importance weight (`tis`) or by dropping tokens whose
-weight exceeds the cap (`mask`). Without a proximal policy the ratio is against the behaviour policy.
+versions old) is corrected with the weight w = exp(proximal - behaviour) of each token:
+
+    tis       the loss times min(w, is_cap)                        (truncated importance sampling)
+    mask      tokens with w > is_cap are dropped
+    icepop    tokens with w outside [is_floor, is_cap] are dropped   (IcePop's two-sided mask)
+    seq_mask  whole sequences whose geometric-mean weight exp(mean log w) leaves [is_floor, is_cap]
+              are dropped                                          (sequence-level masked IS)
+
+Without a proximal policy the ratio is against the behaviour policy. `ratio_level="sequence"` is
+GSPO: one ratio per sequence, exp of the length-normalised log-ratio over its kept tokens, clipped
+like the token ratio; each token carries its sequence's loss, so `seq-mean-token-mean`
+aggregation is GSPO's mean over sequences.
 """
 
 from __future__ import annotations
@@ -16,7 +26,10 @@ from typing import Literal
 
 import torch
 
-Importance = Literal["none", "tis", "mask"]
+Importance = Literal["none", "tis", "mask", "icepop", "seq_mask"]
+Ratio = Literal["token", "sequence"]
+MASKS = ("mask", "icepop", "seq_mask")
+"""The corrections that drop tokens (and so change what micro-batches weigh)."""
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 KLKind = Literal["k1", "k2", "k3"]
 
@@ -67,14 +80,22 @@ def kept_by_importance(
     proximal_logprobs: torch.Tensor | None,
     importance: Importance,
     is_cap: float,
+    is_floor: float = 0.0,
 ) -> torch.Tensor:
-    """The tokens the loss is taken over: `loss_mask`, less (with `importance="mask"`) those whose
-    weight `exp(proximal - behaviour)` exceeds `is_cap`. The learner weights micro-batches by
-    these counts, so it must decide exactly as `policy_loss` does: both call this."""
-    if importance != "mask" or proximal_logprobs is None:
+    """The tokens the loss is taken over: `loss_mask`, less those a masking correction drops (see
+    the module doc). The learner weights micro-batches by these counts, so it must decide exactly
+    as `policy_loss` does: both call this."""
+    if importance not in MASKS or proximal_logprobs is None:
         return loss_mask
-    weight = torch.exp(proximal_logprobs - behavior_logprobs).detach()
-    return loss_mask * (weight <= is_cap).to(loss_mask.dtype)
+    log_w = (proximal_logprobs - behavior_logprobs).detach()
+    if importance == "seq_mask":
+        mask = loss_mask.to(log_w.dtype)
+        mean_log_w = (log_w * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        geo = torch.exp(mean_log_w).unsqueeze(-1)
+        return loss_mask * ((geo >= is_floor) & (geo <= is_cap)).to(loss_mask.dtype)
+    weight = torch.exp(log_w)
+    keep = weight <= is_cap if importance == "mask" else (weight >= is_floor) & (weight <= is_cap)
+    return loss_mask * keep.to(loss_mask.dtype)
 
 
 def policy_loss(
@@ -89,6 +110,8 @@ def policy_loss(
     dual_clip: float | None = 3.0,
     importance: Importance = "none",
     is_cap: float = 2.0,
+    is_floor: float = 0.0,
+    ratio_level: Ratio = "token",
     agg: Aggregation = "token-mean",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate loss (to minimise) and its diagnostics.
@@ -121,8 +144,10 @@ def policy_loss(
             f"advantages must be [B] or [B, T], got {tuple(advantages.shape)} for logprobs "
             f"{tuple(logprobs.shape)}"
         )
-    if importance not in ("none", "tis", "mask"):
-        raise ValueError(f"unknown importance {importance!r}: use none, tis or mask")
+    if importance not in ("none", "tis", *MASKS):
+        raise ValueError(f"unknown importance {importance!r}: use none, tis, {', '.join(MASKS)}")
+    if ratio_level not in ("token", "sequence"):
+        raise ValueError(f"unknown ratio level {ratio_level!r}: use token or sequence")
     if importance != "none" and proximal_logprobs is None:
         raise ValueError(f"importance={importance!r} needs proximal_logprobs")
     if dual_clip is not None and dual_clip <= 1.0:
@@ -131,7 +156,12 @@ def policy_loss(
     mask = loss_mask.to(logprobs.dtype)
     advantages = advantages.to(logprobs.dtype).detach()
     base = (proximal_logprobs if proximal_logprobs is not None else behavior_logprobs).detach()
-    ratio = torch.exp(logprobs - base)
+    kept = kept_by_importance(mask, behavior_logprobs, proximal_logprobs, importance, is_cap, is_floor)  # fmt: skip
+    if ratio_level == "sequence":  # GSPO: exp of the mean log-ratio over the sequence's kept tokens
+        log_s = ((logprobs - base) * kept).sum(-1) / kept.sum(-1).clamp(min=1)
+        ratio = torch.exp(log_s).unsqueeze(-1).expand_as(logprobs)
+    else:
+        ratio = torch.exp(logprobs - base)
 
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
@@ -149,10 +179,7 @@ def policy_loss(
         weight = raw_weight
         if importance == "tis":
             loss = loss * torch.clamp(raw_weight, max=is_cap)
-        else:
-            kept = kept_by_importance(
-                mask, behavior_logprobs, proximal_logprobs, importance, is_cap
-            )
+        elif importance in MASKS:
             dropped, mask = mask - kept, kept
 
     total = aggregate(loss, mask, agg)

@@ -160,7 +160,7 @@ class Learner:
         # The tokens the loss is taken over (importance "mask" drops some before the loss sees
         # them): each micro-batch's share of the step is its share of these.
         kept = kept_by_importance(batch.response_mask, batch.behavior_logprobs, proximal,
-                                  self.config.importance, self.config.is_cap)  # fmt: skip
+                                  self.config.importance, self.config.is_cap, self.config.is_floor)  # fmt: skip
         totals = {
             "tokens": max(float(kept.sum()), 1.0),
             "sequences": max(float((kept.sum(-1) > 0).sum()), 1.0),
@@ -227,7 +227,8 @@ class Learner:
             logp, micro.behavior_logprobs.to(device), micro.advantages.to(device), mask,
             proximal_logprobs=None if proximal is None else proximal[:, :width].to(device),
             clip_low=self.config.clip_low, clip_high=self.config.clip_high, dual_clip=self.config.dual_clip,
-            importance=self.config.importance, is_cap=self.config.is_cap, agg=self.config.loss_agg,
+            importance=self.config.importance, is_cap=self.config.is_cap, is_floor=self.config.is_floor,
+            ratio_level=self.config.ratio, agg=self.config.loss_agg,
         )  # fmt: skip
         tokens = float(mask.sum())
         share = float(kept.sum()) / totals["tokens"] if self.config.loss_agg == "token-mean" else (

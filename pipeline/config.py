@@ -276,10 +276,17 @@ class LearnerConfig(Section):
     """PPO clip above: ratio ceiling 1 + clip_high."""
     dual_clip: float | None = Field(3.0, gt=1)
     """Cap of the loss for negative advantages at -A * dual_clip (null: off)."""
-    importance: Literal["none", "tis", "mask"] = "none"
-    """Off-policy correction against a recomputed proximal policy: truncated IS or token masking."""
+    importance: Literal["none", "tis", "mask", "icepop", "seq_mask"] = "none"
+    """Off-policy correction against a recomputed proximal policy, on w = pi_prox / pi_behav:
+    tis (loss times min(w, is_cap)), mask (drop tokens with w > is_cap), icepop (drop tokens with
+    w outside [is_floor, is_cap]), seq_mask (drop sequences whose geometric-mean w leaves it)."""
     is_cap: float = Field(2.0, gt=1)
-    """Truncation (tis) or rejection threshold (mask) of the importance weight."""
+    """Truncation (tis) or upper rejection threshold (mask, icepop, seq_mask) of the weight."""
+    is_floor: float = Field(0.5, ge=0, lt=1)
+    """Lower rejection threshold of the weight (icepop, seq_mask)."""
+    ratio: Literal["token", "sequence"] = "token"
+    """token: PPO's per-token ratio and clip; sequence: GSPO's length-normalised sequence ratio
+    and clip (needs loss_agg seq-mean-token-mean)."""
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
     """How per-token losses reduce to the step loss."""
     kl_coef: float = Field(0.0, ge=0)
@@ -292,6 +299,23 @@ class LearnerConfig(Section):
     """DeepSpeed ZeRO stage; 0-2 run on CPU with gloo, 3 is for GPUs."""
     checkpoint_every: int = Field(0, ge=0)
     """Save a checkpoint every this many steps (0: only at the end)."""
+
+    @model_validator(mode="after")
+    def _corrections_make_sense(self) -> LearnerConfig:
+        if self.is_floor != LearnerConfig.model_fields["is_floor"].default and self.importance not in ("icepop", "seq_mask"):  # fmt: skip
+            raise ValueError(
+                f"is_floor applies to importance icepop or seq_mask, not {self.importance}"
+            )
+        if self.ratio == "sequence" and self.loss_agg != "seq-mean-token-mean":
+            raise ValueError(
+                f"ratio sequence (GSPO) averages over sequences: use loss_agg seq-mean-token-mean, not {self.loss_agg}"
+            )
+        if self.ratio == "sequence" and self.importance in ("tis", "mask", "icepop"):
+            raise ValueError(
+                f"ratio sequence (GSPO) clips one ratio per sequence; importance {self.importance} "
+                "corrects tokens: use importance none or seq_mask with it"
+            )
+        return self
 
     @model_validator(mode="after")
     def _alpha_acts(self) -> LearnerConfig:

@@ -336,3 +336,14 @@ def test_every_estimator_trains(policy, name):
             int(t.loss_mask.sum()) for t, k in zip(members, keep.tolist(), strict=True) if k
         )
         assert metrics["trained_tokens"] == kept_tokens
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"importance": "icepop"}, {"importance": "seq_mask", "is_floor": 0.2},
+     {"ratio": "sequence", "loss_agg": "seq-mean-token-mean"}],
+)  # fmt: skip
+def test_every_correction_trains(policy, options):
+    model = learner(policy, **options)
+    metrics = model.step(groups(11))
+    assert math.isfinite(metrics["loss"]) and model.version == 1 and metrics["trained_tokens"] > 0
