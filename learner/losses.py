@@ -185,7 +185,18 @@ def policy_loss(
     total = aggregate(loss, mask, agg)
     tokens = loss_mask.to(logprobs.dtype)
     with torch.no_grad():
+        gap = (logprobs - behavior_logprobs).detach()  # the learner's log-prob minus the actor's
+        truncated = (
+            (weight > is_cap).to(mask.dtype) if importance == "tis" else torch.zeros_like(mask)
+        )
+        has_tokens = tokens.sum(-1) > 0
+        emptied = has_tokens & (mask.sum(-1) == 0)  # every token of the sequence dropped
         metrics = {
+            "logprob_gap_mean": _masked_mean(gap, tokens),
+            "logprob_gap_abs_mean": _masked_mean(gap.abs(), tokens),
+            "logprob_gap_tail_fraction": _masked_mean((gap.abs() > 1.0).to(mask.dtype), tokens),
+            "truncated_fraction": _masked_mean(truncated, tokens),
+            "sequence_drop_fraction": float(emptied.sum() / has_tokens.sum().clamp(min=1)),
             "clip_fraction": _masked_mean((clipped > unclipped).to(mask.dtype), mask),
             "dual_clip_fraction": _masked_mean(dual_clipped.to(mask.dtype), mask),
             "ratio_mean": _masked_mean(ratio.detach(), mask),

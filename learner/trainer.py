@@ -273,6 +273,11 @@ class Learner:
         metrics["staleness_mean"] = sum(
             self.version - 1 - t.policy_version for t in trajectories
         ) / len(trajectories)
+        generated = [t.token_versions[t.loss_mask == 1] for t in trajectories]
+        count = max(sum(len(v) for v in generated), 1)  # token-weighted: long answers count more
+        metrics["staleness_token_mean"] = (
+            float(sum((self.version - 1 - v).sum() for v in generated)) / count
+        )
         metrics["adv_var_global_unnormalised"] = float(result.global_centered.var(unbiased=False))
         for stratum, row in stratum_summary(result, rewards, strata).items():
             metrics[f"stratum/{stratum}/count"] = row["count"]

@@ -18,6 +18,11 @@ STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16)
 TOOL_CALL_BUCKETS = (0, 1, 2, 3, 4, 6, 8)
 
 
+OFFPOLICY = ("logprob_gap_mean", "logprob_gap_abs_mean", "logprob_gap_tail_fraction", "clip_fraction",
+             "mask_drop_fraction", "truncated_fraction", "sequence_drop_fraction", "staleness_token_mean")  # fmt: skip
+"""The learner's per-step off-policy figures exported as strata_offpolicy{measure}."""
+
+
 @dataclass
 class RunMetrics:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
@@ -71,6 +76,11 @@ class RunMetrics:
             ["source", "tools"], registry=r,
         )  # fmt: skip
         self.eval_step = Gauge("strata_eval_step", "Learner step of the last evaluation", registry=r)  # fmt: skip
+        self.offpolicy = Gauge(
+            "strata_offpolicy", "Off-policy telemetry of the last step: the learner-behaviour log-prob "
+            "gap (mean, abs mean, share of tokens beyond 1 nat), shares of tokens clipped, masked, "
+            "truncated and of sequences dropped, token-weighted staleness", ["measure"], registry=r,
+        )  # fmt: skip
         self.stratum_share = Gauge(
             "strata_stratum_share", "Share of the generated (left the buffer) or trained trajectories "
             "per stratum; trained below generated: staleness starves the stratum",
@@ -113,6 +123,9 @@ class RunMetrics:
         if "weight_sync_seconds" in metrics:
             self.weight_sync.observe(metrics["weight_sync_seconds"])
         self.idle_seconds.inc(max(0.0, idle_s))
+        for key in OFFPOLICY:
+            if key in metrics:
+                self.offpolicy.labels(measure=key).set(metrics[key])
         for key, value in metrics.items():
             if key.startswith("stratum/") and key.endswith("/reward"):
                 self.reward.labels(stratum=key.split("/")[1]).set(value)

@@ -30,7 +30,19 @@ def _plots(metrics: list[dict], run_dir: Path) -> list[str]:
     panels = [
         ("reward.png", "mean reward", ["reward_mean"]),
         ("tool_calls.png", "tool calls per trajectory", ["tool_calls_mean"]),
-        ("staleness.png", "staleness (versions)", ["staleness_mean"]),
+        ("staleness.png", "staleness (versions)", ["staleness_mean", "staleness_token_mean"]),
+        (
+            "offpolicy.png",
+            "off-policy: learner vs behaviour log-probs, clipped and masked tokens",
+            [
+                "logprob_gap_abs_mean",
+                "logprob_gap_tail_fraction",
+                "clip_fraction",
+                "mask_drop_fraction",
+                "truncated_fraction",
+                "sequence_drop_fraction",
+            ],
+        ),
         ("throughput.png", "throughput", ["trajectories_per_s", "generated_tokens_per_s"]),
     ]
     strata = sorted(

@@ -219,3 +219,26 @@ def test_k2_and_k3_are_non_negative_and_zero_on_equal_policies(a, b):
 def test_unknown_kl_kind():
     with pytest.raises(ValueError, match="k1, k2 or k3"):
         kl_penalty(torch.zeros(1), torch.zeros(1), "k4")
+
+
+def test_off_policy_telemetry_by_hand():
+    """The learner-behaviour gap, and the shares truncated (tis) and of sequences dropped."""
+    logp = torch.tensor([[0.0, -1.0, -2.0], [-0.5, -0.5, 0.0]])
+    behaviour = torch.tensor([[0.0, -3.0, -1.5], [-0.5, -0.6, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    adv = torch.tensor([1.0, -1.0])
+    _, stats = policy_loss(logp, behaviour, adv, mask)
+    gaps = [0.0, 2.0, -0.5, 0.0, 0.1]  # learner minus behaviour on the five generated tokens
+    assert stats["logprob_gap_mean"] == pytest.approx(sum(gaps) / 5)
+    assert stats["logprob_gap_abs_mean"] == pytest.approx(sum(map(abs, gaps)) / 5)
+    assert stats["logprob_gap_tail_fraction"] == pytest.approx(1 / 5)  # only the 2-nat gap
+    proximal = behaviour.clone()
+    proximal[0, 1] += 2.0  # w = e^2 > cap on one token
+    _, tis = policy_loss(
+        logp, behaviour, adv, mask, proximal_logprobs=proximal, importance="tis", is_cap=2.0
+    )
+    assert tis["truncated_fraction"] == pytest.approx(1 / 5)
+    proximal[1] += 3.0  # the second sequence's geometric-mean weight e^3: dropped whole
+    _, seq = policy_loss(logp, behaviour, adv, mask, proximal_logprobs=proximal, importance="seq_mask",
+                         is_cap=2.0, is_floor=0.5)  # fmt: skip
+    assert seq["sequence_drop_fraction"] == pytest.approx(1 / 2)

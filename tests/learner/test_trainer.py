@@ -347,3 +347,22 @@ def test_every_correction_trains(policy, options):
     model = learner(policy, **options)
     metrics = model.step(groups(11))
     assert math.isfinite(metrics["loss"]) and model.version == 1 and metrics["trained_tokens"] > 0
+
+
+def test_token_weighted_staleness_counts_each_generated_token(policy):
+    model = learner(policy)
+    model.step(groups(12))  # now at version 1: the next step trains tokens of versions 0 and 1
+    batch = groups(13)
+    old = new = 0
+    for g in batch:
+        for t in g.members:
+            generated = np.flatnonzero(t.loss_mask == 1)
+            t.token_versions[generated[: len(generated) // 3]] = (
+                1  # a third sampled after an update
+            )
+            new += len(generated) // 3
+            old += len(generated) - len(generated) // 3
+            t._policy_version = None  # recomputed from the token versions
+    metrics = model.step(batch)
+    assert metrics["staleness_mean"] == 1.0  # a trajectory is as old as its oldest token
+    assert metrics["staleness_token_mean"] == pytest.approx(old / (old + new))

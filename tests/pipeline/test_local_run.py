@@ -27,7 +27,7 @@ REQUIRED_METRICS = [
     "strata_learner_steps_total", "strata_policy_version", "strata_actor_policy_version", "strata_staleness",
     "strata_buffer_groups", "strata_reward", "strata_tool_calls_per_trajectory", "strata_tool_call_seconds",
     "strata_tool_errors_total", "strata_weight_sync_seconds", "strata_learner_step_seconds",
-    "strata_learner_idle_seconds_total", "strata_stratum_share",
+    "strata_learner_idle_seconds_total", "strata_stratum_share", "strata_offpolicy",
 ]  # fmt: skip
 
 
