@@ -5,6 +5,9 @@ written the way common GRPO code computes group advantages (verl's `compute_grpo
 a dict of per-group score lists, torch mean/std per group), extended to strata. Both run on the same
 input; the script checks they agree before it prints the ratio.
 
+Then every other estimator of learner/estimators.py (grpo, dr_grpo, rloo, mc_grpo) on the same
+input, beside its loop reference (learner/reference.py), checked to agree.
+
     python benchmarks/advantages.py [--n 1000000] [--group-size 8] [--repeats 5]
 """
 
@@ -18,6 +21,8 @@ from collections import defaultdict
 import torch
 
 from learner.advantages import stratified_advantages
+from learner.estimators import ESTIMATORS, estimate
+from learner.reference import loop_estimate
 
 
 def loop_advantages(rewards, group_ids, strata, alpha=0.6, eps=1e-6):
@@ -105,6 +110,22 @@ def main() -> None:
         f"  speed-up: {looped / vectorised:.0f}x with dense ids, "
         f"{looped / vectorised_sparse:.0f}x with hash-like ids  (target >= 100x)"
     )
+    print("other estimators, same input (vectorised: median of repeats; loop: one run)")
+    for name in sorted(set(ESTIMATORS) - {"stratified"}):
+        times = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            got = estimate(name, rewards, group_ids, strata)
+            times.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        want, keep = loop_estimate(name, rewards.tolist(), group_ids.tolist())
+        loop_s = time.perf_counter() - start
+        gap = (got.advantages - torch.tensor(want, dtype=rewards.dtype)).abs().max().item()
+        if gap > 1e-4 or got.keep.tolist() != keep:
+            raise SystemExit(f"{name}: results disagree (max |difference| {gap:.3g})")
+        fast_s = statistics.median(times)
+        print(f"  {name:<8} vectorised {fast_s * 1e3:8.1f} ms   loop {loop_s * 1e3:9.1f} ms   "
+              f"{loop_s / fast_s:6.0f}x   max |difference| {gap:.1e}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -11,40 +11,11 @@ from hypothesis import strategies as st
 
 from learner.advantages import stratified_advantages
 from learner.estimators import ESTIMATORS, estimate
+from learner.reference import loop_estimate
 
 
-def by_group(rewards, groups):
-    members: dict[int, list[int]] = {}
-    for i, g in enumerate(groups):
-        members.setdefault(g, []).append(i)
-    return members
-
-
-def reference(name, rewards, groups, strata, alpha=0.6, eps=1e-6):
-    """(advantages, keep) by a loop over groups, one formula each."""
-    adv, keep = [0.0] * len(rewards), [True] * len(rewards)
-    for idx in by_group(rewards, groups).values():
-        r = [rewards[i] for i in idx]
-        n, mean = len(r), sum(r) / len(r)
-        std = math.sqrt(sum((x - mean) ** 2 for x in r) / n)
-        for k, i in enumerate(idx):
-            if n == 1:
-                adv[i] = 0.0
-            elif name == "grpo":
-                adv[i] = (r[k] - mean) / (std + eps) if std + eps > 0 else 0.0
-            elif name == "dr_grpo":
-                adv[i] = r[k] - mean
-            elif name == "rloo":
-                adv[i] = r[k] - (sum(r) - r[k]) / (n - 1)
-            elif name == "mc_grpo":
-                median = statistics.median(r)
-                mad = statistics.median([abs(x - median) for x in r])
-                denom = (mad if mad > 0 else std) + eps if (mad > 0 or std > 0) else 0.0
-                adv[i] = (r[k] - median) / denom if denom > 0 else 0.0
-        if name == "mc_grpo" and n % 2 == 1:  # the pivot: the middle of (reward, position)
-            pivot = sorted(range(n), key=lambda k: (r[k], k))[n // 2]
-            keep[idx[pivot]] = False
-    return adv, keep
+def reference(name, rewards, groups, strata, eps=1e-6):
+    return loop_estimate(name, rewards, groups, eps)
 
 
 def run(name, rewards, groups, strata, alpha=0.6, eps=1e-6):

@@ -196,3 +196,21 @@ def test_setting_a_plain_type_field_keeps_the_sections_other_keys():
         256,
     )
     assert notes == []
+
+
+def test_the_config_reference_is_made_from_the_schema():
+    """docs/config.md is what `python -m pipeline.config_doc` prints: regenerate it after a
+    schema change."""
+    from pipeline.config_doc import render
+
+    reference = (CONFIGS.parent / "docs" / "config.md").read_text()
+    assert reference == render(), (
+        "docs/config.md is stale: python -m pipeline.config_doc > docs/config.md"
+    )
+    for key in (
+        "learner.advantage.type",
+        "learner.is_floor",
+        "learner.ratio",
+        "actors.engine.device",
+    ):
+        assert f"`{key}`" in reference

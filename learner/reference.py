@@ -1,0 +1,43 @@
+"""Loop references of the advantage estimators: one group at a time, one formula each, as the
+papers write them. Slow on purpose; the vectorised estimators (learner/estimators.py) are checked
+against these in tests/learner/test_estimators.py and timed beside them in benchmarks/advantages.py.
+The stratified blend's own loop reference is Algorithm 1 in tests/learner/test_advantages.py."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+
+def loop_estimate(name: str, rewards: Sequence[float], groups: Sequence[int],
+                  eps: float = 1e-6) -> tuple[list[float], list[bool]]:  # fmt: skip
+    """(advantages, keep) of estimator `name` (grpo, dr_grpo, rloo, mc_grpo)."""
+    adv, keep = [0.0] * len(rewards), [True] * len(rewards)
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(i)
+    for idx in members.values():
+        r = [rewards[i] for i in idx]
+        n, mean = len(r), sum(r) / len(r)
+        std = math.sqrt(sum((x - mean) ** 2 for x in r) / n)
+        if name == "mc_grpo":
+            median = statistics.median(r)
+            mad = statistics.median([abs(x - median) for x in r])
+            denom = (mad if mad > 0 else std) + eps if (mad > 0 or std > 0) else 0.0
+            if n % 2 == 1:  # the pivot: the middle of (reward, position)
+                keep[idx[sorted(range(n), key=lambda k: (r[k], k))[n // 2]]] = False
+        for k, i in enumerate(idx):
+            if n == 1:
+                adv[i] = 0.0
+            elif name == "grpo":
+                adv[i] = (r[k] - mean) / (std + eps) if std + eps > 0 else 0.0
+            elif name == "dr_grpo":
+                adv[i] = r[k] - mean
+            elif name == "rloo":
+                adv[i] = r[k] - (sum(r) - r[k]) / (n - 1)
+            elif name == "mc_grpo":
+                adv[i] = (r[k] - median) / denom if denom > 0 else 0.0
+            else:
+                raise ValueError(f"no loop reference for {name!r}")
+    return adv, keep
