@@ -43,7 +43,7 @@ def parse_value(text: str) -> Any:
     lowered = text.lower()
     if lowered in ("true", "false"):
         return lowered == "true"
-    if lowered in ("null", "none", "~"):
+    if lowered in ("null", "~"):  # as in YAML; "none" stays a word (learner.importance=none)
         return None
     for convert in (int, float):
         try:

@@ -77,6 +77,8 @@ def test_backend_type_may_be_left_out():
         ("true", True),
         ("False", False),
         ("null", None),
+        ("~", None),
+        ("none", "none"),  # a word, as in YAML: learner.importance=none must not become null
         ("[search,python]", ["search", "python"]),
         ("[1, 2.5, [a, 'b,c']]", [1, 2.5, ["a", "b,c"]]),
         ("[]", []),
