@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from actors.engine import Generation, GenerationAborted, RolloutEngine, SamplingParams
-from actors.rewards import score
+from actors.rewards import answer_appears, score
 from actors.tools import Tool, ToolStats, call_tool
 from buffers.records import Trajectory
 from buffers.strata import Stratifier, ToolCallCount
@@ -67,6 +67,9 @@ class AgentSettings:
     top_p: float = 1.0
     reward: str | None = None  # None: chosen per data_source
     format_weight: float = 0.0
+    latent_reward: float = 0.0
+    """TSPO's first-occurrence latent reward beta for a wrong answer whose observations held a
+    gold answer (0: off); see `AgentLoop.run`."""
     stratifier: Stratifier = field(default_factory=ToolCallCount)
     """Assigns the stratum a trajectory is trained under, once, here (learner.stratifier)."""
 
@@ -156,6 +159,7 @@ class AgentLoop:
         versions: list[int] = []
         generated_text: list[str] = []
         tool_names: list[str] = []
+        first_turn = first_token = -1  # the tool call whose observation first held a gold answer
         finish = "no_answer"
         for turn in range(s.max_turns + 1):
             budget = min(s.max_new_tokens_per_turn, s.max_response_tokens - len(ids))
@@ -192,6 +196,8 @@ class AgentLoop:
                 tool_names.append(tool.name)
                 result = await call_tool(tool, action[1], self.stats.tools)
                 observation = self._observation_ids(tool.open_tag, result.text, tool.close_tag)
+                if first_turn < 0 and answer_appears(result.text, list(task.ground_truth)):
+                    first_turn, first_token = len(tool_names) - 1, len(ids)
             else:
                 self.stats.invalid_actions += 1
                 observation = self.tokenizer.encode(CORRECTION, add_special_tokens=False)
@@ -206,6 +212,13 @@ class AgentLoop:
         reward = score(
             response, list(task.ground_truth), task.data_source, s.reward, s.format_weight
         )
+        # TSPO (arXiv 2601.22776): a wrong answer whose search found the gold answer still earns
+        # beta, credited to the turns up to that observation (the learner trains no token after
+        # it), so a group of wrong answers keeps a signal for the searches that found it.
+        latent = 0.0
+        if s.latent_reward > 0 and first_turn >= 0:
+            outcome = score(response, list(task.ground_truth), task.data_source, s.reward, 0.0)
+            latent = s.latent_reward if outcome == 0 else 0.0
         return Trajectory(
             prompt_id=prompt_id,
             sample_index=sample_index,
@@ -213,7 +226,10 @@ class AgentLoop:
             loss_mask=mask,
             behavior_logprobs=logprobs,
             token_versions=versions,
-            reward=float(reward),
+            reward=float(reward) + latent,
+            first_answer_turn=first_turn,
+            first_answer_token=first_token,
+            latent_reward=latent,
             prompt_token_ids=prompt,
             tool_names=tool_names,
             stratum=int(s.stratifier([tool_names], [f"{prompt_id}#{sample_index}"])[0]),

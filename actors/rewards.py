@@ -30,6 +30,16 @@ def exact_match(prediction: str, golden_answers: list[str] | str) -> float:
     return float(any(predicted == normalize_answer(g) for g in _as_list(golden_answers)))
 
 
+def answer_appears(text: str, golden_answers: list[str] | str) -> bool:
+    """Whether a gold answer appears in `text` (a tool observation): both normalised as exact
+    match normalises, the answer a whole-word span of the text (TSPO's matching rule, as read here)."""
+    padded = f" {normalize_answer(text)} "
+    return any(
+        normalized and f" {normalized} " in padded
+        for normalized in (normalize_answer(g) for g in _as_list(golden_answers))
+    )
+
+
 def f1(prediction: str, golden_answers: list[str] | str) -> float:
     """Best SQuAD token F1 over the golden answers (1.0 when both sides normalise to nothing)."""
     predicted = normalize_answer(prediction).split()

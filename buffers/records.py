@@ -33,6 +33,9 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("tool_names", pa.list_(pa.string())),
         ("stratum", pa.int32()),
         ("reward", pa.float32()),
+        ("first_answer_turn", pa.int32()),
+        ("first_answer_token", pa.int32()),
+        ("latent_reward", pa.float32()),
         ("finish_reason", pa.string()),
         ("text", pa.string()),
         ("actor_id", pa.string()),
@@ -48,6 +51,9 @@ _TOKEN_COLUMNS = {
     "token_versions": np.int32,
 }
 
+
+_ADDED_LATER = ("first_answer_turn", "first_answer_token", "latent_reward")
+"""Columns files written before them lack: read as the field defaults (no latent reward)."""
 
 _UINT32_MAX = np.iinfo(np.uint32).max
 _INT32_MAX = np.iinfo(np.int32).max
@@ -71,6 +77,13 @@ class Trajectory:
     prompt_token_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     tool_names: list[str] = field(default_factory=list)
     stratum: int = 0
+    first_answer_turn: int = -1
+    """The tool call (0-based) whose observation first held a gold answer; -1: none did."""
+    first_answer_token: int = -1
+    """Index in token_ids where that observation begins (-1: none): the tokens before it are
+    the turns that found the answer."""
+    latent_reward: float = 0.0
+    """The part of `reward` that is TSPO's first-occurrence latent reward (0: none)."""
     data_source: str = ""
     question: str = ""
     ground_truth: list[str] = field(default_factory=list)
@@ -175,6 +188,13 @@ class Trajectory:
             raise self._invalid("behavior_logprobs must be finite and <= 0")
         if not math.isfinite(self.reward):
             raise self._invalid(f"reward {self.reward!r} is not finite")
+        if not (-1 <= self.first_answer_token <= n) or (self.first_answer_token < 0) != (self.first_answer_turn < 0):  # fmt: skip
+            raise self._invalid(
+                f"first_answer_turn {self.first_answer_turn} / first_answer_token "
+                f"{self.first_answer_token}: both -1, or a turn and a token index in [0, {n}]"
+            )
+        if not (math.isfinite(self.latent_reward) and self.latent_reward >= 0):
+            raise self._invalid(f"latent_reward {self.latent_reward!r} must be finite and >= 0")
 
 
 def _list_column(arrays: list[np.ndarray], value_type: pa.DataType) -> pa.ListArray:
@@ -199,6 +219,9 @@ def to_arrow(trajectories: list[Trajectory]) -> pa.RecordBatch:
         "tool_names": pa.array([x.tool_names for x in t], pa.list_(pa.string())),
         "stratum": pa.array([x.stratum for x in t], pa.int32()),
         "reward": pa.array([x.reward for x in t], pa.float32()),
+        "first_answer_turn": pa.array([x.first_answer_turn for x in t], pa.int32()),
+        "first_answer_token": pa.array([x.first_answer_token for x in t], pa.int32()),
+        "latent_reward": pa.array([x.latent_reward for x in t], pa.float32()),
         "finish_reason": pa.array([x.finish_reason for x in t], pa.string()),
         "text": pa.array([x.text for x in t], pa.string()),
         "actor_id": pa.array([x.actor_id for x in t], pa.string()),
@@ -227,12 +250,16 @@ def from_arrow(batch: pa.RecordBatch | pa.Table) -> list[Trajectory]:
         batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else None
         if batch is None:
             return []
-    col = {name: batch.column(name) for name in TRAJECTORY_SCHEMA.names}
+    present = set(batch.schema.names)
+    missing = [n for n in TRAJECTORY_SCHEMA.names if n not in present and n not in _ADDED_LATER]
+    if missing:
+        raise KeyError(f"trajectory columns missing: {', '.join(missing)}")
+    col = {name: batch.column(name) for name in TRAJECTORY_SCHEMA.names if name in present}
     tokens = {name: _lists(col[name], dtype) for name, dtype in _TOKEN_COLUMNS.items()}
     derived = ("policy_version", "num_tool_calls", "created_at")
     plain = {
         name: col[name].to_pylist()
-        for name in TRAJECTORY_SCHEMA.names
+        for name in col
         if name not in _TOKEN_COLUMNS and name not in derived
     }
     plain["created_at"] = col["created_at"].cast(pa.int64()).to_pylist()

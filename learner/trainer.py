@@ -155,6 +155,9 @@ class Learner:
                           self.config.alpha, self.config.eps)  # fmt: skip
         batch = build_batch(trajectories, chosen.advantages, self.pad_id)
         batch.response_mask[~chosen.keep] = 0  # left out of the loss (mc_grpo's pivots)
+        for row, t in enumerate(trajectories):  # TSPO: the latent reward credits the turns up to
+            if t.latent_reward > 0 and t.first_answer_token >= 0:  # the answer's first observation
+                batch.response_mask[row, t.first_answer_token :] = 0
 
         proximal = self._proximal(batch) if self.config.importance != "none" else None
         # The tokens the loss is taken over (importance "mask" drops some before the loss sees

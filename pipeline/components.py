@@ -159,6 +159,7 @@ def agent_settings(config: ActorsConfig, strata: StratifierConfig | None = None)
         top_p=config.top_p,
         reward=config.reward,
         format_weight=config.format_weight,
+        latent_reward=config.latent_reward,
         stratifier=stratifier,
     )
 

@@ -195,6 +195,13 @@ class ActorsConfig(Section):
     """Outcome reward of the final <answer>."""
     format_weight: float = Field(0.0, ge=0, le=1)
     """Added reward for a well-formed response (tags closed, one final answer); 0: outcome only."""
+    latent_reward: float = Field(0.0, ge=0, le=1)
+    """TSPO's first-occurrence latent reward beta (arXiv 2601.22776; 0: off): a wrong final answer
+    whose tool observations held a gold answer earns beta, credited only to the turns up to the
+    first such observation (the learner trains no later token of that trajectory)."""
+    latent_match: Literal["exact_match_span"] = "exact_match_span"
+    """How a gold answer is found in an observation: both normalised as exact match does (lower
+    case, no punctuation or articles), the answer a whole-word span of the observation."""
     python_timeout_s: float = Field(5.0, gt=0, le=600)
     """Wall-clock limit of one sandboxed python call."""
     python_memory_mb: int = Field(512, ge=32, le=65536)

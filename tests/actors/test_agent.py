@@ -123,6 +123,37 @@ def test_the_stratum_is_the_configured_stratifiers_recorded_at_collection(engine
     assert t.stratum == int(RandomStrata(1000, seed=3)([[]], ["q1@0#5"])[0])
 
 
+@pytest.mark.parametrize(
+    "answer, beta, reward", [("Paris", 0.3, 0.3), ("Quorvex", 0.3, 1.0), ("Paris", 0.0, 0.0)]
+)
+def test_first_occurrence_latent_reward(engine, answer, beta, reward):
+    """TSPO: the search found the gold answer (the stub's passage names Quorvex); a wrong final
+    answer still earns beta, and the record says where the answer first appeared."""
+    loop = agent(engine, latent_reward=beta)
+    task = Task("q1", "Where was Varno Telik born?", ("Quorvex",))
+    with Script(engine, f"<search> Varno Telik </search><answer> {answer} </answer>"):
+        t = run(loop.run(task, "q1@0", 0))
+    t.validate()
+    assert t.reward == pytest.approx(reward) and t.latent_reward == pytest.approx(
+        reward if answer == "Paris" else 0.0
+    )
+    assert t.first_answer_turn == 0
+    first_observation = int(np.flatnonzero(np.asarray(t.loss_mask) == 0)[0])
+    assert t.first_answer_token == first_observation  # the tokens before it are the finding turn
+
+
+def test_answer_appears_uses_the_exact_match_normalisation():
+    from actors.rewards import answer_appears
+
+    assert answer_appears("Varno Telik was born in QUORVEX.", ["Quorvex"])
+    assert (
+        answer_appears("born in the city of New-York", ["new york", "x"]) is False
+    )  # punctuation joins
+    assert answer_appears("born in the city of new york", ["New York"])
+    assert not answer_appears("Quorvexian history", ["Quorvex"])  # a whole-word span only
+    assert not answer_appears("anything", [""])
+
+
 def test_the_last_turn_may_only_answer(engine):
     loop = agent(engine, max_turns=2)
     search = "<search> Varno Telik </search>"

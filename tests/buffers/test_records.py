@@ -105,3 +105,19 @@ def test_group_views_and_lazy_batch():
     assert group.batch.num_rows == 3 and group.batch is group.batch
     for a, b in zip(members, from_arrow(group.batch), strict=True):
         assert_same(a, b)
+
+
+def test_first_answer_and_latent_reward_round_trip_and_old_files_read_without_them():
+    from buffers.records import from_arrow, to_arrow
+
+    t = synthetic_trajectory("p", 0, tokens=20)
+    t.first_answer_turn, t.first_answer_token, t.latent_reward = 1, 7, 0.25
+    t.validate()
+    (back,) = from_arrow(to_arrow([t]))
+    assert (back.first_answer_turn, back.first_answer_token, back.latent_reward) == (1, 7, 0.25)
+    old = to_arrow([t]).drop_columns(["first_answer_turn", "first_answer_token", "latent_reward"])
+    (read,) = from_arrow(old)  # a file written before the columns existed
+    assert (read.first_answer_turn, read.first_answer_token, read.latent_reward) == (-1, -1, 0.0)
+    t.first_answer_token = -1  # a turn without its token index
+    with pytest.raises(InvalidTrajectory, match="first_answer_turn 1 / first_answer_token -1"):
+        t.validate()

@@ -366,3 +366,18 @@ def test_token_weighted_staleness_counts_each_generated_token(policy):
     metrics = model.step(batch)
     assert metrics["staleness_mean"] == 1.0  # a trajectory is as old as its oldest token
     assert metrics["staleness_token_mean"] == pytest.approx(old / (old + new))
+
+
+def test_a_latent_reward_trains_only_the_turns_up_to_the_first_answer(policy):
+    """TSPO credit: a trajectory rewarded for having found the answer trains no token after the
+    observation that held it; the others train all their generated tokens."""
+    model = learner(policy)
+    batch = groups(14)
+    t = batch[0].members[1]
+    cut = int(np.flatnonzero(t.loss_mask == 0)[0])  # its first observation
+    t.first_answer_turn, t.first_answer_token, t.latent_reward = 0, cut, 0.3
+    t.validate()
+    metrics = model.step(batch)
+    generated = sum(int(m.loss_mask.sum()) for g in batch for m in g.members)
+    after = int(t.loss_mask[cut:].sum())
+    assert after > 0 and metrics["trained_tokens"] == generated - after
