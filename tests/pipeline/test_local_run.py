@@ -1,6 +1,7 @@
 """`python -m pipeline.launch` end to end on the embedded default, as a user runs it (subprocess)."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -85,6 +86,26 @@ def test_a_short_run_streams_trains_and_leaves_a_complete_run_dir(tmp_path, cach
     assert yaml_config_is_resolved(run_dir)
     books = assert_accounting(run_dir)
     assert books["total"]["trained"] == 12  # three steps of one group of 4
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["learner.advantage.type=mc_grpo", "learner.importance=seq_mask", "actors.latent_reward=0.2"],
+        ["learner.advantage.type=rloo", "learner.ratio=sequence", "learner.loss_agg=seq-mean-token-mean",
+         "learner.importance=none"],
+    ],
+)  # fmt: skip
+def test_the_estimators_and_corrections_run_end_to_end(tmp_path, cache, options):
+    run_dir = tmp_path / "run"
+    sets = [arg for option in options for arg in ("--set", option)]
+    proc = launch(run_dir, cache, "--set", "learner.max_steps=2", *sets)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-2000:]
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [s["version"] for s in steps] == [1.0, 2.0]
+    assert all(math.isfinite(s["loss"]) and "logprob_gap_abs_mean" in s for s in steps)
+    assert_accounting(run_dir)
 
 
 def yaml_config_is_resolved(run_dir) -> bool:
