@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from actors.engine import Generation, GenerationAborted, RolloutEngine, SamplingParams
-from actors.rewards import answer_appears, score
+from actors.rewards import ANSWER_MATCHERS, score
 from actors.tools import Tool, ToolStats, call_tool
 from buffers.records import Trajectory
 from buffers.strata import Stratifier, ToolCallCount
@@ -70,6 +70,8 @@ class AgentSettings:
     latent_reward: float = 0.0
     """TSPO's first-occurrence latent reward beta for a wrong answer whose observations held a
     gold answer (0: off); see `AgentLoop.run`."""
+    latent_match: str = "exact_match_span"
+    """How a gold answer is found in an observation (a key of `rewards.ANSWER_MATCHERS`)."""
     stratifier: Stratifier = field(default_factory=ToolCallCount)
     """Assigns the stratum a trajectory is trained under, once, here (learner.stratifier)."""
 
@@ -196,7 +198,8 @@ class AgentLoop:
                 tool_names.append(tool.name)
                 result = await call_tool(tool, action[1], self.stats.tools)
                 observation = self._observation_ids(tool.open_tag, result.text, tool.close_tag)
-                if first_turn < 0 and answer_appears(result.text, list(task.ground_truth)):
+                found = ANSWER_MATCHERS[s.latent_match]
+                if first_turn < 0 and found(result.text, list(task.ground_truth)):
                     first_turn, first_token = len(tool_names) - 1, len(ids)
             else:
                 self.stats.invalid_actions += 1

@@ -40,6 +40,10 @@ def answer_appears(text: str, golden_answers: list[str] | str) -> bool:
     )
 
 
+ANSWER_MATCHERS = {"exact_match_span": answer_appears}
+"""`actors.latent_match` -> whether a gold answer appears in an observation."""
+
+
 def f1(prediction: str, golden_answers: list[str] | str) -> float:
     """Best SQuAD token F1 over the golden answers (1.0 when both sides normalise to nothing)."""
     predicted = normalize_answer(prediction).split()

@@ -198,6 +198,18 @@ def unavailable(config: StrataConfig) -> str | None:
     return None
 
 
+def progress_printer(config: StrataConfig, console=None):
+    """What the run calls after each step: a progress line every `metrics.log_every` steps, and
+    for the last step."""
+
+    def progress(metrics: dict) -> None:
+        step, last = metrics["step"], config.learner.max_steps
+        if step % config.metrics.log_every == 0 or step == last:
+            _progress_line(metrics, last, console)
+
+    return progress
+
+
 def _progress_line(metrics: dict, max_steps: int, console=None) -> None:
     """One line per learner step, through rich: coloured on a terminal, plain text in a pipe or a
     log (never wrapped, so each step stays one line to grep)."""
@@ -241,7 +253,8 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
     from rich.console import Console
 
     console = Console(soft_wrap=True, highlight=False)
-    progress = lambda m: _progress_line(m, config.learner.max_steps, console)  # noqa: E731
+
+    progress = progress_printer(config, console)
     if isinstance(config.runtime, RayRuntime):
         from pipeline.ray_runtime import run_ray as runtime
     else:

@@ -28,7 +28,7 @@ from actors.tools import ToolStats
 from buffers.group_buffer import BufferStats, GroupBuffer
 from buffers.records import Group
 from pipeline.config import StrataConfig
-from pipeline.datasets import drop_long_prompts, load_world
+from pipeline.datasets import DatasetError, drop_long_prompts, load_questions, load_world
 
 CURSOR_KEY = "tasks_started"
 """Checkpoint field: tasks the pools had started, so a resumed run goes on with the next ones."""
@@ -95,9 +95,15 @@ class Roles(Protocol):
 
 def question_stream(config: StrataConfig, world_dir: Path, tokenizer: Any, skip: int = 0) -> tuple[Iterator, int]:  # fmt: skip
     """The run's training questions forever (`task_stream`): the first `data.num_questions` of
-    the world's training split, less those whose prompt is longer than `data.max_prompt_tokens`
+    the world's training split (mini_gaia) or of `data.train_files`, less those whose prompt is longer than `data.max_prompt_tokens`
     (skipped, and how many is returned and said in one line). RuntimeUnavailable if none fits."""
-    train, _ = load_world(world_dir)
+    try:
+        if config.data.type == "mini_gaia":
+            train = load_world(world_dir)[0]
+        else:  # Search-R1 parquet or GAIA metadata.jsonl, in the order given
+            train = [q for path in config.data.train_files for q in load_questions(path)]
+    except DatasetError as exc:
+        raise RuntimeUnavailable(f"data.train_files: {exc}") from None
     questions = train[: config.data.num_questions]
     kept, skipped = drop_long_prompts(questions, tokenizer, config.actors.tools, config.data.max_prompt_tokens)  # fmt: skip
     if not kept:

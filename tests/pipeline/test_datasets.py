@@ -231,3 +231,29 @@ def test_prompts_longer_than_max_prompt_tokens_are_skipped_and_counted(tmp_path)
     assert [q.id for q in kept] == ["s", "s"] and skipped == 1
     # the python instruction is longer: the same limit now skips the short one too
     assert drop_long_prompts([short], tokenizer, ["search", "python"], limit) == ([], 1)
+
+
+def test_the_run_trains_on_data_train_files(tmp_path):
+    """data.type search_r1 / gaia: the questions come from data.train_files, in order."""
+    from transformers import AutoTokenizer
+
+    from pipeline.config_loader import load_config
+    from pipeline.streaming import RuntimeUnavailable, question_stream
+    from pipeline.tiny_policy import build_tiny_policy
+    from retrieval.world import main as world_main
+
+    assert world_main(["--out", str(tmp_path / "world"), "--seed", "1"]) == 0
+    tokenizer = AutoTokenizer.from_pretrained(build_tiny_policy(tmp_path / "tiny", ["Where was it?"] * 50, vocab_size=300))  # fmt: skip
+    files = [str(tmp_path / "world" / "test.parquet"), str(tmp_path / "world" / "metadata.jsonl")]
+    config = load_config("configs/local.yaml", ["data.type=search_r1", f"data.train_files=[{files[0]},{files[1]}]",
+                                                "data.shuffle=false", "data.max_prompt_tokens=4096"])  # fmt: skip
+    tasks, skipped = question_stream(config, None, tokenizer)
+    expected = load_questions(files[0]) + load_questions(files[1])
+    first = [next(tasks) for _ in range(len(expected[:32]))]
+    assert skipped == 0 and [q.id for q in first] == [q.id for q in expected[:32]]
+    (tmp_path / "bad.jsonl").write_text('{"task_id": "a", "Question": "Q?"}\n')
+    bad = load_config(
+        "configs/local.yaml", ["data.type=gaia", f"data.train_files=[{tmp_path / 'bad.jsonl'}]"]
+    )
+    with pytest.raises(RuntimeUnavailable, match=r"data.train_files: .*bad\.jsonl"):
+        question_stream(bad, None, tokenizer)

@@ -168,3 +168,19 @@ def test_keys_this_machine_cannot_honour_are_refused_in_one_line(sets, expected,
     assert main(argv) == 2 and not no_training
     err = capsys.readouterr().err
     assert expected in err and err.strip().splitlines()[-1].count("error") == 1
+
+
+def test_progress_lines_come_every_log_every_steps_and_for_the_last():
+    import io
+
+    from rich.console import Console
+
+    from pipeline.launch import progress_printer
+
+    config = load_config(LOCAL, ["metrics.log_every=2", "learner.max_steps=5"])
+    out = io.StringIO()
+    progress = progress_printer(config, Console(file=out, soft_wrap=True, highlight=False))
+    for step in range(1, 6):
+        progress({"step": step, "elapsed_s": 1.0, "generated_tokens_per_s": 1.0, "trajectories_per_s": 1.0,
+                  "buffer_ready": 0, "buffer_open": 0})  # fmt: skip
+    assert [line.split()[1] for line in out.getvalue().splitlines()] == ["2/5", "4/5", "5/5"]
