@@ -229,7 +229,7 @@ class GroupBuffer:
             members = tuple(group.members[i] for i in sorted(group.members))
             self._ready.append(Group(trajectory.prompt_id, members))
             self._ready_ids.add(trajectory.prompt_id)
-        _wake(self._group_waiters)  # a completion, or a due group coming closer to one
+            _wake(self._group_waiters)
 
     def _arrive_after_close(self, trajectory: Trajectory) -> None:
         status = self._closed[trajectory.prompt_id]
@@ -259,6 +259,9 @@ class GroupBuffer:
         chosen: list[Group] = []
         while True:
             self.expire_overdue()
+            if not self._ready:  # nothing to take: wait for a completion
+                await _park(self._group_waiters, timeout=self._until_next_deadline())
+                continue
             due_open = sum(self._due(p, current_version) for p in self._open)
             order = sorted(self._ready, key=lambda g: not self._due(g.prompt_id, current_version))
             for group in order:  # sorted() is stable: first complete, first out within each
@@ -304,6 +307,7 @@ class GroupBuffer:
         self._leave(tuple(group.members.values()), "abandoned", consumed_version=-1)
         self._remember(prompt_id, "abandoned")
         _wake(self._space_waiters)
+        _wake(self._group_waiters)  # the learner may be keeping room for it in the step
         return len(group.members)
 
     def expire_overdue(self) -> int:

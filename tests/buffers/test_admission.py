@@ -209,3 +209,22 @@ def test_places_used_is_admitted_minus_freed_under_random_interleavings(ops):
         assert stats.put == stats.released + stats.dropped_stale + stats.abandoned + stats.pending
 
     run(scenario())
+
+
+def test_abandoning_a_due_group_releases_the_learner_waiting_for_it():
+    """The learner keeps room in its step for a due group still generating; when that group is
+    abandoned (its actor died) the learner takes the ready group instead, without another arrival."""
+
+    async def scenario():
+        buffer = GroupBuffer(group_size=2, max_staleness=1, groups_per_step=2)
+        await buffer.admit("due")  # admitted at version 0: due at version 1
+        buffer.serve(1)
+        await buffer.admit("fresh")
+        await fill(buffer, "fresh", version=1)
+        step = asyncio.create_task(buffer.next_groups(1, 1))
+        await asyncio.sleep(0.05)
+        assert not step.done()  # the one place in the step is kept for "due"
+        buffer.abandon("due")
+        return [g.prompt_id for g in await asyncio.wait_for(step, 1)]
+
+    assert run(scenario()) == ["fresh"]
