@@ -24,7 +24,7 @@ import torch
 from buffers.records import Group
 from learner.advantages import stratified_advantages_with_stats
 from learner.batch import InvalidGroup, TrainBatch, build_batch, response_logprobs, validate_group
-from learner.estimators import estimate
+from learner.estimators import Estimate, estimate
 from learner.losses import kept_by_importance, kl_penalty, policy_loss
 from learner.schedule import step_schedule
 from learner.telemetry import stratum_summary
@@ -151,8 +151,11 @@ class Learner:
         result = stratified_advantages_with_stats(
             rewards, group_ids, strata, self.config.alpha, self.config.eps
         )
-        chosen = estimate(self.config.advantage.type, rewards, group_ids, strata,
-                          self.config.alpha, self.config.eps)  # fmt: skip
+        if self.config.advantage.type == "stratified":  # already computed: not twice
+            chosen = Estimate(result.advantages, torch.ones(len(rewards), dtype=torch.bool))
+        else:
+            chosen = estimate(self.config.advantage.type, rewards, group_ids, strata,
+                              self.config.alpha, self.config.eps)  # fmt: skip
         batch = build_batch(trajectories, chosen.advantages, self.pad_id)
         batch.response_mask[~chosen.keep] = 0  # left out of the loss (mc_grpo's pivots)
         for row, t in enumerate(trajectories):  # TSPO: the latent reward credits the turns up to

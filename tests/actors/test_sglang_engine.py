@@ -383,15 +383,20 @@ def test_distributed_update_without_gpu_says_what_it_needs():
     run(scenario())
 
 
-def test_weight_sync_nccl_is_refused_under_ray_in_one_line():
+def test_weight_sync_nccl_is_refused_under_ray_in_one_line(monkeypatch):
+    """The rule itself, as on a GPU machine (without CUDA the SGLang refusal comes first)."""
     from pipeline.config_loader import load_config
     from pipeline.launch import unavailable
 
-    config = load_config("configs/gaia.yaml", ["actors.engine.weight_sync=nccl"])
-    problem = unavailable(config)
-    assert problem is not None and "\n" not in problem
-    if torch.cuda.is_available():
-        assert "runtime.type local" in problem
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    ray = load_config("configs/gaia.yaml", ["actors.engine.weight_sync=nccl"])
+    problem = unavailable(ray)
+    assert problem is not None and "\n" not in problem and "runtime.type local" in problem
+    local = load_config(
+        "configs/gaia.yaml", ["actors.engine.weight_sync=nccl", "runtime.type=local"]
+    )
+    assert unavailable(local) is None  # reachable from config in the local runtime
+    assert unavailable(load_config("configs/gaia.yaml")) is None  # disk under Ray
 
 
 def test_nccl_updates_go_in_buckets_and_the_last_one_sets_the_version():
