@@ -1,13 +1,17 @@
 """What every HTTP inference-server engine shares (`RemoteEngine`): the SGLang engine
 (`actors.sglang`) and the vLLM engine (`actors.vllm`) differ only in their wire formats.
 
-Each request goes to the server with the fewest requests in flight; a server that just failed
-(refused, timed out, HTTP 5xx) is skipped for `cooldown_s` while another one is healthy. A failed
-request raises `EngineError` at once (the agent loop counts its trajectory as aborted) and never
-waits on a server longer than `timeout_s`, so a dead server cannot hang the actor pool. A weight
-update pauses every server, loads, and resumes them all even after a failure. A server known to
-be down (being restarted) is held out of rotation and readmitted once it has loaded the last
-published checkpoint.
+Each request goes to the server with the fewest requests in flight. A failed request raises
+`EngineError` at once (the agent loop counts its trajectory as aborted) and never waits on a server
+longer than `timeout_s`, so a dead server cannot hang the actor pool. A weight update pauses every
+server, loads, and resumes them all even after a failure.
+
+A server that fails (refused, timed out, HTTP 5xx) or answers with older weights than it was given
+is *down*: out of rotation and out of weight updates. Every `cooldown_s` its /health is probed;
+once it answers, it rejoins after loading the last published checkpoint (unless it reports that
+version already), so a server someone restarted never serves its start-up weights under a newer
+version's label. A server the run itself restarts (`ServerWatch`) is *held* instead, and
+`readmit` does the same once it is back.
 """
 
 from __future__ import annotations
@@ -35,9 +39,11 @@ class _Server:
     requests: int = 0
     aborts: int = 0  # requests that raised EngineError: their trajectories were aborted
     server_aborts: int = 0  # answers the server itself finished with finish_reason "abort"
-    failed_at: float | None = None  # monotonic time of the last transport failure
-    # known down (its process is being restarted): out of rotation until readmitted
+    # known down (its process is being restarted by the run): out of rotation until readmitted
     held: bool = False
+    # failed here: out of rotation until it answers /health again and serves the published weights
+    down: bool = False
+    rejoins: int = 0  # times it came back from down
 
 
 class RemoteEngine:
@@ -84,6 +90,7 @@ class RemoteEngine:
         self._published: tuple[int, str] | None = None  # the last (version, checkpoint) loaded
         self._update_lock: asyncio.Lock | None = None  # one weight change at a time
         self._back: asyncio.Event | None = None  # set while some server is in rotation
+        self._recovering: dict[str, asyncio.Task] = {}  # url -> its rejoin loop
 
     async def __aenter__(self) -> RemoteEngine:
         return self
@@ -94,23 +101,23 @@ class RemoteEngine:
     @property
     def version(self) -> int:
         """The oldest version a live server serves: a new trajectory may be sampled with it."""
-        live = self._live() or [s for s in self._servers if not s.held] or self._servers
+        live = self._live() or self._servers
         return min(server.version for server in live)
 
     async def served_versions(self) -> dict[str, int]:
         """Each server in rotation and the version it was last told to serve (a wire format
         whose servers report their own version overrides this)."""
-        return {server.url: server.version for server in self._servers if not server.held}
+        return {server.url: server.version for server in self._live()}
 
     def stats(self) -> dict[str, float]:
         """Totals, plus `<name>/<url>` per server: requests, aborts, server_aborts, in_flight,
-        version, healthy (0/1)."""
+        rejoins, version, healthy (0/1)."""
         out: dict[str, float] = {"version": self.version}
         live = self._live()
-        for name in ("requests", "aborts", "server_aborts", "in_flight"):
+        for name in ("requests", "aborts", "server_aborts", "in_flight", "rejoins"):
             out[name] = sum(getattr(server, name) for server in self._servers)
         for server in self._servers:
-            for name in ("requests", "aborts", "server_aborts", "in_flight", "version"):
+            for name in ("requests", "aborts", "server_aborts", "in_flight", "rejoins", "version"):
                 out[f"{name}/{server.url}"] = getattr(server, name)
             out[f"healthy/{server.url}"] = int(server in live)
         return out
@@ -122,7 +129,7 @@ class RemoteEngine:
         requests go to the others (or wait, up to timeout_s, when none is left); weight updates
         skip it. `readmit` puts it back."""
         self._server(url).held = True
-        if all(s.held for s in self._servers):
+        if not self._live():
             self._event().clear()
 
     async def readmit(self, url: str) -> int:
@@ -137,14 +144,63 @@ class RemoteEngine:
                 "first distributed update: restart the run, or publish from disk (path=)"
             )
         async with self._updating():
-            if self._published is not None:
-                version, path = self._published
-                await self._load(server, version, path)
-            else:
-                version = self._initial_version
-            server.version, server.held, server.failed_at = version, False, None
-            self._event().set()
+            server.version = await self._bring_up_to_date(server)
+            server.held = False
+            self._back_in_rotation(server)
+        return server.version
+
+    async def _bring_up_to_date(self, server: _Server) -> int:
+        """Load the last published checkpoint into `server` unless it reports serving that
+        version already; its version. Call holding the update lock."""
+        if self._published is None:
+            return self._initial_version  # nothing published: its start-up weights
+        version, path = self._published
+        if await self._reported_version(server) != version:
+            await self._load(server, version, path)
         return version
+
+    async def _reported_version(self, server: _Server) -> int | None:
+        """The weight version `server` says it serves, or None where the wire format cannot tell
+        (then a rejoining server always reloads)."""
+        return None
+
+    def _back_in_rotation(self, server: _Server) -> None:
+        server.down = False
+        self._event().set()
+
+    def _mark_down(self, server: _Server) -> None:
+        """Take a failed server out of rotation; a task probes it until it can rejoin."""
+        if server.held or server.down:
+            return
+        server.down = True
+        if not self._live():
+            self._event().clear()
+        task = self._recovering.get(server.url)
+        if task is None or task.done():
+            self._recovering[server.url] = asyncio.get_running_loop().create_task(
+                self._recover(server)
+            )
+
+    async def _recover(self, server: _Server) -> None:
+        """Every cooldown_s: once `server` answers /health, bring it up to date and put it back.
+        A held server is left to whoever holds it (`readmit`)."""
+        from actors.servers import healthy
+
+        while server.down and not server.held:
+            await asyncio.sleep(self.cooldown_s)
+            if not await asyncio.to_thread(healthy, server.url):
+                continue
+            async with self._updating():
+                if server.held or not server.down:
+                    return
+                try:
+                    server.version = await self._bring_up_to_date(server)
+                except EngineError as exc:
+                    print(f"strata: {server.url} answers again but could not load the published "
+                          f"weights, retrying in {self.cooldown_s:g} s: {exc}", flush=True)  # fmt: skip
+                    continue
+                server.rejoins += 1
+                self._back_in_rotation(server)
 
     def _server(self, url: str) -> _Server:
         for server in self._servers:
@@ -164,31 +220,31 @@ class RemoteEngine:
         return self._update_lock
 
     async def close(self) -> None:
+        tasks = [t for t in self._recovering.values() if not t.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._recovering.clear()
         if self._session is not None:
             await self._session.close()
             self._session = None
 
     def _live(self) -> list[_Server]:
-        now = time.monotonic()
-        return [
-            s
-            for s in self._servers
-            if not s.held and (s.failed_at is None or now - s.failed_at >= self.cooldown_s)
-        ]
+        return [s for s in self._servers if not s.held and not s.down]
 
     async def _choose(self) -> _Server:
-        """The least loaded live server; while every server is held (restarting), wait for one
-        to be readmitted rather than fail requests by the hundred, up to timeout_s."""
-        if all(s.held for s in self._servers):
+        """The least loaded live server; while every server is down or held, wait for one to
+        come back rather than fail requests by the hundred, up to timeout_s."""
+        deadline = time.monotonic() + self.timeout_s
+        while not self._live():
+            self._event().clear()
             try:
-                await asyncio.wait_for(self._event().wait(), self.timeout_s)
+                await asyncio.wait_for(self._event().wait(), deadline - time.monotonic())
             except TimeoutError:
                 raise EngineError(
                     f"every {self.name} server is down and none was back within {self.timeout_s:g} s"
                 ) from None
-        unheld = [s for s in self._servers if not s.held]
-        candidates = self._live() or unheld  # all failed recently: try anyway
-        return min(candidates, key=lambda s: (s.in_flight, s.requests))
+        return min(self._live(), key=lambda s: (s.in_flight, s.requests))
 
     # ---------------------------------------------------------------------------------- HTTP
 
@@ -215,15 +271,14 @@ class RemoteEngine:
                 text = await response.text()
                 status = response.status
         except TimeoutError:
-            server.failed_at = time.monotonic()
+            self._mark_down(server)
             raise EngineError(f"no answer from {url} within {timeout.total:g} s") from None
         except aiohttp.ClientError as exc:
-            server.failed_at = time.monotonic()
+            self._mark_down(server)
             raise EngineError(f"cannot reach {url}: {type(exc).__name__}: {exc}") from None
         if status >= 500:
-            server.failed_at = time.monotonic()
+            self._mark_down(server)
             raise EngineError(f"HTTP {status} from {url}: {text[:300]}")
-        server.failed_at = None  # it answered: alive, whatever it said
         answer = _json_or_none(text)
         if check_success and isinstance(answer, dict) and "success" in answer:
             if answer["success"] is not True:  # SGLang: HTTP 400 with success false
@@ -261,6 +316,11 @@ class RemoteEngine:
             server.in_flight -= 1
         if generation.finish_reason == "abort":
             server.server_aborts += 1
+        if generation.versions and min(generation.versions) < believed:
+            # older weights than it was given: restarted behind our back (labelled as they are)
+            print(f"strata: {server.url} served version {min(generation.versions)}, not the "
+                  f"{believed} it was given (restarted?): reloading it", flush=True)  # fmt: skip
+            self._mark_down(server)
         self.generated_tokens += len(generation.token_ids)
         return generation
 
@@ -301,9 +361,10 @@ class RemoteEngine:
         """Pause every server, run `update(server)` on those that paused, then continue them, even
         after a failed update so that none stays paused. A dead server does not hold the others
         back, except with a `sender` (the NCCL broadcast, run alongside the updates): every
-        receiver must take part. Held servers (restarting) are skipped: `readmit` loads the
-        published checkpoint into them. Raises, naming each server that failed, once all are done."""
-        servers = [s for s in self._servers if not s.held]
+        receiver must take part. Servers out of rotation (held or down) are skipped: they load
+        the published checkpoint when they come back. Raises, naming each server that failed,
+        once all are done."""
+        servers = self._live()
         paused = await asyncio.gather(*(self._pause(s) for s in servers), return_exceptions=True)
         problems: dict[str, list[str]] = {}
         for server, result in zip(servers, paused, strict=True):

@@ -82,6 +82,11 @@ class SGLangEngine(RemoteEngine):
             lambda payload, believed: _parse_generation(payload, believed, server.url),
         )
 
+    async def _reported_version(self, server: _Server) -> int | None:
+        info = await self._get(server, "get_model_info")
+        label = info.get("weight_version") if isinstance(info, dict) else None
+        return None if label is None else _as_version(label, -1)
+
     async def _load(self, server: _Server, version: int, path: str) -> None:
         await self._post(server, "update_weights_from_disk",
                          {"model_path": path, "weight_version": str(version)},
@@ -197,10 +202,14 @@ def _parse_generation(payload: Any, believed: int, url: str) -> Generation:
 
 
 def _as_version(value: object, fallback: int) -> int:
+    """A weight_version as a number. SGLang's is "default" until an update names one: the
+    weights the server started with, version 0 of a run."""
+    if value == "default":
+        return 0
     try:
         return int(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        return fallback  # SGLang's weight_version is "default" until an update sets it
+        return fallback
 
 
 def _token_versions(meta: dict, n: int, believed: int) -> list[int]:

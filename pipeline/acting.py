@@ -18,10 +18,10 @@ from transformers import AutoTokenizer
 
 from actors.agent import AgentLoop, AgentSettings
 from actors.engine import RolloutEngine
+from actors.servers import ManagedServers
 from actors.tools import Tool
-from actors.vllm_server import VLLMServers
 from pipeline.components import agent_settings, make_engine, make_tools, model_dtype
-from pipeline.config import StrataConfig, VLLMEngine
+from pipeline.config import SGLangEngine, StrataConfig, VLLMEngine
 from retrieval.server import load_app, serve
 
 
@@ -34,7 +34,7 @@ class Acting:
     tokenizer: Any
     tools: dict[str, Tool]
     servers: Any = None
-    """The vLLM servers started here (actors.vllm_server.VLLMServers), if any."""
+    """The inference servers started here (actors.servers.ManagedServers), if any."""
     retrieval: Any = None
     """The retrieval server's aiohttp runner, when it was started here."""
 
@@ -67,8 +67,8 @@ async def open_acting(
 
     `search_url`: a retrieval server running elsewhere; else `retrieval.url`; else one is started
     here on `index_dir`. `urls`: the inference servers to use (a pool's share of those the
-    runtime started); else `actors.engine.urls`; else, for vLLM, servers are started here on
-    `policy_dir` (logs in `log_dir`) and stopped by `close`."""
+    runtime started); else `actors.engine.urls`; else, for vLLM and SGLang, servers are started
+    here on `policy_dir` (logs in `log_dir`) and stopped by `close`."""
     retrieval = servers = None
     tools: dict[str, Tool] = {}
     try:
@@ -93,17 +93,41 @@ async def open_acting(
 
 def start_servers(config: StrataConfig, policy_dir: str | os.PathLike[str],
                   log_dir: str | os.PathLike[str] | None):  # fmt: skip
-    """(servers, their URLs) when `config` generates on vLLM servers given by no URL: started
-    here (call from the main thread: they die with it), else (None, None)."""
-    engine = config.actors.engine
-    if not isinstance(engine, VLLMEngine) or engine.urls:
+    """(servers, their URLs) when `config` generates on vLLM or SGLang servers given by no URL:
+    started here (call from the main thread: they die with it), else (None, None)."""
+    servers = managed_servers(config, policy_dir, log_dir)
+    if servers is None:
         return None, None
-    logs = Path(log_dir) if log_dir is not None else Path(policy_dir) / "logs"
-    servers = VLLMServers(str(policy_dir), engine.num_servers, engine.python, engine.max_batch_size,
-                          engine.max_model_len, engine.kv_cache_gb, engine.startup_timeout_s,
-                          log_dir=str(logs), dtype=model_dtype(config))  # fmt: skip
-    print(f"strata: starting {engine.num_servers} vLLM server(s) (logs in {logs})", flush=True)
+    print(f"strata: starting {servers.count} {servers.label} server(s) (logs in {servers.log_dir})",
+          flush=True)  # fmt: skip
     return servers, servers.start()
+
+
+def managed_servers(config: StrataConfig, policy_dir: str | os.PathLike[str],
+                    log_dir: str | os.PathLike[str] | None) -> ManagedServers | None:  # fmt: skip
+    """The servers the launcher starts for `config` (not started yet), or None when it names
+    running ones or generates in-process."""
+    engine = config.actors.engine
+    if not isinstance(engine, VLLMEngine | SGLangEngine) or engine.urls:
+        return None
+    logs = str(Path(log_dir) if log_dir is not None else Path(policy_dir) / "logs")
+    if isinstance(engine, VLLMEngine):
+        from actors.vllm_server import VLLMServers
+
+        return VLLMServers(str(policy_dir), engine.num_servers, engine.startup_timeout_s, logs,
+                           python=engine.python, max_num_seqs=engine.max_batch_size,
+                           max_model_len=engine.max_model_len, kv_cache_gb=engine.kv_cache_gb,
+                           dtype=model_dtype(config))  # fmt: skip
+    import torch
+
+    from actors.sglang_server import SGLangServers, gpu_sets
+
+    sets = gpu_sets(engine.num_servers, engine.tp_size, engine.gpus, torch.cuda.device_count())
+    return SGLangServers(str(policy_dir), engine.num_servers, engine.startup_timeout_s, logs,
+                        gpu_sets=sets, tp_size=engine.tp_size,
+                        mem_fraction_static=engine.mem_fraction_static, python=engine.python,
+                        dtype=model_dtype(config), seed=config.runtime.seed,
+                        extra_args=list(engine.extra_args))  # fmt: skip
 
 
 class _NoEngine:

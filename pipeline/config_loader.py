@@ -205,13 +205,15 @@ def load_config(
     """The validated config in `path` with `--set` overrides applied in order. A `--set` that
     changes a backend section's `type` starts that section from the new type's defaults: the
     file's keys there that the new type does not have are dropped (keys given by --set stay),
-    and `notes` gets one line saying which."""
+    and `notes` gets one line saying which. So does a `--set` of an engine's `urls`: the file's
+    settings of servers the launcher would start are dropped (see `_switch_to_urls`)."""
     raw = read_yaml(path)
     applied: dict[str, str] = {}
     for text in overrides:
         try:
             key, value = parse_override(text)
             note = _switch_type(raw, key, value, applied, text, str(path))
+            note = note or _switch_to_urls(raw, key, value, applied, text, str(path))
             apply_override(raw, key, value)
         except OverrideError as exc:
             raise ConfigError(str(exc)) from None
@@ -219,6 +221,31 @@ def load_config(
             notes.append(note)
         applied[key] = text
     return validate(raw, str(path), applied)
+
+
+def _switch_to_urls(raw: dict[str, Any], key: str, value: Any, applied: dict[str, str], text: str,
+                    source: str) -> str | None:  # fmt: skip
+    """Before `--set SECTION.urls=[...]` on a server engine: the servers are running elsewhere, so
+    the file's settings of servers the launcher would start (`STARTED_ONLY`) are dropped (those
+    an earlier --set gave stay, and validation refuses them), and said."""
+    section, _, leaf = key.rpartition(".")
+    if leaf != "urls" or not section or not value:
+        return None
+    model = _section_model(raw, section.split("."))
+    started = getattr(model, "STARTED_ONLY", ())
+    node: Any = raw
+    for part in section.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    if not started or not isinstance(node, dict):
+        return None
+    dropped = [k for k in started if k in node and f"{section}.{k}" not in applied]
+    for name in dropped:
+        del node[name]
+    if not dropped:
+        return None
+    keys = ", ".join(f"{section}.{k}" for k in dropped)
+    return (f"--set {text}: the servers run elsewhere, so the launcher starts none; dropped {keys} "
+            f"(settings of started servers) from {source}")  # fmt: skip
 
 
 def _switch_type(raw: dict[str, Any], key: str, value: Any, applied: dict[str, str], text: str,

@@ -40,8 +40,8 @@ import pyarrow.parquet as pq
 from actors.agent import AgentLoop
 from actors.engine import EngineError
 from actors.rewards import format_reward
+from actors.servers import ServerStartError
 from actors.vllm import checkpoint_problem
-from actors.vllm_server import VLLMServerError
 from buffers.records import to_arrow
 from pipeline.acting import open_acting
 from pipeline.assets import prepare_index, prepare_world
@@ -410,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         rows, trajectories = asyncio.run(
             evaluate(config, checkpoint, items, samples, index_dir, out.parent / "logs")
         )
-    except (EngineError, VLLMServerError) as exc:
+    except (EngineError, ServerStartError) as exc:
         print(f"strata: error: generation failed, nothing written: {exc}", file=sys.stderr)
         return 1
     result = {

@@ -161,12 +161,14 @@ def unavailable(config: StrataConfig) -> str | None:
     )
 
     gpu = torch.cuda.is_available()
-    if isinstance(config.actors.engine, SGLangEngine) and not gpu:
-        return (
-            "this config generates with SGLang servers and trains with ZeRO-3, which need CUDA GPUs; "
-            "this machine has none: run configs/local.yaml (the embedded CPU default) instead"
-        )
     engine = config.actors.engine
+    if isinstance(engine, SGLangEngine) and not engine.urls:
+        from actors.sglang_server import launch_problem
+
+        under_ray = isinstance(config.runtime, RayRuntime)
+        problem = launch_problem(engine, engine.python, torch.cuda.device_count(), under_ray)
+        if problem is not None:
+            return problem
     if isinstance(engine, EmbeddedEngine) and engine.device == "cuda" and not gpu:
         return "actors.engine.device cuda: this machine has no CUDA GPU: use --set actors.engine.device=cpu"
     if isinstance(config.model, PretrainedModel) and config.model.dtype == "float16" and not gpu:
@@ -183,19 +185,39 @@ def unavailable(config: StrataConfig) -> str | None:
             "learner and the engine client, which runtime.type ray splits: use weight_sync "
             "disk under Ray, or runtime.type local"
         )
-    if isinstance(engine, VLLMEngine) and not engine.urls:
-        from actors.vllm_server import VLLMServerError, vllm_python
-
-        try:
-            vllm_python(engine.python)
-        except VLLMServerError as exc:
-            return str(exc)
     if isinstance(config.runtime, RayRuntime):
         try:
             import ray  # noqa: F401
         except ImportError:
             return "runtime.type ray needs the ray package: pip install 'ray>=2.30', or use --set runtime.type=local"
+    if isinstance(engine, VLLMEngine) and not engine.urls:
+        from actors.servers import ServerStartError
+        from actors.vllm_server import vllm_python
+
+        try:
+            vllm_python(engine.python)
+        except ServerStartError as exc:
+            return str(exc)
+    if isinstance(engine, VLLMEngine | SGLangEngine) and engine.urls:
+        return unreachable(engine.urls)
     return None
+
+
+def unreachable(urls: list[str], timeout_s: float = 5.0) -> str | None:
+    """One line naming the servers in `urls` whose /health does not answer, or None."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from actors.servers import healthy
+
+    with ThreadPoolExecutor(max_workers=min(16, len(urls))) as pool:
+        answers = list(pool.map(lambda url: healthy(url, timeout_s), urls))
+    silent = [url for url, ok in zip(urls, answers, strict=True) if not ok]
+    if not silent:
+        return None
+    return (
+        f"actors.engine.urls: no answer from {', '.join(f'{u.rstrip(chr(47))}/health' for u in silent)} "
+        f"({len(silent)} of {len(urls)} servers) within {timeout_s:g} s: start them, or fix the URLs"
+    )
 
 
 def progress_printer(config: StrataConfig, console=None):
@@ -232,7 +254,7 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
     import signal
 
     from actors.pool import PoolFailure
-    from actors.vllm_server import VLLMServerError
+    from actors.servers import ServerStartError
     from learner.checkpoint import CheckpointError
     from pipeline.assets import prepare_assets
     from pipeline.config import RayRuntime
@@ -269,7 +291,7 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
     except OSError as exc:  # e.g. the metrics port is taken
         print(f"strata: error: {exc} (set metrics.port, or metrics.enabled=false)", file=sys.stderr)
         return 2
-    except (RuntimeUnavailable, VLLMServerError) as exc:
+    except (RuntimeUnavailable, ServerStartError) as exc:
         print(f"strata: error: {exc}", file=sys.stderr)
         return 2
     except CheckpointError as exc:

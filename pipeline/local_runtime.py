@@ -18,8 +18,8 @@ import torch
 
 from actors.engine import EngineError
 from actors.pool import ActorPool
+from actors.servers import ServerWatch
 from actors.tools import ToolStats
-from actors.vllm_server import ServerWatch
 from learner.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.acting import Acting, open_acting
 from pipeline.assets import Assets

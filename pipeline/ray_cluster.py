@@ -15,18 +15,19 @@ from pipeline.config import RayRuntime
 from pipeline.streaming import RuntimeUnavailable
 
 
-def start_ray(runtime: RayRuntime, needed: dict[str, float]) -> None:
+def start_ray(runtime: RayRuntime, needed: dict[str, float], reserved_gpus: int = 0) -> None:
     """Join `runtime.address` or start a private cluster bound to `runtime.node_ip`; check it has
-    the CPUs and GPUs the roles ask for (Ray would otherwise wait for them forever)."""
+    the CPUs and GPUs the roles ask for (Ray would otherwise wait for them forever). A private
+    cluster leaves this machine's last `reserved_gpus` GPUs out (the SGLang servers the launcher
+    starts take them; Ray hands out the first ones)."""
     import ray
 
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     if not runtime.address:  # a private cluster gets this machine's CPUs and GPUs: check first
         import torch
 
-        _check_resources(
-            needed, {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
-        )
+        gpus = max(0, torch.cuda.device_count() - reserved_gpus)
+        _check_resources(needed, {"CPU": float(os.cpu_count() or 1), "GPU": float(gpus)})
     elif not _reachable(runtime.address):  # ray.init would retry for minutes
         raise RuntimeUnavailable(
             f"no Ray cluster answers at runtime.address {runtime.address}: start one there "
@@ -39,7 +40,7 @@ def start_ray(runtime: RayRuntime, needed: dict[str, float]) -> None:
                      logging_level="WARNING", log_to_driver=True)  # fmt: skip
         else:
             ray.init(_node_ip_address=runtime.node_ip, num_cpus=os.cpu_count() or 1,
-                     num_gpus=torch.cuda.device_count(), include_dashboard=False,
+                     num_gpus=gpus, include_dashboard=False,
                      logging_level="WARNING", log_to_driver=True)  # fmt: skip
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = runtime.address or runtime.node_ip

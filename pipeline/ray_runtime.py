@@ -41,8 +41,8 @@ from transformers import AutoTokenizer
 
 from actors.engine import EngineError
 from actors.pool import ActorPool
+from actors.servers import ServerWatch
 from actors.tools import ToolStats
-from actors.vllm_server import ServerWatch
 from buffers.records import InvalidTrajectory, Trajectory
 from learner.checkpoint import load_checkpoint, save_checkpoint
 from learner.weight_sync import write_checkpoint
@@ -51,6 +51,7 @@ from pipeline.assets import Assets
 from pipeline.components import make_buffer, make_engine, make_learner, make_publisher, pool_urls
 from pipeline.config import EmbeddedEngine as EmbeddedEngineConfig
 from pipeline.config import RayRuntime, StrataConfig
+from pipeline.config import SGLangEngine as SGLangEngineConfig
 from pipeline.evaluate import eval_settings, periodic_eval, with_and_without_tools
 from pipeline.metrics import start_metrics
 from pipeline.ray_cluster import start_ray
@@ -356,7 +357,11 @@ async def run_ray(
         "GPU": pools_n * runtime.actor_num_gpus + runtime.learner_num_gpus,
     }  # fmt: skip
     urls = pool_urls(config)
-    start_ray(runtime, needed)
+    engine = config.actors.engine
+    started_gpus = 0
+    if isinstance(engine, SGLangEngineConfig) and not engine.urls:
+        started_gpus = engine.num_servers * engine.tp_size
+    start_ray(runtime, needed, reserved_gpus=started_gpus)
     run_metrics = retrieval = servers = watching = None
     workers: dict[str, Any] = {}
     try:

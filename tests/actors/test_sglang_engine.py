@@ -16,7 +16,7 @@ from actors.engine import EngineError, SamplingParams
 from actors.sglang import SGLangEngine
 from learner.weight_sync import NcclSync
 from retrieval.server import serve
-from tests.actors.sglang_standin import SGLangStandIn
+from tests.actors.sglang_standin import PausableEngine, SGLangStandIn
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
 
@@ -26,7 +26,7 @@ def run(coro):
 
 
 async def standin(model_dir, seed=0) -> SGLangStandIn:
-    engine = EmbeddedEngine.from_pretrained(model_dir, max_batch_size=16, seed=seed)
+    engine = PausableEngine.from_pretrained(model_dir, max_batch_size=16, seed=seed)
     return await SGLangStandIn.start(engine, str(model_dir))
 
 
@@ -95,8 +95,10 @@ def test_standin_answers_in_sglang_json(tiny_policy_dir):
     assert [text for _, _, text in meta["output_token_logprobs"]] == [
         tok.decode([t]) for t in answer["output_ids"]
     ]
-    assert meta["weight_version"] == "0" == info["weight_version"]
-    assert meta["weight_versions"] == [{"version": "0", "start": 0, "end": 5}]
+    assert (
+        meta["weight_version"] == "default" == info["weight_version"]
+    )  # until an update names one
+    assert meta["weight_versions"] == [{"version": "default", "start": 0, "end": 5}]
 
 
 def test_stop_string_is_kept_and_reported(tiny_policy_dir):
@@ -229,7 +231,9 @@ def test_inconsistent_answer_raises_engine_error(logprobs, error):
 def test_weight_versions_come_from_spans_else_the_older_of_server_and_belief():
     """Without per-token spans the server's weight_version is its version when the output was
     built: tokens sampled before an update in between are older, so the label is never fresher
-    than the version served when the request left."""
+    than the version served when the request left. A server that reports older weights than it
+    was given ("default": never updated) was restarted: it goes out of rotation until it
+    answers /health and serves the published weights again."""
     answers = [
         {"weight_version": "4", "weight_versions": [
             {"version": "3", "start": 0, "end": 2}, {"version": "4", "start": 2, "end": 3}]},
@@ -246,20 +250,31 @@ def test_weight_versions_come_from_spans_else_the_older_of_server_and_belief():
         }
         return web.json_response({"output_ids": [5, 6, 7], "meta_info": meta})
 
+    async def health(request):
+        return web.Response()
+
+    async def model_info(request):
+        return web.json_response({"weight_version": "2"})
+
     async def scenario():
         app = web.Application()
         app.router.add_post("/generate", generate)
+        app.router.add_get("/health", health)
+        app.router.add_get("/get_model_info", model_info)
         runner, port = await serve(app, "127.0.0.1", 0)
         try:
-            async with SGLangEngine([f"http://127.0.0.1:{port}"], version=2) as engine:
-                return [await engine.generate([1], GREEDY) for _ in range(4)]
+            async with SGLangEngine([f"http://127.0.0.1:{port}"], version=2, cooldown_s=0.05) as engine:  # fmt: skip
+                out = [await engine.generate([1], GREEDY) for _ in range(4)]
+                return out, engine.stats()
         finally:
             await runner.cleanup()
 
-    spans, updated_since, older, believed = run(scenario())
+    (spans, updated_since, older, restarted), stats = run(scenario())
     assert spans.versions == [3, 3, 4]
     assert updated_since.versions == [2, 2, 2]  # the server moved to 4 after the request left
-    assert older.versions == [1, 1, 1] and believed.versions == [2, 2, 2]
+    assert older.versions == [1, 1, 1] and restarted.versions == [0, 0, 0]
+    assert stats["rejoins"] == 1  # after "1"; after "default" it is down again
+    assert stats["healthy/" + next(k[8:] for k in stats if k.startswith("healthy/"))] == 0
     assert spans.finish_reason == "stop" and spans.stop == "</search>"
     assert spans.logprobs == [-0.1, -0.2, -0.3]
 
@@ -339,17 +354,17 @@ def test_update_fails_when_continue_fails_even_after_a_successful_update(tiny_po
 
     async def scenario():
         async with await standin(tiny_policy_dir) as server, SGLangEngine([server.url]) as engine:
-            original = server._continue
+            original = server._continue_generation
 
             async def broken(body):
                 return web.json_response({"error": "boom"}, status=500)
 
-            server._continue = broken
+            server._continue_generation = broken
             with pytest.raises(
                 EngineError, match="serves version 1 but generation could not be resumed"
             ):
                 await engine.update_weights(1, path=update_dir)
-            server._continue = original
+            server._continue_generation = original
             return engine.stats(), server.url
 
     stats, url = run(scenario())
@@ -384,11 +399,14 @@ def test_distributed_update_without_gpu_says_what_it_needs():
 
 
 def test_weight_sync_nccl_is_refused_under_ray_in_one_line(monkeypatch):
-    """The rule itself, as on a GPU machine (without CUDA the SGLang refusal comes first)."""
+    """The rule itself, as on an 8-GPU machine with sglang (without CUDA the launcher-started
+    servers are refused first)."""
     from pipeline.config_loader import load_config
     from pipeline.launch import unavailable
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr("actors.sglang_server.sglang_installed", lambda python: True)
     ray = load_config("configs/gaia.yaml", ["actors.engine.weight_sync=nccl"])
     problem = unavailable(ray)
     assert problem is not None and "\n" not in problem and "runtime.type local" in problem

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from actors.engine import EngineError, SamplingParams
+from actors.servers import ServerStartError
 from actors.vllm import VLLMEngine, _parse_completion
-from actors.vllm_server import VLLMServerError, VLLMServers, vllm_python
+from actors.vllm_server import VLLMServers, vllm_python
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -50,7 +51,7 @@ def test_a_malformed_answer_is_an_engine_error(payload, problem):
 
 
 def test_a_missing_environment_says_how_to_make_it(tmp_path):
-    with pytest.raises(VLLMServerError, match="make vllm-env"):
+    with pytest.raises(ServerStartError, match="make vllm-env"):
         vllm_python(str(tmp_path / "nope" / "python"))
 
 

@@ -141,8 +141,19 @@ def test_yaml_reads_exponent_floats(tmp_path):
         ),
         (
             "",
-            ["actors.engine.type=sglang"],
-            "(--set actors.engine.type=sglang): actors.engine.urls is required",
+            [
+                "actors.engine.type=sglang",
+                "actors.engine.urls=[http://127.0.0.1:1]",
+                "actors.engine.tp_size=2",
+            ],
+            "(--set actors.engine.tp_size=2): actors.engine: tp_size set the servers the launcher "
+            "starts, but urls names running ones: drop one or the other",
+        ),
+        (
+            "actors:\n  engine: {type: sglang, num_servers: 2, tp_size: 2, gpus: [0, 1, 2]}\n",
+            [],
+            "{p}: actors.engine: gpus [0, 1, 2] must name 4 different GPUs (num_servers 2 x "
+            "tp_size 2), or be left empty",
         ),
         ("model:\n  heads: 3\n", [], "{p}: model: hidden_size 128 must be divisible by heads 3"),
         ("learner:\n  eps: .nan\n", [], "learner.eps = nan: input should be a finite number"),
