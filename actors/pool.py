@@ -98,9 +98,11 @@ class ActorPool:
                 await asyncio.gather(*self._running)
             if self.failure is not None:
                 raise self.failure
-        finally:
-            for member in list(self._running):
+        finally:  # stopped (cancelled, failed): no member may outlive the pool
+            members = list(self._running)
+            for member in members:
                 member.cancel()
+            await asyncio.gather(*members, return_exceptions=True)
         return self.stats
 
     async def _start_group(self, task: TaskLike, prompt_id: str) -> None:

@@ -115,7 +115,8 @@ class GroupBuffer:
         self._trained: list[tuple[int, str]] = []  # (version made, prompt): freed when served
         self._open: dict[str, _OpenGroup] = {}
         self._ready: deque[Group] = deque()
-        self._ready_ids: set[str] = set()  # prompts of `_ready`: complete, not consumed yet
+        self._ready_ids: set[str] = set()  # prompts of `_ready` and `_taking`: not consumed yet
+        self._taking: list[Group] = []  # chosen for the step `next_groups` is assembling
         self._closed: OrderedDict[str, str] = OrderedDict()
         self._abandoned_groups = 0
         self._counts: Counter[tuple[str, int]] = Counter()  # (event, stratum) -> trajectories
@@ -211,7 +212,7 @@ class GroupBuffer:
             await _park(self._space_waiters)
 
     def _has_room(self) -> bool:
-        in_flight = len(self._open) + len(self._ready)
+        in_flight = len(self._open) + len(self._ready) + len(self._taking)
         return in_flight < self.max_groups_in_flight and self._resident < self.max_resident_bytes
 
     def _join(self, group: _OpenGroup, trajectory: Trajectory) -> None:
@@ -254,9 +255,19 @@ class GroupBuffer:
         """`count` complete groups for the learner at `current_version`, none more than η behind;
         due groups first, waiting for those still being generated (see the module doc).
 
-        The groups are released (spilled as such); their admission places stay taken until the
-        caller reports the step with `trained`."""
-        chosen: list[Group] = []
+        The groups are released (spilled as such) once all `count` are there; their admission
+        places stay taken until the caller reports the step with `trained`. Cancelled while it
+        waits for the rest, the groups it had chosen go back to the front of the queue."""
+        chosen = self._taking
+        try:
+            return await self._take(current_version, count, chosen)
+        except BaseException:
+            self._ready.extendleft(reversed(chosen))  # not trained: complete and waiting again
+            raise
+        finally:
+            self._taking = []
+
+    async def _take(self, current_version: int, count: int, chosen: list[Group]) -> list[Group]:
         while True:
             self.expire_overdue()
             if not self._ready:  # nothing to take: wait for a completion
@@ -273,16 +284,20 @@ class GroupBuffer:
                 ):
                     break  # the rest of the step is kept for due groups still generating
                 self._ready.remove(group)
+                if current_version - group.policy_version <= self.max_staleness:
+                    chosen.append(group)  # released once the step is whole
+                    continue
                 self._ready_ids.discard(group.prompt_id)
-                staleness = current_version - group.policy_version
-                status = "released" if staleness <= self.max_staleness else "dropped_stale"
-                self._leave(group.members, status, consumed_version=current_version)
-                self._remember(group.prompt_id, status)
+                self._leave(group.members, "dropped_stale", consumed_version=current_version)
+                self._remember(group.prompt_id, "dropped_stale")
                 _wake(self._space_waiters)
-                if status == "released":
-                    chosen.append(group)
             if len(chosen) == count:
-                return chosen
+                for group in chosen:
+                    self._ready_ids.discard(group.prompt_id)
+                    self._leave(group.members, "released", consumed_version=current_version)
+                    self._remember(group.prompt_id, "released")
+                _wake(self._space_waiters)
+                return list(chosen)
             await _park(self._group_waiters, timeout=self._until_next_deadline())
 
     def _until_next_deadline(self) -> float | None:
@@ -343,7 +358,7 @@ class GroupBuffer:
         if self.spill is not None:
             for group in self._open.values():
                 self.spill.append(tuple(group.members.values()), "pending")
-            for ready in self._ready:
+            for ready in [*self._taking, *self._ready]:
                 self.spill.append(ready.members, "pending")
             await asyncio.to_thread(self.spill.close)
         return self.stats()
@@ -362,7 +377,7 @@ class GroupBuffer:
             **total,
             abandoned_groups=self._abandoned_groups,
             open_groups=len(self._open),
-            ready_groups=len(self._ready),
+            ready_groups=len(self._ready) + len(self._taking),
             resident_bytes=self._resident,
             per_stratum=per_stratum,
             admitted_groups=self._admitted,

@@ -133,7 +133,8 @@ class ServerEngine(Section):
 
     @model_validator(mode="after")
     def _started_keys_only_without_urls(self) -> ServerEngine:
-        given = [k for k in self.STARTED_ONLY if k in self.model_fields_set]
+        fields = type(self).model_fields
+        given = [k for k in self.STARTED_ONLY if getattr(self, k) != fields[k].get_default(call_default_factory=True)]  # fmt: skip
         if self.urls and given:
             raise ValueError(
                 f"{', '.join(given)} set the servers the launcher starts, but urls names running "

@@ -262,7 +262,7 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
     from pipeline.report import learning_signal, write_report
     from pipeline.streaming import RunSummary, RuntimeUnavailable
 
-    def terminate(signum, frame):  # SIGTERM ends the run like Ctrl-C: checkpoint, flush, stop
+    def terminate(signum, frame):  # SIGTERM while the assets are built: stop like Ctrl-C
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, terminate)
@@ -283,6 +283,10 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
         from pipeline.local_runtime import run_local as runtime
 
     async def main():
+        # While the run streams, SIGTERM cancels it as Ctrl-C does (asyncio turns SIGINT into a
+        # cancel of this task): it stops at an await, never halfway through the buffer's books
+        # as an exception raised from a signal handler could, then checkpoints and flushes.
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
         await runtime(config, assets, run_dir, progress, summary, resume=resume)
 
     interrupted = False
@@ -303,7 +307,7 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
     except PoolFailure as exc:  # checkpointed on the way out, like an interruption
         print(f"strata: error: generation failed: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
         interrupted = True
         print("strata: interrupted: checkpointed and flushed what was running", file=sys.stderr)
     if not summary.steps and not interrupted:

@@ -18,6 +18,7 @@ import torch
 
 from actors.engine import EngineError
 from actors.pool import ActorPool
+from actors.remote import RemoteEngine
 from actors.servers import ServerWatch
 from actors.tools import ToolStats
 from learner.checkpoint import load_checkpoint, save_checkpoint
@@ -62,7 +63,12 @@ class LocalRoles:
         return self.learner.version
 
     async def step(self, groups):
-        return await asyncio.to_thread(self.learner.step, groups)
+        work = asyncio.ensure_future(asyncio.to_thread(self.learner.step, groups))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:  # the run is stopping: let the step end before a checkpoint
+            await work
+            raise
 
     async def publish(self) -> dict:
         version = self.learner.version
@@ -91,7 +97,8 @@ class LocalRoles:
                 tools.calls[name] += agent.stats.tools.calls[name]
                 tools.errors[name] += agent.stats.tools.errors[name]
                 tools.seconds[name] += agent.stats.tools.seconds[name]
-        return {"embedded-0": ActorStats(self.engine.version, self.engine.generated_tokens, tools)}
+        rejoins = self.engine.stats()["rejoins"] if isinstance(self.engine, RemoteEngine) else 0
+        return {"embedded-0": ActorStats(self.engine.version, self.engine.generated_tokens, tools, int(rejoins))}  # fmt: skip
 
 
 async def run_local(

@@ -41,6 +41,11 @@ class RunMetrics:
         self.generated_tokens = Counter(
             "strata_generated_tokens_total", "Tokens sampled by the engines", registry=r
         )
+        self.server_rejoins = Counter(
+            "strata_server_rejoins_total",
+            "Inference servers back in rotation after failing, on the published weights",
+            registry=r,
+        )
         self.learner_steps = Counter("strata_learner_steps_total", "Optimiser steps", registry=r)
         self.policy_version = Gauge("strata_policy_version", "Learner's policy version", registry=r)
         self.actor_version = Gauge(
@@ -157,6 +162,7 @@ class RunMetrics:
         for name, actor in actors.items():
             self.actor_version.labels(actor=name).set(actor.version)
             self._advance(self.generated_tokens, f"tokens/{name}", actor.generated_tokens)
+            self._advance(self.server_rejoins, f"rejoins/{name}", actor.server_rejoins)
             for tool in actor.tools.calls:
                 secs, errs = actor.tools.seconds[tool], actor.tools.errors[tool]
                 self._advance(self.tool_seconds, f"secs/{name}/{tool}", secs, tool=tool)

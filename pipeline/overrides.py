@@ -21,9 +21,9 @@ def _split_top_level(body: str) -> list[str]:
                 quote = ""
         elif ch in "'\"":
             quote = ch
-        elif ch == "[":
+        elif ch in "[{":
             depth += 1
-        elif ch == "]":
+        elif ch in "]}":
             depth -= 1
         elif ch == "," and depth == 0:
             parts.append(body[start:i])
@@ -33,13 +33,23 @@ def _split_top_level(body: str) -> list[str]:
 
 
 def parse_value(text: str) -> Any:
-    """Typed value of an override: int, float, bool, null, `[a, b]` lists, quoted or bare strings."""
+    """Typed value of an override: int, float, bool, null, `[a, b]` lists, `{key: value, ...}`
+    sections (a whole section at once), quoted or bare strings."""
     text = text.strip()
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
         return text[1:-1]
     if text.startswith("[") and text.endswith("]"):
         body = text[1:-1].strip()
         return [parse_value(part) for part in _split_top_level(body)] if body else []
+    if text.startswith("{") and text.endswith("}"):
+        section: dict[str, Any] = {}
+        body = text[1:-1].strip()
+        for part in _split_top_level(body) if body else []:
+            key, sep, value = part.partition(": ")  # as in YAML: a colon and a space
+            if not sep or not _KEY.fullmatch(key.strip()) or "." in key:
+                raise OverrideError(f"{text!r}: expected {{key: value, ...}}, got {part.strip()!r}")
+            section[key.strip()] = parse_value(value)
+        return section
     lowered = text.lower()
     if lowered in ("true", "false"):
         return lowered == "true"

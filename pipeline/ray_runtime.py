@@ -41,6 +41,7 @@ from transformers import AutoTokenizer
 
 from actors.engine import EngineError
 from actors.pool import ActorPool
+from actors.remote import RemoteEngine
 from actors.servers import ServerWatch
 from actors.tools import ToolStats
 from buffers.records import InvalidTrajectory, Trajectory
@@ -161,8 +162,9 @@ class GenerationWorker:
         if self.agent is None:
             return os.getpid(), ActorStats(0, 0, ToolStats())
         engine = self.agent.engine
+        rejoins = engine.stats()["rejoins"] if isinstance(engine, RemoteEngine) else 0
         return os.getpid(), ActorStats(engine.version, engine.generated_tokens,
-                                       self.agent.stats.tools)  # fmt: skip
+                                       self.agent.stats.tools, int(rejoins))  # fmt: skip
 
     async def close(self) -> None:
         if self.eval_engine is not None:

@@ -70,6 +70,8 @@ class ActorStats:
     version: int
     generated_tokens: int
     tools: ToolStats
+    server_rejoins: int = 0
+    """Times one of its inference servers came back after failing (reloaded, readmitted)."""
 
 
 class Roles(Protocol):
@@ -234,7 +236,8 @@ async def stream(
                            buffer_ready=stats.ready_groups, buffer_open=stats.open_groups,
                            dropped_stale=stats.dropped_stale, abandoned=stats.abandoned,
                            abandoned_groups=stats.abandoned_groups, empty_steps=summary.empty_steps, skipped_prompts=summary.skipped_prompts,
-                           aborted=sum(p.stats.aborted for p in pools))  # fmt: skip
+                           aborted=sum(p.stats.aborted for p in pools),
+                           server_rejoins=sum(a.server_rejoins for a in actors.values()))  # fmt: skip
             metrics.update(fairness_metrics(stats))
             if run_metrics is not None:
                 members = [t for g in groups for t in g.members]
@@ -265,6 +268,7 @@ async def stream(
         ):  # the books of the run so far: its spill holds every process's rows
             summary.accounting = add_accounting(read_accounting(run_dir), summary.accounting)
         write_json(run_dir / "accounting.json", summary.accounting)
+        summary.steps = max(summary.steps, roles.version)  # a step the stop let finish counts
         if summary.steps > summary.resumed_from:
             summary.checkpoint = await roles.checkpoint(
                 checkpoints, {"step": summary.steps, CURSOR_KEY: tasks_started()}

@@ -41,8 +41,9 @@ In a test's event loop:
 As a process, with SGLang's launch_server flags (and --standin-* ones of its own):
 
     python -m tests.actors.sglang_standin --model-path DIR --port 30000 [--standin-spans]
-        [--standin-truth FILE]  # JSON lines: each answer's output_ids and true per-token
-                                # versions, each weight update; for end-to-end checks
+        [--standin-truth FILE]  # JSON lines: its start (argv, CUDA_VISIBLE_DEVICES), each
+                                # answer's output_ids and true per-token versions, each weight
+                                # update; for end-to-end checks
 
 Knobs for tests: `fail_next` (answer the next N requests with HTTP 500), `delay_s` (hold each
 /generate that long first), `await stop()` (shut down: the port refuses connections). `calls`
@@ -316,7 +317,8 @@ class SGLangStandIn:
 
     async def _get_server_info(self, body: dict | None) -> web.Response:
         args = {"tp_size": 1, "dp_size": 1, **self.server_args, "model_path": self.model_path}
-        return web.json_response({**args, "version": "stand-in"})
+        # standin_in_flight: generations running now (its own field: tests kill it mid-request)
+        return web.json_response({**args, "version": "stand-in", "standin_in_flight": len(self._generating)})  # fmt: skip
 
     async def _get_weight_version(self, body: dict | None) -> web.Response:
         return web.json_response({"weight_version": self.weight_version})
@@ -433,6 +435,8 @@ async def _serve_forever(args: argparse.Namespace) -> None:
         engine, args.model_path, args.host, args.port, spans=args.standin_spans,
         truth=args.standin_truth, server_args=server_args,
     )  # fmt: skip
+    server._record_truth({"event": "start", "pid": os.getpid(), "argv": sys.argv[1:],
+                          "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")})  # fmt: skip
     print(f"stand-in SGLang server on {server.url} (pid {os.getpid()})", flush=True)
     try:
         await asyncio.Event().wait()

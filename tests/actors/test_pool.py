@@ -203,3 +203,33 @@ def test_failures_within_the_window_do_not_stop_the_pool(engine):
 
     stats = asyncio.run(scenario())
     assert stats.groups_abandoned == 8 and stats.trajectories == 12 and stats.groups_started == 12
+
+
+def test_a_stopped_pool_leaves_no_member_running():
+    """A member that takes a moment to stop (a tool call finishing) delivers before the pool's
+    run ends, never after: the run then closes the buffer and writes its books, and a late put
+    would be a trajectory the books count but the spill never holds."""
+    from pipeline.testing import SimulatedAgent, SimulatedEngine, SimulatedTask
+
+    class SlowToStop(SimulatedAgent):
+        async def run(self, task, prompt_id, sample_index):
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                await asyncio.sleep(0.1)  # finishing what it was doing
+            return await super().run(task, prompt_id, sample_index)
+
+    async def scenario():
+        buffer = GroupBuffer(group_size=2, max_staleness=1)
+        tasks = iter([SimulatedTask(f"t{i}") for i in range(10)])
+        pool = ActorPool(SlowToStop(SimulatedEngine()), buffer, tasks, group_size=2, concurrency=2)
+        runner = asyncio.create_task(pool.run())
+        await until(lambda: pool.stats.groups_started >= 1)
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+        at_stop = buffer.stats().put
+        await asyncio.sleep(0.3)
+        return at_stop, buffer.stats().put
+
+    at_stop, later = asyncio.run(scenario())
+    assert at_stop >= 2 and later == at_stop  # delivered while the pool stopped, none after

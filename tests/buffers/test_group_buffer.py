@@ -298,3 +298,39 @@ def test_accounting_identity_under_random_interleavings(ops):
             assert_accounting(buffer)
 
     run(scenario())
+
+
+def test_a_step_interrupted_while_it_waits_for_its_groups_releases_none(tmp_path):
+    """next_groups(count=2) holding one group when it is cancelled (the run stopped mid-wait):
+    that group was never trained, so it is not released: it waits again, first in line, and a
+    run that closes now spills it as pending."""
+
+    async def scenario():
+        spill = ParquetSpill(tmp_path)
+        buffer = GroupBuffer(group_size=2, max_staleness=1, spill=spill, groups_per_step=2)
+        for prompt in ("a", "b"):
+            await buffer.put(traj(prompt, 0))
+        await buffer.put(traj("a", 1))  # a complete, b still generating
+        waiting = asyncio.create_task(buffer.next_groups(0, 2))
+        await asyncio.sleep(0.05)
+        held = buffer.stats()
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        after = buffer.stats()
+        await buffer.put(traj("b", 1))
+        step = await asyncio.wait_for(buffer.next_groups(0, 2), 5)  # hangs if a was lost
+        again = asyncio.create_task(buffer.next_groups(0, 2))
+        await buffer.put(traj("c", 0))
+        await buffer.put(traj("c", 1))
+        await asyncio.sleep(0.05)  # c is held for a step that never completes
+        final = await buffer.close()
+        again.cancel()
+        return held, after, [g.prompt_id for g in step], final
+
+    held, after, step, final = run(scenario())
+    assert held.released == 0 and held.ready_groups == 1  # chosen, not released yet
+    assert after.released == 0 and after.ready_groups == 1 and after.pending == 3
+    assert step == ["a", "b"]
+    assert (final.released, final.pending) == (4, 2)
+    statuses = sorted(pq.read_table(tmp_path).column("status").to_pylist())
+    assert statuses == ["pending"] * 2 + ["released"] * 4
