@@ -78,14 +78,16 @@ def launch_problem(engine, python: str | None, available: int, ray: bool) -> str
             "machine's GPUs, and it has none: name running servers with --set "
             "actors.engine.urls=[http://HOST:PORT,...], or run configs/local.yaml (the CPU default)"
         )
-    chosen = [
-        g for s in gpu_sets(engine.num_servers, engine.tp_size, engine.gpus, available) for g in s
-    ]
-    if min(chosen) < 0 or max(chosen) >= available:
+    wanted = engine.num_servers * engine.tp_size
+    if wanted > available or any(g >= available for g in engine.gpus):
+        named = f" (gpus {engine.gpus})" if engine.gpus else ""
         return (
             f"actors.engine: {engine.num_servers} SGLang server(s) x tp_size {engine.tp_size} need "
-            f"GPUs {chosen}, but this machine has {available}: lower num_servers or tp_size, or set gpus"
+            f"{wanted} GPUs{named}, but this machine has {available}: lower num_servers or "
+            "tp_size, or set gpus"
         )
+    sets = gpu_sets(engine.num_servers, engine.tp_size, engine.gpus, available)
+    chosen = [g for s in sets for g in s]
     if not ray and 0 in chosen:
         return (
             f"actors.engine: the SGLang servers would take GPU 0{'' if engine.gpus else ' (all GPUs)'}, "

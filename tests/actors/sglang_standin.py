@@ -181,7 +181,7 @@ class SGLangStandIn:
     def _record_truth(self, event: dict) -> None:
         if self.truth is not None:
             with self.truth.open("a") as fh:
-                fh.write(json.dumps(event) + "\n")
+                fh.write(json.dumps({**event, "pid": os.getpid()}) + "\n")
 
     # ------------------------------------------------------------------------------ generate
 

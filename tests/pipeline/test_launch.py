@@ -123,7 +123,7 @@ def test_switching_a_backend_by_set_starts_the_section_from_its_defaults(capsys,
         and f"# note: --set actors.engine.type=sglang: {note}" in out
     )
 
-    # a run (sglang is refused on machines without GPUs: a model switch instead)
+    # a run (nothing answers at that URL, so sglang would be refused: a model switch instead)
     run_dir = tmp_path / "run"
     sets = ["--set", "model.type=hf", "--set", "model.path=/models/x"]
     assert main([LOCAL, "--run-dir", str(run_dir), *sets]) == 0
@@ -184,3 +184,31 @@ def test_progress_lines_come_every_log_every_steps_and_for_the_last():
         progress({"step": step, "elapsed_s": 1.0, "generated_tokens_per_s": 1.0, "trajectories_per_s": 1.0,
                   "buffer_ready": 0, "buffer_open": 0})  # fmt: skip
     assert [line.split()[1] for line in out.getvalue().splitlines()] == ["2/5", "4/5", "5/5"]
+
+
+def test_naming_running_servers_drops_the_settings_of_started_ones(capsys):
+    """gaia.yaml starts its SGLang servers; `--set actors.engine.urls=[...]` points it at servers
+    running elsewhere instead: the started-server keys go, said in one note."""
+    assert main(["configs/gaia.yaml", "--dry-run", "--set", "actors.engine.urls=[http://10.0.0.2:30000]"]) == 0  # fmt: skip
+    out, err = capsys.readouterr()
+    engine = yaml.safe_load(out)["actors"]["engine"]
+    assert engine["urls"] == ["http://10.0.0.2:30000"] and engine["num_servers"] == 1
+    assert err.count("\n") == 1 and "dropped actors.engine.num_servers, actors.engine.tp_size, actors.engine.mem_fraction_static" in err  # fmt: skip
+    # a whole section at once
+    section = "actors.engine={type: sglang, urls: [http://10.0.0.2:30000, http://10.0.0.3:30000], timeout_s: 60}"  # fmt: skip
+    assert main([LOCAL, "--dry-run", "--set", section]) == 0
+    engine = yaml.safe_load(capsys.readouterr().out)["actors"]["engine"]
+    assert engine["urls"] == ["http://10.0.0.2:30000", "http://10.0.0.3:30000"] and engine["timeout_s"] == 60  # fmt: skip
+
+
+def test_servers_that_do_not_answer_are_named_in_one_line(tmp_path):
+    from actors.servers import free_port
+
+    silent = f"http://127.0.0.1:{free_port()}"
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline.launch", LOCAL, "--run-dir", str(tmp_path / "r"),
+         "--set", f"actors.engine={{type: sglang, urls: [{silent}]}}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert f"no answer from {silent}/health (1 of 1 servers)" in done.stderr
