@@ -47,7 +47,7 @@ def parse_value(text: str) -> Any:
         for part in _split_top_level(body) if body else []:
             key, sep, value = part.partition(": ")  # as in YAML: a colon and a space
             if not sep or not _KEY.fullmatch(key.strip()) or "." in key:
-                raise OverrideError(f"{text!r}: expected {{key: value, ...}}, got {part.strip()!r}")
+                raise OverrideError(f"expected {{key: value, ...}}, got {part.strip()!r}")
             section[key.strip()] = parse_value(value)
         return section
     lowered = text.lower()
@@ -71,7 +71,10 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise OverrideError(
             f"--set {text!r}: expected dotted.key=value, e.g. --set learner.alpha=0.8"
         )
-    return key, parse_value(value)
+    try:
+        return key, parse_value(value)
+    except OverrideError as exc:
+        raise OverrideError(f"--set {text!r}: {exc}") from None
 
 
 def apply_override(raw: dict[str, Any], key: str, value: Any) -> None:

@@ -161,6 +161,11 @@ def test_yaml_reads_exponent_floats(tmp_path):
         ("- 1\n", [], "{p}: the top level must be a mapping of sections, got list"),
         ("data:\n  type: gaia\n", [], "{p}: data: data.type 'gaia' needs data.train_files"),
         ("", ["learner.alpha"], "--set 'learner.alpha': expected dotted.key=value"),
+        (
+            "",
+            ["actors.engine={type sglang}"],
+            "--set 'actors.engine={type sglang}': expected {key: value, ...}, got 'type sglang'",
+        ),
     ],
 )
 def test_config_errors_are_one_clear_line(tmp_path, text, overrides, expected):
