@@ -164,7 +164,7 @@ def test_yaml_reads_exponent_floats(tmp_path):
         (
             "",
             ["actors.engine={type sglang}"],
-            "--set 'actors.engine={type sglang}': expected {key: value, ...}, got 'type sglang'",
+            "--set 'actors.engine={{type sglang}}': expected {{key: value, ...}}, got 'type sglang'",
         ),
     ],
 )
