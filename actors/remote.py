@@ -152,6 +152,14 @@ class RemoteEngine:
     async def _bring_up_to_date(self, server: _Server) -> int:
         """Load the last published checkpoint into `server` unless it reports serving that
         version already; its version. Call holding the update lock."""
+        if self._weights_group is not None:  # NCCL: nothing on disk to load; it rejoins as it is
+            reported = await self._reported_version(server)
+            if reported is not None and reported != server.version:
+                raise EngineError(
+                    f"{server.url} serves version {reported}, not {server.version}, and cannot "
+                    "rejoin the NCCL weight group: restart the run, or publish from disk"
+                )
+            return server.version
         if self._published is None:
             return self._initial_version  # nothing published: its start-up weights
         version, path = self._published
@@ -363,8 +371,9 @@ class RemoteEngine:
         back, except with a `sender` (the NCCL broadcast, run alongside the updates): every
         receiver must take part. Servers out of rotation (held or down) are skipped: they load
         the published checkpoint when they come back. Raises, naming each server that failed,
-        once all are done."""
-        servers = self._live()
+        once all are done. A broadcast (`sender`) needs every member of its group: a down server
+        takes part (or makes the update fail), only held ones are left out."""
+        servers = self._live() if sender is None else [s for s in self._servers if not s.held]
         paused = await asyncio.gather(*(self._pause(s) for s in servers), return_exceptions=True)
         problems: dict[str, list[str]] = {}
         for server, result in zip(servers, paused, strict=True):

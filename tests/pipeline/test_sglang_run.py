@@ -7,6 +7,7 @@ trajectories are abandoned and counted, the run goes on, and the server rejoins 
 loading the latest published checkpoint. Each server keeps a log of what it truly generated with
 which weights, so the run's per-token version labels are checked against the truth."""
 
+import importlib.util
 import json
 import signal
 import subprocess
@@ -208,3 +209,24 @@ def test_a_ray_run_on_two_sglang_servers_survives_one_being_killed(tmp_path, run
     run_dir = tmp_path / "run"
     run_killing_one(run_dir, run_cache, servers, *RAY)
     check_run(run_dir, servers)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="needs sglang (pip install '.[gpu]')")  # fmt: skip
+def test_a_run_on_real_sglang_servers_the_launcher_starts(tmp_path, run_cache):
+    """On a machine with 2+ GPUs and SGLang: the launcher starts a real server on the last GPU
+    (the learner keeps GPU 0), every publish lands, and the server is gone at the end."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs: the learner's and the server's")
+    run_dir = tmp_path / "run"
+    proc = launch(run_dir, run_cache, "--set", "actors.engine={type: sglang, mem_fraction_static: 0.3}",
+                  "--set", "learner.max_steps=3")  # fmt: skip
+    out, err = proc.communicate(timeout=1800)
+    assert proc.returncode == 0, err[-3000:] + out[-2000:]
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [s["served_version_min"] for s in steps] == [1, 2, 3]
+    assert steps[-1]["weight_sync_failures"] == 0
+    assert (run_dir / "logs" / "sglang-server-0.log").is_file()
+    assert_accounting(run_dir)
