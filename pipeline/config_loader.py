@@ -223,6 +223,23 @@ def load_config(
     return validate(raw, str(path), applied)
 
 
+def _node_at(raw: dict[str, Any], parts: Sequence[str]) -> dict[str, Any] | None:
+    """The raw section at `parts`, or None when there is none."""
+    node: Any = raw
+    for part in parts:
+        node = node.get(part) if isinstance(node, dict) else None
+    return node if isinstance(node, dict) else None
+
+
+def _drop_file_keys(node: dict[str, Any], section: str, keys: list[str], applied: dict[str, str]) -> str | None:  # fmt: skip
+    """Delete `keys` of the raw `section` except those an earlier --set gave; the dropped ones
+    as "section.key, ..." (None if none)."""
+    dropped = [k for k in keys if f"{section}.{k}" not in applied]
+    for name in dropped:
+        del node[name]
+    return ", ".join(f"{section}.{k}" for k in dropped) if dropped else None
+
+
 def _switch_to_urls(raw: dict[str, Any], key: str, value: Any, applied: dict[str, str], text: str,
                     source: str) -> str | None:  # fmt: skip
     """Before `--set SECTION.urls=[...]` on a server engine: the servers are running elsewhere, so
@@ -231,19 +248,13 @@ def _switch_to_urls(raw: dict[str, Any], key: str, value: Any, applied: dict[str
     section, _, leaf = key.rpartition(".")
     if leaf != "urls" or not section or not value:
         return None
-    model = _section_model(raw, section.split("."))
-    started = getattr(model, "STARTED_ONLY", ())
-    node: Any = raw
-    for part in section.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    if not started or not isinstance(node, dict):
+    started = getattr(_section_model(raw, section.split(".")), "STARTED_ONLY", ())
+    node = _node_at(raw, section.split("."))
+    if not started or node is None:
         return None
-    dropped = [k for k in started if k in node and f"{section}.{k}" not in applied]
-    for name in dropped:
-        del node[name]
-    if not dropped:
+    keys = _drop_file_keys(node, section, [k for k in started if k in node], applied)
+    if keys is None:
         return None
-    keys = ", ".join(f"{section}.{k}" for k in dropped)
     return (f"--set {text}: the servers run elsewhere, so the launcher starts none; dropped {keys} "
             f"(settings of started servers) from {source}")  # fmt: skip
 
@@ -261,10 +272,8 @@ def _switch_type(raw: dict[str, Any], key: str, value: Any, applied: dict[str, s
     field = parent.model_fields.get(parts[-1]) if parent is not None else None
     if field is None or len(model_classes(field.annotation)) < 2:
         return None  # a plain `type` field (data.type): the section's keys hold for every value
-    node: Any = raw
-    for part in parts:
-        node = node.get(part) if isinstance(node, dict) else None
-    if not isinstance(node, dict):
+    node = _node_at(raw, parts)
+    if node is None:
         return None
     model = _section_model(raw, parts)
     tag = model.model_fields.get("type") if model is not None else None
@@ -275,12 +284,9 @@ def _switch_type(raw: dict[str, Any], key: str, value: Any, applied: dict[str, s
     accepted = (
         set(chosen[0].model_fields) if chosen else set()
     )  # an unknown type: validation says so
-    dropped = [k for k in node if k not in accepted and f"{section}.{k}" not in applied]
-    for name in dropped:
-        del node[name]
-    if not dropped:
+    keys = _drop_file_keys(node, section, [k for k in node if k not in accepted], applied)
+    if keys is None:
         return None
-    keys = ", ".join(f"{section}.{k}" for k in dropped)
     return (f"--set {text}: {section} starts from the {value} defaults; dropped {keys} "
             f"(of the {current} backend, not of {value}) from {source}")  # fmt: skip
 
