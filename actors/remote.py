@@ -7,7 +7,8 @@ longer than `timeout_s`, so a dead server cannot hang the actor pool. A weight u
 server, loads, and resumes them all even after a failure.
 
 A server that fails (refused, timed out, HTTP 5xx) or answers with older weights than it was given
-is *down*: out of rotation and out of weight updates. Every `cooldown_s` its /health is probed;
+is *down*: out of rotation and out of weight updates from disk (an NCCL broadcast still needs
+it). Every `cooldown_s` its /health is probed;
 once it answers, it rejoins after loading the last published checkpoint (unless it reports that
 version already), so a server someone restarted never serves its start-up weights under a newer
 version's label. A server the run itself restarts (`ServerWatch`) is *held* instead, and
@@ -91,6 +92,7 @@ class RemoteEngine:
         self._update_lock: asyncio.Lock | None = None  # one weight change at a time
         self._back: asyncio.Event | None = None  # set while some server is in rotation
         self._recovering: dict[str, asyncio.Task] = {}  # url -> its rejoin loop
+        self._closed = False  # after close(): nothing starts a rejoin loop
 
     async def __aenter__(self) -> RemoteEngine:
         return self
@@ -184,14 +186,16 @@ class RemoteEngine:
         if not self._live():
             self._event().clear()
         task = self._recovering.get(server.url)
-        if task is None or task.done():
+        if (task is None or task.done()) and not self._closed:
             self._recovering[server.url] = asyncio.get_running_loop().create_task(
                 self._recover(server)
             )
 
     async def _recover(self, server: _Server) -> None:
-        """Every cooldown_s: once `server` answers /health, bring it up to date and put it back.
-        A held server is left to whoever holds it (`readmit`)."""
+        """Every cooldown_s: once `server` answers /health, bring it up to date, continue it (an
+        update may have left it paused) and put it back. A held server is left to whoever holds
+        it (`readmit`). Any failure is a retry, never the end of the loop: nothing else would
+        restart it."""
         from actors.servers import healthy
 
         while server.down and not server.held:
@@ -203,9 +207,10 @@ class RemoteEngine:
                     return
                 try:
                     server.version = await self._bring_up_to_date(server)
-                except EngineError as exc:
-                    print(f"strata: {server.url} answers again but could not load the published "
-                          f"weights, retrying in {self.cooldown_s:g} s: {exc}", flush=True)  # fmt: skip
+                    await self._resume(server)
+                except Exception as exc:
+                    print(f"strata: {server.url} answers again but could not rejoin, retrying "
+                          f"in {self.cooldown_s:g} s: {exc}", flush=True)  # fmt: skip
                     continue
                 server.rejoins += 1
                 self._back_in_rotation(server)
@@ -228,6 +233,7 @@ class RemoteEngine:
         return self._update_lock
 
     async def close(self) -> None:
+        self._closed = True
         tasks = [t for t in self._recovering.values() if not t.done()]
         for task in tasks:
             task.cancel()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import os
 import signal
 import socket
@@ -155,8 +156,8 @@ def healthy(url: str, timeout_s: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=timeout_s) as response:
             return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
+    except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
+        return False  # refused, reset, garbled, or not a URL at all: not healthy
 
 
 def stop_process(process: subprocess.Popen, grace_s: float = 20.0) -> None:

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from typing import Literal
 
 from actors.servers import ManagedServers
 
@@ -67,11 +68,20 @@ def gpu_sets(num_servers: int, tp_size: int, gpus: list[int], available: int) ->
     return [chosen[i * tp_size : (i + 1) * tp_size] for i in range(num_servers)]
 
 
-def launch_problem(engine, python: str | None, available: int, ray: bool) -> str | None:
+def launch_problem(
+    engine, python: str | None, available: int, ray: Literal["private", "joined"] | None
+) -> str | None:
     """Why the launcher cannot start `engine`'s (config.SGLangEngine) servers on this machine, in
-    one line, or None. `available`: its CUDA GPUs. Under the local runtime the learner takes
-    GPU 0; under `ray` (a private cluster) Ray hands out the GPUs the servers leave, from the
-    first, so the servers must take the last ones."""
+    one line, or None. `available`: its CUDA GPUs. Under the local runtime (`ray` None) the
+    learner takes GPU 0; under a "private" Ray cluster Ray hands out the GPUs the servers leave,
+    from the first, so the servers must take the last ones; a "joined" cluster (runtime.address)
+    hands out GPUs the launcher cannot keep the servers off."""
+    if ray == "joined":
+        return (
+            "actors.engine.urls is empty, so the launcher would start SGLang servers on GPUs the "
+            "Ray cluster at runtime.address may also hand out: start the servers yourself and "
+            "name them with actors.engine.urls=[http://HOST:PORT,...]"
+        )
     if available == 0:
         return (
             "actors.engine.urls is empty, so the launcher would start SGLang servers on this "
@@ -88,7 +98,7 @@ def launch_problem(engine, python: str | None, available: int, ray: bool) -> str
         )
     sets = gpu_sets(engine.num_servers, engine.tp_size, engine.gpus, available)
     chosen = [g for s in sets for g in s]
-    if not ray and 0 in chosen:
+    if ray is None and 0 in chosen:
         return (
             f"actors.engine: the SGLang servers would take GPU 0{'' if engine.gpus else ' (all GPUs)'}, "
             "which the learner uses under runtime.type local: lower num_servers or tp_size, or set "

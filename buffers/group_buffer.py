@@ -22,7 +22,7 @@ finish holds the learner until they fail (engine and tool calls all have timeout
 `group_timeout_s` abandons it.
 
 Backpressure: `admit` also waits while `max_groups_in_flight` groups are open or waiting, or
-`max_resident_bytes` are held. A trajectory of a group that was not admitted waits on the same
+`max_resident_bytes` are held (groups already chosen for the step being assembled do not count). A trajectory of a group that was not admitted waits on the same
 room before it opens one; members of open groups never wait: they are what lets a group complete.
 
 Accounting (trajectories, also per stratum), true after every call:
@@ -212,8 +212,14 @@ class GroupBuffer:
             await _park(self._space_waiters)
 
     def _has_room(self) -> bool:
-        in_flight = len(self._open) + len(self._ready) + len(self._taking)
-        return in_flight < self.max_groups_in_flight and self._resident < self.max_resident_bytes
+        # Groups chosen for the step being assembled do not count: they leave as soon as the step
+        # is whole, and counting them would deadlock a step larger than the room.
+        taking = sum(t.nbytes for g in self._taking for t in g.members)
+        in_flight = len(self._open) + len(self._ready)
+        return (
+            in_flight < self.max_groups_in_flight
+            and self._resident - taking < self.max_resident_bytes
+        )
 
     def _join(self, group: _OpenGroup, trajectory: Trajectory) -> None:
         if trajectory.sample_index in group.members:
@@ -286,6 +292,7 @@ class GroupBuffer:
                 self._ready.remove(group)
                 if current_version - group.policy_version <= self.max_staleness:
                     chosen.append(group)  # released once the step is whole
+                    _wake(self._space_waiters)  # it no longer counts against the room
                     continue
                 self._ready_ids.discard(group.prompt_id)
                 self._leave(group.members, "dropped_stale", consumed_version=current_version)

@@ -165,8 +165,10 @@ def unavailable(config: StrataConfig) -> str | None:
     if isinstance(engine, SGLangEngine) and not engine.urls:
         from actors.sglang_server import launch_problem
 
-        under_ray = isinstance(config.runtime, RayRuntime)
-        problem = launch_problem(engine, engine.python, torch.cuda.device_count(), under_ray)
+        cluster = None
+        if isinstance(config.runtime, RayRuntime):
+            cluster = "joined" if config.runtime.address else "private"
+        problem = launch_problem(engine, engine.python, torch.cuda.device_count(), cluster)
         if problem is not None:
             return problem
     if isinstance(engine, EmbeddedEngine) and engine.device == "cuda" and not gpu:
@@ -282,12 +284,30 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
     else:
         from pipeline.local_runtime import run_local as runtime
 
+    def finishing(signum, frame):  # after streaming: the checkpoint is taken, the report is next
+        print("strata: already stopping (writing the report); SIGKILL stops at once", flush=True)
+
     async def main():
         # While the run streams, SIGTERM cancels it as Ctrl-C does (asyncio turns SIGINT into a
         # cancel of this task): it stops at an await, never halfway through the buffer's books
         # as an exception raised from a signal handler could, then checkpoints and flushes.
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
-        await runtime(config, assets, run_dir, progress, summary, resume=resume)
+        # One-shot: a second SIGTERM must not cancel the checkpoint the first one asked for.
+        task, stopping = asyncio.current_task(), []
+
+        def stop() -> None:
+            if stopping:
+                print("strata: already stopping (checkpointing); SIGKILL stops at once", flush=True)
+                return
+            stopping.append(True)
+            task.cancel()
+
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop)
+        try:
+            await runtime(config, assets, run_dir, progress, summary, resume=resume)
+        finally:  # closing, the loop would give SIGTERM back its default (die at once)
+            loop.remove_signal_handler(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, finishing)
 
     interrupted = False
     try:

@@ -11,6 +11,7 @@ the Ray runtime; this module builds the in-process roles.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from pathlib import Path
 
@@ -67,7 +68,9 @@ class LocalRoles:
         try:
             return await asyncio.shield(work)
         except asyncio.CancelledError:  # the run is stopping: let the step end before a checkpoint
-            await work
+            while not work.done():  # however often it is asked to stop meanwhile
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(work)
             raise
 
     async def publish(self) -> dict:

@@ -202,6 +202,26 @@ def test_server_errors_abort_the_request_and_the_server_recovers(tiny_policy_dir
     assert len(run(scenario()).token_ids) > 0
 
 
+def test_a_server_left_paused_is_continued_before_it_rejoins(tiny_policy_dir):
+    """An update whose continue failed leaves the server paused; once it is down and answers
+    /health again, the rejoin continues it, so requests routed to it are not parked forever."""
+
+    async def scenario():
+        async with (
+            await standin(tiny_policy_dir) as server,
+            SGLangEngine([server.url], cooldown_s=0.05, timeout_s=5) as engine,
+        ):
+            server.fail_next = 1
+            with pytest.raises(EngineError, match="HTTP 500"):  # the server goes down
+                await engine.generate(prompt(server.engine.tokenizer), GREEDY)
+            await server._pause_generation({"mode": "abort"})  # ... and was left paused
+            out = await engine.generate(prompt(server.engine.tokenizer), GREEDY)
+            return out, server.paused, engine.stats()["rejoins"]
+
+    out, paused, rejoins = run(scenario())
+    assert len(out.token_ids) > 0 and not paused and rejoins == 1
+
+
 @pytest.mark.parametrize(
     ("logprobs", "error"),
     [
@@ -256,14 +276,18 @@ def test_weight_versions_come_from_spans_else_the_older_of_server_and_belief():
     async def model_info(request):
         return web.json_response({"weight_version": "2"})
 
+    async def continued(request):
+        return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
+
     async def scenario():
         app = web.Application()
         app.router.add_post("/generate", generate)
         app.router.add_get("/health", health)
         app.router.add_get("/get_model_info", model_info)
+        app.router.add_post("/continue_generation", continued)  # a rejoining server is continued
         runner, port = await serve(app, "127.0.0.1", 0)
         try:
-            async with SGLangEngine([f"http://127.0.0.1:{port}"], version=2, cooldown_s=0.05) as engine:  # fmt: skip
+            async with SGLangEngine([f"http://127.0.0.1:{port}"], version=2, cooldown_s=0.05, timeout_s=10) as engine:  # fmt: skip
                 out = [await engine.generate([1], GREEDY) for _ in range(4)]
                 return out, engine.stats()
         finally:

@@ -73,18 +73,19 @@ def test_gpus_default_to_the_machines_last_and_the_config_builds_the_servers(mon
 @pytest.mark.parametrize(
     ("engine", "gpus", "ray", "expected"),
     [
-        ({}, 0, False, "it has none: name running servers with --set actors.engine.urls="),
-        ({"num_servers": 4, "tp_size": 2}, 4, True, "need 8 GPUs, but this machine has 4"),
-        ({"gpus": [5]}, 4, False, "need 1 GPUs (gpus [5]), but this machine has 4"),
-        ({"num_servers": 2}, 2, False, "would take GPU 0 (all GPUs), which the learner uses"),
-        ({"gpus": [0]}, 4, False, "would take GPU 0, which the learner uses"),
+        ({}, 0, None, "it has none: name running servers with --set actors.engine.urls="),
+        ({"num_servers": 4, "tp_size": 2}, 4, "private", "need 8 GPUs, but this machine has 4"),
+        ({"gpus": [5]}, 4, None, "need 1 GPUs (gpus [5]), but this machine has 4"),
+        ({"num_servers": 2}, 2, None, "would take GPU 0 (all GPUs), which the learner uses"),
+        ({"gpus": [0]}, 4, None, "would take GPU 0, which the learner uses"),
         (
             {"gpus": [1]},
             4,
-            True,
+            "private",
             "take the machine's last GPUs ([3]; Ray hands out the first ones)",
         ),
-        ({"python": "/bin/false"}, 4, False, "starts servers with /bin/false, which has no sglang"),
+        ({}, 8, "joined", "GPUs the Ray cluster at runtime.address may also hand out"),
+        ({"python": "/bin/false"}, 4, None, "starts servers with /bin/false, which has no sglang"),
     ],
 )
 def test_what_cannot_start_here_is_refused_in_one_line(engine, gpus, ray, expected):

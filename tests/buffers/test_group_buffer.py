@@ -124,6 +124,28 @@ def test_backpressure_blocks_new_groups_and_resumes():
     run(scenario())
 
 
+def test_a_step_larger_than_the_room_still_fills():
+    """Groups chosen for a step no longer hold room: a step of 4 with room for 2 completes."""
+
+    async def scenario():
+        buffer = GroupBuffer(
+            group_size=1, max_staleness=0, max_groups_in_flight=2, groups_per_step=4
+        )
+
+        async def produce():
+            for i in range(4):
+                await buffer.admit(f"p{i}")
+                await buffer.put(traj(f"p{i}", 0))
+
+        producer = asyncio.create_task(produce())
+        groups = await asyncio.wait_for(buffer.next_groups(0, 4), 2.0)
+        await producer
+        assert [g.prompt_id for g in groups] == ["p0", "p1", "p2", "p3"]
+        assert_accounting(buffer)
+
+    run(scenario())
+
+
 def test_backpressure_on_resident_bytes():
     async def scenario():
         one = traj("a", 0, tokens=100).nbytes
