@@ -86,7 +86,7 @@ class GenerationWorker:
         self.synced = -1  # the newest version this actor was asked to load (-1: none yet)
         self.eval_engine = None  # an embedded engine of its own for periodic evaluation
         self._building: asyncio.Lock | None = None
-        self._catching_up: asyncio.Lock | None = None
+        self._loading: asyncio.Lock | None = None  # one weight load at a time
 
     async def _ready(self):
         if self.agent is None:
@@ -103,12 +103,9 @@ class GenerationWorker:
         that missed it (it was just restarted) loads it first."""
         agent = await self._ready()
         if latest and self.synced < latest[0]:
-            self._catching_up = self._catching_up or asyncio.Lock()
-            async with self._catching_up:
-                if self.synced < latest[0]:
-                    problem = await self._load(*latest)
-                    if problem is not None:
-                        print(f"strata: {self.name} could not catch up: {problem}", flush=True)
+            problem = await self._load(*latest)
+            if problem is not None:
+                print(f"strata: {self.name} could not catch up: {problem}", flush=True)
         return await agent.run(task, prompt_id, index)
 
     async def update_weights(self, version: int, weights: Any) -> tuple[str | None, int]:
@@ -120,19 +117,24 @@ class GenerationWorker:
         return problem, (await self._ready()).engine.version
 
     async def _load(self, version: int, weights: Any) -> str | None:
+        """One load at a time; `synced` moves only once a load has been tried to its end, so a
+        load cut short (a cancelled call) is tried again by the next trajectory's catch-up."""
         agent = await self._ready()
-        if version <= self.synced:
-            return None
-        self.synced = version
-        if not isinstance(weights, (str, dict)):
-            weights = await weights  # an ObjectRef inside `latest` is not resolved by Ray
-        try:
-            if isinstance(weights, str):
-                await agent.engine.update_weights(version, path=weights)
-            else:
-                await agent.engine.update_weights(version, state_dict=weights)
-        except EngineError as exc:
-            return str(exc)
+        self._loading = self._loading or asyncio.Lock()
+        async with self._loading:
+            if version <= self.synced:
+                return None
+            if not isinstance(weights, (str, dict)):
+                weights = await weights  # an ObjectRef inside `latest` is not resolved by Ray
+            try:
+                if isinstance(weights, str):
+                    await agent.engine.update_weights(version, path=weights)
+                else:
+                    await agent.engine.update_weights(version, state_dict=weights)
+            except EngineError as exc:
+                self.synced = version  # tried: the next publish retries a failed server
+                return str(exc)
+            self.synced = version
         return None
 
     async def evaluate(self, items: list, version: int, weights: Any) -> tuple[list, list]:
@@ -264,11 +266,16 @@ class WorkerTarget:
         self.name, self.handle, self.version = name, handle, 0
 
     async def update_weights(self, version: int, *, state_dict: Any = None, path: str | None = None) -> None:  # fmt: skip
+        from ray.exceptions import RayTaskError
+
         try:
             problem, served = await self.handle.update_weights.remote(version, path or state_dict)
-        except _ray_errors():
+        except _ray_errors():  # dead: Ray restarts it and it loads `latest` before generating
             self.version = version
             return
+        except RayTaskError as exc:  # raised in the actor (a cancelled load too): a failed sync;
+            # the actor loads `latest` before its next trajectory
+            raise EngineError(f"{self.name}: {getattr(exc, 'cause', None) or exc!r}") from None
         self.version = served
         if problem is not None:  # its servers keep their weights; the next publish retries
             raise EngineError(f"{self.name}: {problem}")
