@@ -25,13 +25,20 @@ def _say(message: str, quiet: bool) -> None:
         print(f"strata: {message}", flush=True)
 
 
+def _world_version(world_dir: Path) -> int | None:
+    try:
+        return json.loads((world_dir / "world.json").read_text(encoding="utf-8")).get("version")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def prepare_world(config: StrataConfig, quiet: bool = False) -> Path:
-    from retrieval.world import build_world, write_world
+    from retrieval.world import VERSION, build_world, write_world
 
     target = (
         Path(config.runtime.cache_dir) / f"world-{config.data.world_size}-seed{config.data.seed}"
     )
-    if not (target / "world.json").is_file():
+    if _world_version(target) != VERSION:  # none yet, or one an earlier Strata wrote
         _say(f"building the mini-GAIA world ({config.data.world_size}) in {target}", quiet)
         write_world(
             build_world(config.data.seed, config.data.world_size), target, force=target.exists()
@@ -80,8 +87,11 @@ def prepare_policy(config: StrataConfig, world_dir: Path | None, quiet: bool = F
         )
     from pipeline.warm_start import warm_start
 
+    # The time budget names the directory too: a shorter warm start never replaces a longer one.
+    budget = f"{config.model.warm_start_s:g}s"
     target = (
-        Path(config.runtime.cache_dir) / f"policy-tiny-seed{config.model.seed}-{world_dir.name}"
+        Path(config.runtime.cache_dir)
+        / f"policy-tiny-seed{config.model.seed}-{budget}-{world_dir.name}"
     )
     return warm_start(
         world_dir,

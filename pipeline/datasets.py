@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from actors.agent import prompt_ids
 
-WORLD_VERSION = 1
+WORLD_VERSION = 2
 SEARCH_R1_COLUMNS = (
     "id", "question", "prompt", "data_source", "reward_model", "golden_answers", "ability",
     "extra_info",

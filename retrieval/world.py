@@ -1,10 +1,20 @@
 """`python -m retrieval.world --out DIR --seed S [--size small|medium]`: the offline mini-GAIA world.
 
 An invented knowledge base (people, cities, films and companies with made-up names, one passage
-each, plus distractors nobody asks about) and questions that cannot be answered without searching
-it: one hop (L1), two hops through a bridge entity (L2), two hops and a subtraction (L3). Written as
-a wiki-18 corpus, Search-R1 parquet splits, GAIA metadata for the test split and demonstration
-trajectories. The seed and size fix every byte of every file.
+each, plus distractors nobody asks about) and questions about it: one hop (L1), two hops through
+a bridge entity (L2), two hops and a subtraction (L3). Written as a wiki-18 corpus, Search-R1
+parquet splits, GAIA metadata for the test split and demonstration trajectories. The seed and size
+fix every byte of every file.
+
+What makes it a test bed for stratified advantages:
+- Some attributes follow skewed (Zipf) frequencies: countries of cities, birthplaces, professions,
+  headquarters. A guess without searching that follows these priors is right sometimes (about a
+  third of the time for a country, never for a year), so trajectories with 0, 1 and 2 searches
+  have different reward means: the cross-stratum bias the paper is about.
+- Held-out questions are about new entities: the test split's subjects are never the subject or
+  the bridge of a training question, so what transfers is how to search, not memorised answers.
+- Both splits are written in a seeded shuffled order, so their first N questions (the
+  `data.num_questions` a run takes, `eval.max_questions`) mix the levels.
 """
 
 from __future__ import annotations
@@ -46,8 +56,9 @@ from retrieval.world_text import (
     user_prompt,
 )
 
-VERSION = 1
-TEST_SHARE = 0.1
+VERSION = 2  # 2: skewed priors, held-out entities, shuffled training order
+TEST_SHARE = 0.2  # of the core entities of each kind: the held-out subjects
+ZIPF = 1.0  # exponent of the skewed attributes' frequencies (weight of the i-th value: 1 / i**ZIPF)
 KINDS = ("person", "city", "film", "company")
 
 
@@ -112,7 +123,7 @@ class World:
     size: str
     passages: tuple[Passage, ...]  # sorted by id
     kinds: dict[str, str]  # passage id -> "person" | "city" | "film" | "company"
-    questions: tuple[WorldQuestion, ...]  # every question, `split` set, sorted by id
+    questions: tuple[WorldQuestion, ...]  # training, then test (each shuffled), `split` set
     demos: tuple[dict, ...] = ()
 
     def split(self, name: str) -> list[WorldQuestion]:
@@ -138,6 +149,11 @@ def _rng(seed: int, stream: str) -> random.Random:
     return random.Random(f"mini-gaia/{seed}/{stream}")
 
 
+def _skewed(rng: random.Random, values: list) -> object:
+    """One of `values`, the i-th (from 1) with weight 1 / i**ZIPF: a prior a guess can follow."""
+    return rng.choices(values, [1 / (i + 1) ** ZIPF for i in range(len(values))])[0]
+
+
 def _entities(
     rng: random.Random, names: NameMaker, size: Size, share: float, countries: list[str]
 ) -> Entities:
@@ -147,18 +163,19 @@ def _entities(
     cities = [
         City(
             names.city(),
-            rng.choice(countries),
+            _skewed(rng, countries),
             rng.randint(1000, 1850),
             rng.randrange(8_000, 2_500_000, 500),
         )
         for _ in range(n(size.cities))
     ]
+    city_names = [c.name for c in cities]
     people = [
         Person(
             names.person(),
             rng.randint(1890, 1995),
-            rng.choice(cities).name,
-            rng.choice(PROFESSIONS),
+            _skewed(rng, city_names),
+            _skewed(rng, list(PROFESSIONS)),
         )
         for _ in range(n(size.people))
     ]
@@ -171,7 +188,7 @@ def _entities(
     for _ in range(n(size.companies)):
         founder = rng.choice(people)
         founded = rng.randint(founder.born + 20, min(founder.born + 65, 2023))
-        hq = rng.choice(cities).name
+        hq = _skewed(rng, city_names)
         companies.append(
             Company(names.company(), founder.name, founded, hq, rng.choice(INDUSTRIES))
         )
@@ -209,14 +226,26 @@ def _passages(
     return passages, kinds, doc
 
 
-def _split(rng: random.Random, questions: list[WorldQuestion]) -> list[WorldQuestion]:
-    """Every level keeps ~TEST_SHARE of its questions (at least one) for the test split."""
-    test: set[str] = set()
-    for level in (1, 2, 3):
-        ids = [q.id for q in questions if q.level == level]
-        rng.shuffle(ids)
-        test.update(ids[: max(1, round(len(ids) * TEST_SHARE))])
-    return [replace(q, split="test" if q.id in test else "train") for q in questions]
+def _split(
+    rng: random.Random, core: Entities, questions: list[WorldQuestion]
+) -> list[WorldQuestion]:
+    """Held-out entities: TEST_SHARE of each kind's core entities (at least one). A question about
+    one is a test question; a question that passes through one (its bridge) is asked nowhere, so
+    no training question mentions a held-out entity. Both splits come in a seeded shuffled order,
+    so that any first N questions mix the levels."""
+    held_out: set[str] = set()
+    for entities in core.by_kind().values():
+        names = sorted(e.name for e in entities)
+        held_out.update(rng.sample(names, max(1, round(len(names) * TEST_SHARE))))
+    train, test = [], []
+    for q in questions:
+        if q.subject in held_out:
+            test.append(replace(q, split="test"))
+        elif q.bridge not in held_out:
+            train.append(replace(q, split="train"))
+    rng.shuffle(train)
+    rng.shuffle(test)
+    return train + test
 
 
 def build_world(seed: int, size: str = "small") -> World:
@@ -233,15 +262,12 @@ def build_world(seed: int, size: str = "small") -> World:
     distractors = _entities(rng, names, spec, spec.distractor_share, countries)
     passages, kinds, doc = _passages(_rng(seed, "text"), [core, distractors])
     questions = questions_for(_rng(seed, "questions"), core, doc, spec.questions)
-    questions = _split(_rng(seed, "split"), questions)
-    everyone = [core, distractors]
-    guesses = {
-        "city": [c.name for e in everyone for c in e.cities],
-        "person": [p.name for e in everyone for p in e.people],
-        "country": countries,
-        "profession": list(PROFESSIONS),
-    }
+    questions = _split(_rng(seed, "split"), core, questions)
     train = [q for q in questions if q.split == "train"]
+    # A demo's guess follows the training answers' frequencies: the prior a policy can learn.
+    guesses: dict[str, list[str]] = {}
+    for q in train:
+        guesses.setdefault(q.answer_kind, []).append(q.answer[0])
     demos = make_demos(train, passages, kinds, guesses, _rng(seed, "demos"), limit=spec.max_demos)
     return World(seed, size, tuple(passages), kinds, tuple(questions), tuple(demos))
 

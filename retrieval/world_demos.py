@@ -1,9 +1,12 @@
 """Demonstration trajectories on the mini-GAIA world, for warm-starting a tiny policy.
 
-Mostly the right number of searches (and python for the subtraction of L3), but also answers
-from memory, one search where two are needed, an arithmetic slip and a retry after a bad query,
-so that a warm-started policy has seen both tool use that pays and tool use that falls short.
-`correct` says whether the final answer equals the canonical gold answer.
+The demos teach the format and single searches; chaining two searches is left mostly to RL. On
+one-hop questions (L1) they mostly search once; on multi-hop ones (L2, L3) they mostly answer
+from memory, or search once and guess the rest: a guess follows the training answers' frequencies
+(`guesses`), so it is right sometimes. A minority chain two searches, right or astray (the second
+query names the question's subject again instead of the bridge), so a warm-started policy chains
+now and then, and reinforcement learning has something to make a habit of. `correct` says whether
+the final answer equals the canonical gold answer.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ from retrieval.corpus import Passage, format_passages
 if TYPE_CHECKING:  # not at run time: `python -m retrieval.world` would import world twice
     from retrieval.world_questions import WorldQuestion
 
-# Right strategy first; the others are the mistakes a warm-started policy should have seen.
+# Strategy weights per level (percent).
 STRATEGIES = {
-    1: {"one_search": 75, "no_search": 15, "retry_search": 10},
-    2: {"two_searches": 65, "one_search": 15, "no_search": 10, "retry_search": 10},
-    3: {"two_searches_python": 60, "two_searches": 15, "one_search": 10, "no_search": 5, "retry_search": 10},
+    1: {"one_search": 75, "no_search": 20, "retry_search": 5},
+    2: {"no_search": 35, "one_search": 45, "two_searches": 10, "two_searches_astray": 10},
+    3: {"no_search": 35, "one_search": 40, "two_searches_python": 10, "two_searches": 5,
+        "two_searches_astray": 10},
 }  # fmt: skip
 
 
@@ -45,7 +49,9 @@ class _Demos:
 
     def _search(self, query: str, ids: list[str]) -> str:
         shown = format_passages([self.passage[i] for i in ids])
-        return f"<search>{query}</search><information>\n{shown}</information>\n"
+        # " query": a name after the tag tokenizes as it does in running text, so copying it from
+        # the question or a passage is copying tokens, not spelling them anew.
+        return f"<search> {query}</search><information>\n{shown}</information>\n"
 
     def _others(self, gold: str, n: int) -> list[str]:
         # Passages of the same kind look like what a retriever returns next to the gold one.
@@ -107,6 +113,12 @@ class _Demos:
             text += self._hop(q, 0)
             text += _think(f"{q.hop_facts[0]}. I think I can answer the rest from memory: {guess}.")
             return text, guess
+        if strategy == "two_searches_astray":  # the second query repeats the subject
+            guess = self._guess(q)
+            astray = q.hop_queries[1].replace(q.bridge, q.subject)
+            text += self._hop(q, 0) + _think(f"{q.hop_facts[0]}. I need more about {q.subject}.")
+            text += self._search(astray, [*self._others(q.gold_doc_ids[0], 2), q.gold_doc_ids[0]])
+            return text + _think(f"This does not say. I think the answer is {guess}."), guess
         if strategy == "two_searches" and q.level == 3:
             a, b = q.operands
             slip = a - b + self.rng.choice((-10, -1, 1, 10))
@@ -126,7 +138,8 @@ def make_demos(
 ) -> list[dict]:
     """One demonstration per question (a seeded sample of `limit` of them when there are more).
 
-    `guesses` holds plausible wrong answers by answer kind (city, person, country, profession).
+    `guesses` holds, by answer kind (city, person, country, profession), the answers a guess is
+    drawn from: the training answers, repeated as often as they occur.
     """
     chosen = list(questions)
     if len(chosen) > limit:
@@ -145,7 +158,7 @@ def make_demos(
                 "level": q.level,
                 "strategy": strategy,
                 "correct": answer == q.answer[0],
-                "response": response + f"<answer>{answer}</answer>",
+                "response": response + f"<answer> {answer}</answer>",
             }
         )
     return rows

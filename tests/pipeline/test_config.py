@@ -210,7 +210,7 @@ def test_setting_a_plain_type_field_keeps_the_sections_other_keys():
     )
     assert (config.data.type, config.data.num_questions, config.data.max_prompt_tokens) == (
         "search_r1",
-        32,
+        400,
         256,
     )
     assert notes == []
