@@ -17,6 +17,20 @@ def in_stratum_variance(result: StratifiedAdvantages, values: torch.Tensor) -> t
     return std * std
 
 
+def theorem1_terms(result: StratifiedAdvantages) -> dict[str, float]:
+    """Theorem 1's decomposition, averaged over the batch's trajectories (groups are equal-sized,
+    so this is also the mean over groups): Var[A_G] = Var[A_S] + cross-stratum term, with A_G the
+    group-centred and A_S the (group, stratum)-centred rewards, and the cross-stratum term
+    (1/K) sum_k n_k (mean_k - mean_group)^2 the variance the global baseline adds."""
+    global_c = result.global_centered.to(torch.float64)
+    strat_c = result.stratified_centered.to(torch.float64)
+    return {
+        "theorem1_global_var": (global_c * global_c).mean().item(),
+        "theorem1_in_stratum": (strat_c * strat_c).mean().item(),
+        "theorem1_cross_stratum": ((global_c - strat_c) ** 2).mean().item(),
+    }
+
+
 def stratum_summary(
     result: StratifiedAdvantages,
     rewards: torch.Tensor,

@@ -27,7 +27,7 @@ from learner.batch import InvalidGroup, TrainBatch, build_batch, response_logpro
 from learner.estimators import Estimate, estimate
 from learner.losses import kept_by_importance, kl_penalty, policy_loss
 from learner.schedule import step_schedule
-from learner.telemetry import stratum_summary
+from learner.telemetry import stratum_summary, theorem1_terms
 
 
 def _free_port() -> int:
@@ -285,6 +285,7 @@ class Learner:
             float(sum((self.version - 1 - v).sum() for v in generated)) / count
         )
         metrics["adv_var_global_unnormalised"] = float(result.global_centered.var(unbiased=False))
+        metrics.update(theorem1_terms(result))
         for stratum, row in stratum_summary(result, rewards, strata).items():
             metrics[f"stratum/{stratum}/count"] = row["count"]
             metrics[f"stratum/{stratum}/reward"] = row["mean_reward"]

@@ -3,7 +3,7 @@ import math
 import torch
 
 from learner.advantages import stratified_advantages_with_stats
-from learner.telemetry import in_stratum_variance, stratum_summary
+from learner.telemetry import in_stratum_variance, stratum_summary, theorem1_terms
 
 
 def test_summary_hand_computed():
@@ -24,3 +24,22 @@ def test_summary_hand_computed():
     )  # the singleton and equal-reward cells are left out
     assert math.isnan(summary[1]["in_stratum_adv_var"])  # its only cell has no spread
     assert summary[0]["calls"] == 2.0 and summary[1]["calls"] == 5.0  # NaN ignored
+
+
+def test_theorem1_terms_hand_computed_and_they_add_up():
+    # One group of 4: stratum 0 rewards (0, 0), stratum 1 rewards (1, 0); group mean 1/4.
+    rewards = torch.tensor([0.0, 0.0, 1.0, 0.0], dtype=torch.float64)
+    groups, strata = torch.zeros(4, dtype=torch.long), torch.tensor([0, 0, 1, 1])
+    terms = theorem1_terms(stratified_advantages_with_stats(rewards, groups, strata, 0.6, 1e-6))
+    # cross: (1/4) * (2 * (0 - 1/4)^2 + 2 * (1/2 - 1/4)^2) = 1/16; in-stratum: (1/4) * 2 * (1/2)^2
+    assert math.isclose(terms["theorem1_cross_stratum"], 1 / 16)
+    assert math.isclose(terms["theorem1_in_stratum"], 1 / 8)
+    assert math.isclose(terms["theorem1_global_var"], 3 / 16)  # var of (0, 0, 1, 0)
+    generator = torch.Generator().manual_seed(0)
+    rewards = torch.rand(64, generator=generator, dtype=torch.float64)
+    groups = torch.arange(64) // 8
+    strata = torch.randint(0, 3, (64,), generator=generator)
+    terms = theorem1_terms(stratified_advantages_with_stats(rewards, groups, strata, 0.6, 1e-6))
+    assert math.isclose(
+        terms["theorem1_global_var"], terms["theorem1_in_stratum"] + terms["theorem1_cross_stratum"]
+    )
