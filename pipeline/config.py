@@ -361,7 +361,8 @@ class EvalConfig(Section):
     """Held-out evaluation: `python -m pipeline.evaluate`, and periodically during training."""
 
     every_steps: int = Field(0, ge=0)
-    """Evaluate the current weights every this many learner steps (0: not during training)."""
+    """Evaluate the current weights every this many learner steps, and the starting weights at step
+    0 (0: not during training)."""
     data: list[str] = Field(default_factory=list)
     """Question files: Search-R1 .parquet (rows by data_source) or GAIA metadata .jsonl (rows by
     Level); empty: the mini-GAIA world's test split."""

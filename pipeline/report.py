@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.report_learning import calls_by_level_plot, learning_section
+
 
 def learning_signal(metrics: list[dict]) -> tuple[float, float]:
     """Mean reward over the first and the last 20% of steps (at least one step each)."""
@@ -80,13 +82,30 @@ def _plots(metrics: list[dict], run_dir: Path) -> list[str]:
     fig.savefig(run_dir / "strata.png", dpi=100)
     plt.close(fig)
     names.append("strata.png")
+    counts = np.array([[m.get(f"stratum/{s}/count", 0.0) for s in strata] for m in metrics])
+    if counts.size and counts.sum():
+        window = max(1, len(metrics) // 20)  # a moving sum over ~5% of the run
+        kernel = np.ones(window)
+        smooth = np.stack([np.convolve(c, kernel, "valid") for c in counts.T])
+        shares = smooth / np.maximum(smooth.sum(axis=0), 1e-12)
+        steps = [m["step"] for m in metrics][window - 1 :]
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        ax.stackplot(steps, shares, labels=[f"{s} tool calls" for s in strata])
+        ax.set_xlabel("learner step")
+        ax.set_ylabel("share of trained trajectories")
+        ax.set_title(f"strata sizes (moving window of {window} steps)")
+        ax.legend(loc="upper left", fontsize=7)
+        ax.set_ylim(0, 1)
+        fig.tight_layout()
+        fig.savefig(run_dir / "strata_share.png", dpi=100)
+        plt.close(fig)
+        names.append("strata_share.png")
     return names
 
 
 def write_report(run_dir: Path, config_path: str, summary) -> Path:
     metrics = summary.metrics
     first, last = learning_signal(metrics)
-    learned = "yes" if last > first else "no"
     lines = [
         f"# Strata run: {run_dir.name}",
         "",
@@ -100,15 +119,18 @@ def write_report(run_dir: Path, config_path: str, summary) -> Path:
         f"| learner busy fraction | {summary.busy_fraction:.2f} (training while the actors generate) |",
         f"| mean reward, first 20% of steps | {first:.3f} |",
         f"| mean reward, last 20% of steps | {last:.3f} |",
-        f"| learned (last > first) | {learned} |",
         f"| steps with no usable group (nothing trained or published) | {summary.empty_steps} |",
         f"| training questions skipped (prompt over data.max_prompt_tokens) | {summary.skipped_prompts} |",
         f"| final checkpoint | `{summary.checkpoint}` |",
         "",
     ]
+    lines += learning_section(run_dir, metrics)
     if metrics:
         for name in _plots(metrics, run_dir):
             lines += [f"![{name}]({name})", ""]
+        by_level = calls_by_level_plot(run_dir)
+        if by_level is not None:
+            lines += [f"![{by_level}]({by_level})", ""]
     lines += _accounting(summary.accounting)
     lines += _evaluations(run_dir)
     target = run_dir / "report.md"

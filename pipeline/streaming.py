@@ -192,7 +192,8 @@ async def stream(
 ) -> RunSummary:
     """Train until `learner.max_steps`; `summary` is filled in place, so the caller still has it
     when the run is interrupted. Checkpoints go to run_dir/checkpoints, also on the way out.
-    `evaluator` (a pipeline.evaluate.PeriodicEval) evaluates the weights of the steps it is due at."""
+    `evaluator` (a pipeline.evaluate.PeriodicEval) evaluates the starting weights (step 0, unless
+    resumed) and those of the steps it is due at."""
     buffer.serve(roles.version)  # the engines serve the learner's weights from the start
     pool_tasks = [asyncio.create_task(pool.run()) for pool in pools]
     metrics_file = (run_dir / "metrics.jsonl").open("a")
@@ -201,6 +202,8 @@ async def stream(
     trained = 0  # trajectories trained in this process (throughput counts only these)
     tokens_at_start = sum(s.generated_tokens for s in (await roles.actor_stats()).values())
     summary.steps = roles.version
+    if evaluator is not None and roles.version == 0:  # the starting policy: what training adds
+        evaluator.start(0, 0)
     finished = False
     try:
         while roles.version < config.learner.max_steps:

@@ -35,7 +35,11 @@ def trained(tmp_path_factory, run_cache):
 def test_a_run_evaluates_every_few_steps_and_reports_it(trained):
     run_dir, world, out = trained
     records = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [2, 4]  # the last one is waited for
+    assert [r["step"] for r in records] == [
+        0,
+        2,
+        4,
+    ]  # the starting policy first; the last is waited for
     sources = list(
         dict.fromkeys(q.data_source for q in load_questions(world / "test.parquet")[:12])
     )

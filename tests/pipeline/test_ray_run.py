@@ -165,6 +165,21 @@ def vllm_servers_of(cache) -> list[psutil.Process]:
     return found
 
 
+def wait_until_generating(server: psutil.Process, timeout_s: float = 120) -> None:
+    """Until the vLLM server's /metrics shows a request running."""
+    line = server.cmdline()
+    url = f"http://127.0.0.1:{line[line.index('--port') + 1]}/metrics"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+        running = re.findall(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, re.MULTILINE)
+        if running and float(running[0]) > 0:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{url} showed no request running within {timeout_s:g} s")
+
+
 @needs_vllm
 def test_ray_pools_on_vllm_servers_and_a_killed_server_comes_back_on_the_latest_weights(tmp_path, run_cache):  # fmt: skip
     """runtime ray + actors.engine.type vllm: the launcher starts the server, the learner
@@ -175,12 +190,13 @@ def test_ray_pools_on_vllm_servers_and_a_killed_server_comes_back_on_the_latest_
     proc = launch(run_dir, run_cache, "--set", "runtime.type=ray", "--set", "runtime.actor_num_cpus=0.5",
                   "--set", "runtime.learner_num_cpus=1", "--set", "actors.engine.type=vllm",
                   "--set", "actors.engine.max_model_len=512", "--set", "buffer.max_staleness=1",
-                  "--set", "learner.max_steps=5", "--set", "eval.every_steps=5",
+                  "--set", "learner.max_steps=12", "--set", "eval.every_steps=12",
                   "--set", "eval.max_questions=4")  # fmt: skip
     seen: list[str] = []
     try:
         wait_for_step(proc, 1, seen)
         (server,) = vllm_servers_of(run_cache)
+        wait_until_generating(server)  # so that the kill cuts requests off
         os.killpg(server.pid, signal.SIGKILL)  # the server and its engine core
         out, err = proc.communicate(timeout=900)
     finally:
@@ -195,16 +211,17 @@ def test_ray_pools_on_vllm_servers_and_a_killed_server_comes_back_on_the_latest_
     ]  # the published weights, not its start-up ones
 
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [s["version"] for s in steps] == [1.0, 2.0, 3.0, 4.0, 5.0]
-    assert steps[-1]["server_restarts"] == 1
-    assert steps[-1]["aborted"] >= 1  # its in-flight trajectories, counted
+    assert [s["version"] for s in steps] == [float(v) for v in range(1, 13)]
+    assert steps[-1]["server_restarts"] == 1, text[-3000:]
+    assert steps[-1]["aborted"] >= 1, text[-3000:]  # its in-flight trajectories, counted
     table, bad = read_trajectories(
         run_dir / "trajectories", ["prompt_id", "policy_version", "status"]
     )
     released = table.filter(pc.equal(table["status"], "released"))
     assert not bad and max(released["policy_version"].to_pylist()) > int(back.group(1)) - 1
-    assert sorted(p.name for p in (run_dir / "weights").iterdir()) == ["v000004", "v000005"]
+    assert sorted(p.name for p in (run_dir / "weights").iterdir()) == ["v000011", "v000012"]
     assert not vllm_servers_of(run_cache)  # stopped at the end
-    (record,) = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
-    assert record["step"] == 5 and record["rows"][-1]["questions"] == 4  # evaluated on the server
+    first, record = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert first["step"] == 0  # the starting policy
+    assert record["step"] == 12 and record["rows"][-1]["questions"] == 4  # evaluated on the server
     assert_accounting(run_dir)
