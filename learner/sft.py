@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -119,22 +119,27 @@ def learning_rate(training: Training, step: int, progress: float) -> float:
     )
 
 
-def train_sft(model, examples: list[SftExample], pad: int, training: Training, deadline: float,
-           seed: int, progress: bool) -> dict:  # fmt: skip
-    """AdamW on the generated tokens until the deadline, a loss plateau or max_epochs."""
+def train_sft(model, examples: Sequence[SftExample] | Callable[[int], Sequence[SftExample]],
+              pad: int, training: Training, deadline: float, seed: int, progress: bool) -> dict:  # fmt: skip
+    """AdamW on the generated tokens until the deadline, a loss plateau or max_epochs.
+
+    `examples`: the same every epoch, or a function of the epoch (from 1) giving that epoch's.
+    """
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=training.lr, betas=(0.9, 0.95), weight_decay=0.0)  # fmt: skip
-    rng, prefix, origin = random.Random(seed), shared_prefix(examples), time.monotonic()
+    rng, origin = random.Random(seed), time.monotonic()
     step, step_s, epochs, losses, stopped = 0, 0.0, [], [], "max_epochs"
     model.train()
     for epoch in range(1, training.max_epochs + 1):
+        drawn = examples(epoch) if callable(examples) else examples
+        prefix = shared_prefix(drawn)
         start, total, tokens, generated = time.monotonic(), 0.0, 0, 0
-        for batch in length_batches(examples, training.batch_tokens, rng):
+        for batch in length_batches(drawn, training.batch_tokens, rng):
             began = time.monotonic()
             if began + 1.5 * step_s > deadline:
                 stopped = "time_budget"
                 break
-            loss, n, attended = sft_loss(model, [examples[i] for i in batch], prefix, pad)
+            loss, n, attended = sft_loss(model, [drawn[i] for i in batch], prefix, pad)
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(training, step, (began - origin) / max(1e-6, deadline - origin))  # fmt: skip
             optimizer.zero_grad(set_to_none=True)

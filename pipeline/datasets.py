@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from actors.agent import prompt_ids
+from retrieval.world import VERSION as WORLD_VERSION
 
-WORLD_VERSION = 2
 SEARCH_R1_COLUMNS = (
     "id", "question", "prompt", "data_source", "reward_model", "golden_answers", "ability",
     "extra_info",

@@ -8,6 +8,9 @@ downloaded), then fine-tunes on `demos.jsonl` laid out token for token as `Agent
 trajectory: its prompt ids, then generated turns (loss) and tool observations (no loss) with the
 loop's own observation ids. The demos mix strategies on purpose (no search, one, two, python, a
 retry), so the policy learns the format and keeps the mix that stratified GRPO then sorts out.
+Every epoch renames the demos' entities afresh (`NameSwap`, from the world's name pools): a policy
+that memorised a few hundred demos would answer training questions from memory and held-out ones
+not at all; renamed, it has to copy names and facts from the question and the passages.
 
 Training stops at the time budget (tokenizer included) or when the epoch loss plateaus; the HF
 directory is written atomically with a `warm_start.json` whose key makes a second call free.
@@ -35,9 +38,10 @@ from actors.tools import PythonTool, SearchTool
 from learner.sft import SftExample, Training, train_sft
 from pipeline.config import TinyModel
 from pipeline.format_rate import LOCAL_AGENT, format_rate
+from pipeline.name_swap import NameSwap
 
 DEFAULT_TRAINING = Training()
-CODE_VERSION = 2
+CODE_VERSION = 3
 """Bump when the data layout or the training changes: every cached warm start is then rebuilt."""
 CACHE_FILE = "warm_start.json"
 ARCHITECTURE = ("layers", "hidden_size", "heads", "kv_heads", "intermediate_size", "vocab_size",
@@ -179,8 +183,8 @@ def cached(out_dir: str | os.PathLike[str], key: str) -> dict | None:
 # ------------------------------------------------------------------------------------- training
 
 
-def _read_world(world: Path) -> tuple[list[dict], list[str]]:
-    """(demos, corpus passage texts)."""
+def _read_world(world: Path) -> tuple[list[dict], list[str], dict[str, list[str]]]:
+    """(demos, corpus passage texts, the pools names are composed from)."""
     lines = {}
     for name in ("demos.jsonl", "corpus.jsonl"):
         if not (world / name).is_file():
@@ -188,7 +192,13 @@ def _read_world(world: Path) -> tuple[list[dict], list[str]]:
         lines[name] = [json.loads(line) for line in (world / name).read_text("utf-8").splitlines()]
     if not lines["demos.jsonl"]:
         raise WarmStartError(f"{world / 'demos.jsonl'} holds no demos; rebuild the world")
-    return lines["demos.jsonl"], [p["contents"] for p in lines["corpus.jsonl"]]
+    try:
+        parts = json.loads((world / "world.json").read_text("utf-8")).get("name_parts") or {}
+    except (OSError, ValueError, AttributeError):
+        raise WarmStartError(
+            f"{world / 'world.json'} is missing or unreadable; rebuild the world"
+        ) from None
+    return lines["demos.jsonl"], [p["contents"] for p in lines["corpus.jsonl"]], parts
 
 
 def _replace_dir(tmp: Path, target: Path) -> None:
@@ -222,7 +232,7 @@ def warm_start(world_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str
     spec = model if isinstance(model, TinyModel) else TinyModel.model_validate(dict(model or {}))
     if unknown := set(tools) - set(_TOOL_TAGS):
         raise WarmStartError(f"unknown tools {sorted(unknown)}: choose from {sorted(_TOOL_TAGS)}")
-    demos, corpus = _read_world(world)
+    demos, corpus, name_parts = _read_world(world)
     if "search" not in tools:
         index_dir = None
     retrieval = _index_identity(index_dir, topk)
@@ -255,9 +265,13 @@ def warm_start(world_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str
         agent = layout_agent(tokenizer, tools, settings)
         if index_dir is not None:
             demos = retrieved_observations(demos, index_dir, topk)
-        examples = [demo_example(d, agent) for d in demos]
+        swap = NameSwap(name_parts, spec.seed) if name_parts else None
+
+        def examples(epoch: int) -> list[SftExample]:  # every epoch renames the demos afresh
+            return [demo_example(swap(d, epoch) if swap else d, agent) for d in demos]
+
         if progress:
-            print(f"warm start: {len(examples)} demos, {sum(map(len, examples)):,} tokens; tokenizer "
+            print(f"warm start: {len(demos)} demos, {sum(map(len, examples(0))):,} tokens; tokenizer "
                   f"and model built in {time.monotonic() - began:.1f}s", flush=True)  # fmt: skip
         torch.manual_seed(spec.seed)
         deadline = began + time_budget_s - 3.0  # what saving takes
@@ -266,7 +280,7 @@ def warm_start(world_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str
         policy.eval().save_pretrained(final)
         tokenizer.save_pretrained(final)
         record = {"key": key, "code_version": CODE_VERSION, "model": _architecture(spec),
-                  "tools": list(tools), "demos": len(examples), "retrieval": retrieval,
+                  "tools": list(tools), "demos": len(demos), "renamed": swap is not None, "retrieval": retrieval,
                   "seconds": round(time.monotonic() - began, 1), **result}  # fmt: skip
         (final / CACHE_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         final.chmod(0o755)

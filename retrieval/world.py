@@ -13,6 +13,8 @@ What makes it a test bed for stratified advantages:
   have different reward means: the cross-stratum bias the paper is about.
 - Held-out questions are about new entities: the test split's subjects are never the subject or
   the bridge of a training question, so what transfers is how to search, not memorised answers.
+  Their names are new combinations of words that training names use too (`NameMaker`), so a
+  policy can copy them from a question or a passage with tokens it has learnt.
 - Both splits are written in a seeded shuffled order, so their first N questions (the
   `data.num_questions` a run takes, `eval.max_questions`) mix the levels.
 """
@@ -56,7 +58,7 @@ from retrieval.world_text import (
     user_prompt,
 )
 
-VERSION = 2  # 2: skewed priors, held-out entities, shuffled training order
+VERSION = 3  # 2: skewed priors, held-out entities, shuffled order; 3: names composed from pools
 TEST_SHARE = 0.2  # of the core entities of each kind: the held-out subjects
 ZIPF = 1.0  # exponent of the skewed attributes' frequencies (weight of the i-th value: 1 / i**ZIPF)
 KINDS = ("person", "city", "film", "company")
@@ -125,6 +127,7 @@ class World:
     kinds: dict[str, str]  # passage id -> "person" | "city" | "film" | "company"
     questions: tuple[WorldQuestion, ...]  # training, then test (each shuffled), `split` set
     demos: tuple[dict, ...] = ()
+    name_parts: dict[str, list[str]] | None = None  # NameMaker.parts()
 
     def split(self, name: str) -> list[WorldQuestion]:
         return [q for q in self.questions if q.split == name]
@@ -158,7 +161,7 @@ def _entities(
     rng: random.Random, names: NameMaker, size: Size, share: float, countries: list[str]
 ) -> Entities:
     def n(count: int) -> int:
-        return max(1, round(count * share))
+        return _count(count, share)
 
     cities = [
         City(
@@ -248,6 +251,17 @@ def _split(
     return train + test
 
 
+def _count(count: int, share: float) -> int:
+    return max(1, round(count * share))
+
+
+def _expected_names(size: Size) -> dict[str, int]:
+    """How many names of each kind the core entities and the distractors take together."""
+    counts = {"person": size.people, "city": size.cities, "film": size.films}
+    counts["company"] = size.companies
+    return {k: n + _count(n, size.distractor_share) for k, n in counts.items()}
+
+
 def build_world(seed: int, size: str = "small") -> World:
     """The world for this seed and size, in memory; `write_world` puts it on disk."""
     if size not in SIZES:
@@ -255,7 +269,7 @@ def build_world(seed: int, size: str = "small") -> World:
     if seed < 0:  # random.Random(-s) equals random.Random(s): negative seeds would alias
         raise WorldError(f"the world's seed must be >= 0 (got {seed})")
     spec, rng = SIZES[size], _rng(seed, "entities")
-    names = NameMaker(rng)
+    names = NameMaker(rng, _expected_names(spec))
     countries = [names.country() for _ in range(spec.countries)]
     core = _entities(rng, names, spec, 1.0, countries)
     # Distractors link only among themselves: no question starts from or passes through one.
@@ -269,7 +283,7 @@ def build_world(seed: int, size: str = "small") -> World:
     for q in train:
         guesses.setdefault(q.answer_kind, []).append(q.answer[0])
     demos = make_demos(train, passages, kinds, guesses, _rng(seed, "demos"), limit=spec.max_demos)
-    return World(seed, size, tuple(passages), kinds, tuple(questions), tuple(demos))
+    return World(seed, size, tuple(passages), kinds, tuple(questions), tuple(demos), names.parts())
 
 
 # ------------------------------------------------------------------------------------------ files
@@ -321,7 +335,8 @@ def _write_files(world: World, out: Path) -> None:
     ]
     _write_jsonl(out / "metadata.jsonl", gaia)
     _write_jsonl(out / "demos.jsonl", list(world.demos))
-    manifest = {"seed": world.seed, "size": world.size, "counts": world.counts, "version": VERSION}
+    manifest = {"seed": world.seed, "size": world.size, "counts": world.counts, "version": VERSION,
+                "name_parts": world.name_parts}  # fmt: skip
     # Last: a directory holding world.json holds a complete world.
     (out / "world.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 

@@ -6,7 +6,9 @@ Names are built from random syllables so that no prior knowledge can answer a qu
 
 from __future__ import annotations
 
+import math
 import random
+from collections.abc import Sequence
 
 # Repeats weight the draw: mostly plain consonant-vowel syllables, so names read like "Varno Telik".
 ONSETS = tuple("bdfgklmnprstvz") * 3 + ("br", "dr", "kr", "tr", "th", "sh", "qu", "", "", "")
@@ -28,7 +30,10 @@ FILM_NOUNS = (
     "Saga", "Tides", "Harbor", "Winter", "Echoes", "Lanterns", "Crossing", "Orchard", "Signal",
     "Mirror", "Garden", "Voyage", "Ashes", "Frontier", "Letters", "Silence", "Summer", "River",
 )  # fmt: skip
-COMPANY_SUFFIXES = ("Labs", "Works", "Systems", "Holdings", "Foundry", "Group")
+COMPANY_SUFFIXES = (
+    "Labs", "Works", "Systems", "Holdings", "Foundry", "Group", "Industries", "Partners",
+    "Trading", "Motors", "Studios", "Mills",
+)  # fmt: skip
 CITY_KINDS = ("river", "coastal", "hill", "market", "mountain", "harbor", "university")
 PERSON_DEEDS = (
     "later taught at a regional academy",
@@ -65,14 +70,46 @@ def article(noun: str) -> str:
 
 
 class NameMaker:
-    """Invented words, each used once in the whole world, so every name is unique and no name
-    shares a word with another (a question never contains its answer by accident)."""
+    """Names composed from small pools of invented words, so that every word recurs across many
+    names and a held-out entity is a new combination of words seen in training: what a policy has
+    to learn is to copy a name from a passage, not to spell an unseen one. A person is a first name
+    and a surname, a city two words, a film a word and a noun, a company a word and a suffix;
+    countries are single words. Every word belongs to one pool only (a question never contains its
+    answer by accident) and every name is used once.
 
-    def __init__(self, rng: random.Random) -> None:
+    `expected` is how many names of each kind the world will ask for; a pool is sized so that the
+    combinations outnumber them `COMBINATIONS` times.
+    """
+
+    COMBINATIONS = 3
+
+    def __init__(self, rng: random.Random, expected: dict[str, int]) -> None:
         self.rng = rng
-        self.used: set[str] = set(_RESERVED)
+        self.used: set[str] = set(_RESERVED)  # words
+        self.taken: set[tuple[str, ...]] = set()  # names, as their parts
+        square = {
+            k: max(4, math.ceil(math.sqrt(n * self.COMBINATIONS))) for k, n in expected.items()
+        }
+        self.first = self._pool(square["person"], (2,))
+        self.last = self._pool(square["person"], (2, 3))
+        self.city_first = self._pool(square["city"], (2,))
+        self.city_last = self._pool(square["city"], (2, 3))
+        film_words = math.ceil(expected["film"] * self.COMBINATIONS / len(FILM_NOUNS))
+        self.film_words = self._pool(max(4, film_words), (2, 3))
+        company_words = math.ceil(expected["company"] * self.COMBINATIONS / len(COMPANY_SUFFIXES))
+        self.company_words = self._pool(max(4, company_words), (2, 3))
+
+    def parts(self) -> dict[str, list[str]]:
+        """The pools names are composed from, by part: what a warm start may rename names with
+        (a first name by another first name, and so on) so that no fact can be memorised."""
+        return {
+            "first_name": self.first, "surname": self.last, "city_first": self.city_first,
+            "city_last": self.city_last, "film_word": self.film_words,
+            "company_word": self.company_words,
+        }  # fmt: skip
 
     def word(self, syllables: tuple[int, ...] = (2,)) -> str:
+        """A new invented word, never drawn before by this maker."""
         rng = self.rng
         while True:
             n = rng.choice(syllables)
@@ -82,22 +119,31 @@ class NameMaker:
                 self.used.add(word)
                 return word.capitalize()
 
+    def _pool(self, size: int, syllables: tuple[int, ...]) -> list[str]:
+        return [self.word(syllables) for _ in range(size)]
+
+    def _combine(self, *pools: Sequence[str]) -> tuple[str, ...]:
+        while True:  # the pools hold COMBINATIONS times the names asked for: this ends quickly
+            parts = tuple(self.rng.choice(pool) for pool in pools)
+            if parts not in self.taken:
+                self.taken.add(parts)
+                return parts
+
     def person(self) -> str:
-        return f"{self.word((2,))} {self.word((2, 3))}"
+        return " ".join(self._combine(self.first, self.last))
 
     def city(self) -> str:
-        return self.word((2, 3))
+        return " ".join(self._combine(self.city_first, self.city_last))
 
     def country(self) -> str:
         return self.word((3,))
 
     def film(self) -> str:
-        noun, word = self.rng.choice(FILM_NOUNS), self.word((2, 3))
+        word, noun = self._combine(self.film_words, FILM_NOUNS)
         return self.rng.choice((f"{word} {noun}", f"The {noun} of {word}", f"The {word} {noun}"))
 
     def company(self) -> str:
-        word = self.word((2, 3))
-        return word if self.rng.random() < 0.5 else f"{word} {self.rng.choice(COMPANY_SUFFIXES)}"
+        return " ".join(self._combine(self.company_words, COMPANY_SUFFIXES))
 
 
 def person_text(rng: random.Random, name: str, born: int, city: str, profession: str) -> str:

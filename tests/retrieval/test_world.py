@@ -64,7 +64,7 @@ def test_same_seed_writes_the_same_bytes_and_another_seed_does_not(tmp_path):
 
 def test_sizes_and_manifest(world_dir, corpus, questions, demos):
     manifest = json.loads((world_dir / "world.json").read_text())
-    assert manifest["version"] == 2 and manifest["seed"] == 7 and manifest["size"] == "small"
+    assert manifest["version"] == 3 and manifest["seed"] == 7 and manifest["size"] == "small"
     counts = manifest["counts"]
     assert 400 <= len(corpus) == counts["passages"] <= 800
     assert 300 <= len(questions) == counts["questions"] <= 600
@@ -129,6 +129,21 @@ def test_held_out_questions_are_about_entities_no_training_question_mentions():
     assert 0.15 < len(test) / (len(train) + len(test)) < 0.3
     for split in (train, test):  # shuffled: any first 30 questions mix the levels
         assert {q.level for q in split[:30]} == {1, 2, 3}
+
+
+def test_held_out_names_are_new_combinations_of_words_seen_in_training():
+    """A held-out subject's name is new, but (nearly) every word of it is in training questions:
+    names are composed from pools, so copying one is copying tokens the policy has learnt."""
+    world = build_world(7, "small")
+    train, test = world.split("train"), world.split("test")
+    seen = {w for q in train for w in re.findall(r"[A-Z]\w+", q.question)}
+    words = [w for q in test for w in q.subject.split() if w not in ("The", "of")]
+    assert sum(w in seen for w in words) > 0.9 * len(words)
+    assert not {q.subject for q in test} & {q.subject for q in train}
+    pools = world.name_parts
+    assert pools and all(len(words) >= 4 for words in pools.values())
+    everywhere = [w for words in pools.values() for w in words]
+    assert len(everywhere) == len(set(everywhere))  # a word belongs to one pool only
 
 
 def test_skewed_priors_make_a_guess_right_sometimes():
