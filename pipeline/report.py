@@ -18,6 +18,9 @@ def learning_signal(metrics: list[dict]) -> tuple[float, float]:
     return float(np.mean(rewards[:k])), float(np.mean(rewards[-k:]))
 
 
+SMOOTHED = ("reward_mean", "tool_calls_mean")  # per step a mean over a few groups: noisy by eye
+
+
 def _series(metrics: list[dict], key: str) -> tuple[list[int], list[float]]:
     points = [(m["step"], m[key]) for m in metrics if key in m and m[key] == m[key]]  # NaN dropped
     return [p[0] for p in points], [p[1] for p in points]
@@ -60,7 +63,12 @@ def _plots(metrics: list[dict], run_dir: Path) -> list[str]:
     for name, title, keys in panels:
         fig, ax = plt.subplots(figsize=(6, 3.2))
         for key in keys:
-            ax.plot(*_series(metrics, key), marker="o", label=key)
+            x, y = _series(metrics, key)
+            ax.plot(x, y, marker="o", label=key)
+            window = len(y) // 10
+            if key in SMOOTHED and window >= 3:
+                mean = np.convolve(np.asarray(y, dtype=float), np.ones(window) / window, "valid")
+                ax.plot(x[window - 1 :], mean, linewidth=2.5, label=f"moving mean ({window} steps)")
         ax.set_xlabel("learner step")
         ax.set_title(title)
         ax.legend(loc="best", fontsize=8)
