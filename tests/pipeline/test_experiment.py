@@ -110,7 +110,7 @@ def test_dry_run_lists_the_fifteen_runs_of_the_ablation(monkeypatch, capsys):
     lines = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
     assert len(lines) == 15 and {line[0] for line in lines} == {f"{v}-seed{s}" for v in ABLATION for s in range(3)}  # fmt: skip
     grpo0 = next(line for line in lines if line[0] == "grpo-seed0")
-    assert grpo0[2:] == ["--set", "learner.max_steps=200", "--set", "learner.alpha=0.0", "--set", "runtime.seed=0"]  # fmt: skip
+    assert grpo0[2:] == ["--set", "learner.max_steps=200", "--set", "eval.every_steps=100", "--set", "learner.alpha=0.0", "--set", "runtime.seed=0"]  # fmt: skip
     assert out.exists() == existed  # a dry run writes nothing
     estimators = plan(read_experiment("configs/experiments/estimators.yaml"), "estimators.yaml")
     assert len(estimators) == 12
