@@ -373,6 +373,10 @@ class EvalConfig(Section):
     mean@K and pass@K."""
     no_tools_baseline: bool = True
     """Also evaluate with every tool disabled (a direct answer): what the tools buy."""
+    train_questions: int = Field(0, ge=0, le=100_000)
+    """Also evaluate the first this many training questions (with tools): the same questions at
+    every evaluation, so the report can show training accuracy rising against paired noise, which
+    the per-step training reward (other questions every step) cannot. 0: none."""
 
 
 # ---------------------------------------------------------------------------------------- whole

@@ -9,11 +9,12 @@ row of the table per `data_source`; GAIA metadata.jsonl: one per `Level`; by def
 world's test split) go through the training agent loop with the config's engine type, tools and
 rewards: greedily, or K samples each at `actors.temperature` (mean@K, pass@K). The same questions
 are then answered with every tool disabled (the no-tools baseline), so each table shows what the
-tools buy.
+tools buy. With `eval.train_questions: N`, the first N training questions are answered too (with
+tools; table row `training questions`): the report pairs them across evaluations.
 
 Written, each complete or not at all: FILE.json (the table and the settings), FILE.md (the table)
 and FILE.trajectories.parquet (every trajectory, in the training trajectory schema; `actor_id`
-says which evaluation made it: `eval` or `eval-no-tools`), so evaluations replay like runs.
+says which evaluation made it: `eval`, `eval-no-tools` or `eval-train`), so evaluations replay like runs.
 
 Accuracy is the config's outcome reward without any format bonus (exact match, or the GAIA scorer
 for `gaia*` sources). Remote engines: the servers are made to load CHECKPOINT_DIR first.
@@ -50,8 +51,7 @@ from pipeline.config import EmbeddedEngine, LocalRuntime, StrataConfig
 from pipeline.config_loader import ConfigError, load_config
 from pipeline.datasets import DatasetError, Question, load_questions
 from pipeline.launch import unavailable
-
-TOOLS_ACTOR, BASELINE_ACTOR = "eval", "eval-no-tools"
+from pipeline.report_learning import BASELINE_ACTOR, TOOLS_ACTOR, TRAIN_ACTOR, TRAIN_ROW
 
 
 class EvalError(ValueError):
@@ -134,6 +134,26 @@ def load_items(files: Sequence[Path], max_questions: int | None) -> list[Item]:
             row = f"level {q.level}" if gaia and q.level is not None else q.data_source
             items.append(Item(q, row, f"{q.id}@{path.name}"))
     return items
+
+
+def training_items(config: StrataConfig) -> list[Item]:
+    """The first eval.train_questions of the run's training questions (the world's training split
+    or data.train_files, in the order the run reads them), all in the row TRAIN_ROW."""
+    wanted = config.eval.train_questions
+    if not wanted:
+        return []
+    if config.data.type == "mini_gaia":
+        files = [prepare_world(config, quiet=True) / "train.parquet"]
+    else:
+        files = [Path(f) for f in config.data.train_files]
+    items: list[Item] = []
+    for path in files:
+        try:
+            questions = load_questions(path)
+        except DatasetError as exc:
+            raise EvalError(f"eval.train_questions: {exc}") from None
+        items += [Item(q, TRAIN_ROW, f"{q.id}@{path.name}") for q in questions]
+    return items[: min(wanted, config.data.num_questions)]
 
 
 # ------------------------------------------------------------------------------------ running
@@ -249,12 +269,20 @@ async def evaluate(config: StrataConfig, checkpoint: Path, items: Sequence[Item]
 
 async def with_and_without_tools(config: StrataConfig, engine, tokenizer, tools: dict, settings,
                                  items: Sequence[Item], samples: int, concurrency: int) -> tuple[list[Row], list]:  # fmt: skip
-    """The rows and trajectories of `items` with `tools`, then (eval.no_tools_baseline) without."""
-    runs = [(tools, TOOLS_ACTOR)] + ([({}, BASELINE_ACTOR)] if config.eval.no_tools_baseline else [])  # fmt: skip
+    """The rows and trajectories of the held-out `items` with `tools`, then (eval.no_tools_baseline)
+    without; then those of the training questions among them (row TRAIN_ROW), with tools only."""
+    held_out = [i for i in items if i.row != TRAIN_ROW]
+    training = [i for i in items if i.row == TRAIN_ROW]
+    runs = [(held_out, tools, TOOLS_ACTOR)]
+    runs += [(held_out, {}, BASELINE_ACTOR)] if config.eval.no_tools_baseline else []
+    runs += [(training, tools, TRAIN_ACTOR)] if training else []
     rows, trajectories = [], []
-    for enabled, actor in runs:
-        made = await run_items(engine, tokenizer, enabled, settings, items, samples, concurrency, actor)  # fmt: skip
-        rows += summarize(made, items, samples, bool(enabled), tokenizer)
+    for chosen, enabled, actor in runs:
+        if not chosen:
+            continue
+        made = await run_items(engine, tokenizer, enabled, settings, chosen, samples, concurrency, actor)  # fmt: skip
+        summary = summarize(made, chosen, samples, bool(enabled), tokenizer)
+        rows += summary[:1] if actor == TRAIN_ACTOR else summary  # one row, not "all" again
         trajectories += made
     return rows, trajectories
 
@@ -322,8 +350,10 @@ class PeriodicEval:
             self.run_metrics.observe_eval(step, rows)
         overall = {r.tools: r.accuracy for r in rows if r.name == "all"}
         baseline = f", no tools {overall[False]:.3f}" if False in overall else ""
-        print(f"strata: eval at step {step}: accuracy {overall[True]:.3f}{baseline} on "
-              f"{len(self.items)} held-out questions ({record['seconds']:.0f} s)", flush=True)  # fmt: skip
+        trained = next((f", training questions {r.accuracy:.3f}" for r in rows if r.name == TRAIN_ROW), "")  # fmt: skip
+        held_out = sum(item.row != TRAIN_ROW for item in self.items)
+        print(f"strata: eval at step {step}: accuracy {overall[True]:.3f}{baseline}{trained} on "
+              f"{held_out} held-out questions ({record['seconds']:.0f} s)", flush=True)  # fmt: skip
 
     async def close(self, wait: bool) -> None:
         """At the end of a run: let a running evaluation finish (`wait`) or cancel it."""
@@ -342,7 +372,7 @@ def periodic_eval(config: StrataConfig, snapshot, run, run_dir: Path,
     the run before it trains), else None."""
     if not config.eval.every_steps:
         return None
-    items = load_items(eval_files(config, ()), config.eval.max_questions)
+    items = load_items(eval_files(config, ()), config.eval.max_questions) + training_items(config)
     return PeriodicEval(config, items, snapshot, run, run_dir, run_metrics)
 
 
@@ -385,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
             raise EvalError("--samples and --max-questions must be at least 1")
         checkpoint = resolve_checkpoint(args.checkpoint)
         files = eval_files(config, args.data)
-        items = load_items(files, limit)
+        items = load_items(files, limit) + training_items(config)
         problem = unavailable(config.model_copy(update={"runtime": LocalRuntime()}))  # engine only
         if problem is not None:
             raise EvalError(problem)

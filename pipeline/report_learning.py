@@ -3,7 +3,9 @@
 Training reward: the mean of the first and of the last 20% of steps, the noise the standard error
 of that difference over the steps' means. Held-out accuracy: the first evaluation (step 0, the
 starting policy) against the last, on the same questions, so the noise is the paired standard
-error of the per-question change. A change counts as learned when it exceeds twice its noise.
+error of the per-question change. With `eval.train_questions`, the same is done for a fixed set of
+training questions: the per-step training reward is over other questions at every step, so its
+trend is mostly which questions came up. A change counts as learned when it exceeds twice its noise.
 The run's own figures cannot show seed-to-seed spread; `docs/results/ablation.md` measures it.
 """
 
@@ -16,6 +18,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+# Which evaluation made a trajectory (its actor_id) and the training questions' table row: set by
+# pipeline.evaluate, which imports them from here (this module stays light: no torch).
+TOOLS_ACTOR, BASELINE_ACTOR, TRAIN_ACTOR = "eval", "eval-no-tools", "eval-train"
+TRAIN_ROW = "training questions"
 
 LEARNED_AT = 2.0  # standard errors
 
@@ -40,10 +47,11 @@ def reward_change(metrics: list[dict]) -> tuple[float, float, float]:
     return float(first.mean()), float(last.mean()), se
 
 
-def _per_question(path: Path) -> dict[str, tuple[str, float]]:
-    """prompt_id -> (data source, mean reward over its samples) of the with-tools evaluation."""
+def _per_question(path: Path, actor: str) -> dict[str, tuple[str, float]]:
+    """prompt_id -> (data source, mean reward over its samples) of one evaluation's trajectories
+    made by `actor` (the held-out questions with tools, or the training questions)."""
     table = pq.read_table(path, columns=["prompt_id", "data_source", "reward", "actor_id"])
-    table = table.filter(pc.equal(table["actor_id"], "eval"))
+    table = table.filter(pc.equal(table["actor_id"], actor))
     sums: dict[str, list] = {}
     for prompt, source, reward in zip(
         table["prompt_id"].to_pylist(),
@@ -57,10 +65,23 @@ def _per_question(path: Path) -> dict[str, tuple[str, float]]:
     return {p: (s, total / n) for p, (s, total, n) in sums.items()}
 
 
+def _paired(before: dict, after: dict, name: str) -> tuple[str, int, float, float, float] | None:
+    """(name, questions, mean before, mean after, paired standard error) over the questions in
+    both of `name`'s data source ("all": every source); None if they share none."""
+    chosen = [p for p in sorted(set(before) & set(after)) if name == "all" or before[p][0] == name]
+    if not chosen:
+        return None
+    a = np.array([before[p][1] for p in chosen])
+    b = np.array([after[p][1] for p in chosen])
+    se = float(np.std(b - a, ddof=1) / math.sqrt(len(chosen))) if len(chosen) > 1 else math.nan
+    return name, len(chosen), float(a.mean()), float(b.mean()), se
+
+
 def accuracy_changes(run_dir: Path) -> tuple[int, int, list[tuple[str, int, float, float, float]]]:
-    """(first step, last step, rows): per data source and "all", (name, questions, accuracy at
-    the first evaluation, at the last, paired standard error of the change). No rows without
-    two evaluations."""
+    """(first step, last step, rows): per held-out data source and "all", then (with
+    eval.train_questions) one row named TRAIN_ROW, each (name, questions, accuracy at the first
+    evaluation, at the last, paired standard error of the change). No rows without two
+    evaluations."""
     source = run_dir / "eval.jsonl"
     if not source.is_file():
         return 0, 0, []
@@ -71,19 +92,13 @@ def accuracy_changes(run_dir: Path) -> tuple[int, int, list[tuple[str, int, floa
     files = [run_dir / "eval" / f"step-{s:06d}.trajectories.parquet" for s in (first, last)]
     if not all(f.is_file() for f in files):
         return 0, 0, []
-    before, after = (_per_question(f) for f in files)
-    shared = sorted(set(before) & set(after))
-    names = sorted({before[p][0] for p in shared})
-    rows = []
-    for name in [*names, "all"]:
-        chosen = [p for p in shared if name == "all" or before[p][0] == name]
-        if not chosen:
-            continue
-        a = np.array([before[p][1] for p in chosen])
-        b = np.array([after[p][1] for p in chosen])
-        se = float(np.std(b - a, ddof=1) / math.sqrt(len(chosen))) if len(chosen) > 1 else math.nan
-        rows.append((name, len(chosen), float(a.mean()), float(b.mean()), se))
-    return first, last, rows
+    before, after = (_per_question(f, TOOLS_ACTOR) for f in files)
+    names = sorted({before[p][0] for p in set(before) & set(after)})
+    rows = [_paired(before, after, name) for name in [*names, "all"]]
+    trained = _paired(*(_per_question(f, TRAIN_ACTOR) for f in files), "all")
+    if trained is not None:
+        rows.append((TRAIN_ROW, *trained[1:]))
+    return first, last, [r for r in rows if r is not None]
 
 
 def learning_section(run_dir: Path, metrics: list[dict]) -> list[str]:
@@ -94,8 +109,8 @@ def learning_section(run_dir: Path, metrics: list[dict]) -> list[str]:
         "",
         f"A change counts when it is more than {LEARNED_AT:g} standard errors (s.e.). Training "
         "reward: mean of the first vs the last 20% of steps (s.e. over the steps). Held-out "
-        "accuracy: the first evaluation vs the last, on the same questions (paired s.e. over "
-        "questions). Seed-to-seed spread is measured in docs/results/ablation.md.",
+        "accuracy (and training-question accuracy, with eval.train_questions): the first "
+        "evaluation vs the last, on the same questions (paired s.e. over questions). Seed-to-seed spread is measured in docs/results/ablation.md.",
         "",
         "| measure | start | end | change | s.e. | learned |",
         "|---|---|---|---|---|---|",
@@ -104,8 +119,11 @@ def learning_section(run_dir: Path, metrics: list[dict]) -> list[str]:
     ]
     step_a, step_b, rows = accuracy_changes(run_dir)
     for name, n, a, b, pse in rows:
+        what = (
+            "accuracy on training questions" if name == TRAIN_ROW else f"held-out accuracy {name}"
+        )
         lines.append(
-            f"| held-out accuracy {name} ({n} q, step {step_a} -> {step_b}) | {a:.3f} | {b:.3f} | "
+            f"| {what} ({n} q, step {step_a} -> {step_b}) | {a:.3f} | {b:.3f} | "
             f"{b - a:+.3f} | {pse:.3f} | {_verdict(b - a, pse)} |"
         )
     return [*lines, ""]

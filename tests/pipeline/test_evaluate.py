@@ -17,7 +17,14 @@ from pipeline.metrics import RunMetrics
 from tests.conftest import assert_accounting, child_env
 from tests.pipeline.test_local_run import ROOT, SHORT, launch
 
-EVAL = ["--set", "eval.every_steps=2", "--set", "eval.max_questions=12"]
+EVAL = [
+    "--set",
+    "eval.every_steps=2",
+    "--set",
+    "eval.max_questions=12",
+    "--set",
+    "eval.train_questions=6",
+]
 
 
 @pytest.fixture(scope="module")
@@ -45,14 +52,25 @@ def test_a_run_evaluates_every_few_steps_and_reports_it(trained):
     )
     for record in records:
         rows = [Row(**r) for r in record["rows"]]
-        assert [r.name for r in rows if r.tools] == [*sources, "all"]
-        assert [r.name for r in rows if not r.tools] == [*sources, "all"]  # the no-tools baseline
+        # held-out with tools, the no-tools baseline, then the training questions (with tools)
+        assert [r.name for r in rows if r.tools] == [*sources, "all", "training questions"]
+        assert [r.name for r in rows if not r.tools] == [*sources, "all"]
         assert all(r.questions == 12 for r in rows if r.name == "all")
+        assert [r.questions for r in rows if r.name == "training questions"] == [6]
     for suffix in (".json", ".md", ".trajectories.parquet"):
         assert (run_dir / "eval" / f"step-000004{suffix}").is_file()
-    assert "strata: eval at step 2: accuracy" in out
+    made = pq.read_table(run_dir / "eval" / "step-000004.trajectories.parquet", columns=["actor_id", "prompt_id"])  # fmt: skip
+    train_ids = {f"{q.id}@train.parquet" for q in load_questions(world / "train.parquet")[:6]}
+    by_actor = {}
+    for actor, prompt in zip(
+        made["actor_id"].to_pylist(), made["prompt_id"].to_pylist(), strict=True
+    ):
+        by_actor.setdefault(actor, set()).add(prompt)
+    assert by_actor["eval-train"] == train_ids and not by_actor["eval"] & train_ids
+    assert "strata: eval at step 2: accuracy" in out and ", training questions " in out
     report = (run_dir / "report.md").read_text()
     assert "## Held-out evaluation (step 4" in report and (run_dir / "eval.png").is_file()
+    assert "| accuracy on training questions (6 q, step 0 -> 4) |" in report
 
 
 def test_eval_accuracy_is_exported_per_source():

@@ -9,13 +9,19 @@ import pyarrow.parquet as pq
 from pipeline.report_learning import _verdict, accuracy_changes, learning_section, reward_change
 
 
-def write_eval(run_dir, step, rewards):
-    """One evaluation: `rewards` maps prompt id -> (data source, [reward per sample])."""
+def write_eval(run_dir, step, rewards, training=None):
+    """One evaluation: `rewards` maps prompt id -> (data source, [reward per sample]) of the
+    held-out questions (with and without tools), `training` the same for training questions."""
     rows = [
         {"prompt_id": p, "data_source": source, "reward": r, "actor_id": actor}
         for p, (source, samples) in rewards.items()
         for r in samples
         for actor in ("eval", "eval-no-tools")
+    ]
+    rows += [
+        {"prompt_id": p, "data_source": source, "reward": r, "actor_id": "eval-train"}
+        for p, (source, samples) in (training or {}).items()
+        for r in samples
     ]
     (run_dir / "eval").mkdir(exist_ok=True)
     pq.write_table(
@@ -45,6 +51,20 @@ def test_accuracy_changes_are_paired_over_the_same_questions(tmp_path):
     assert by_name["all"][0] == 3 and math.isclose(by_name["all"][3], se)
     section = "\n".join(learning_section(tmp_path, [{"reward_mean": 0.1}, {"reward_mean": 0.2}]))
     assert "held-out accuracy all (3 q, step 0 -> 50)" in section
+    assert "training questions" not in section  # none were evaluated
+
+
+def test_training_questions_are_paired_apart_from_the_held_out_ones(tmp_path):
+    write_eval(tmp_path, 0, {"a": ("l1", [0])}, training={"t1": ("l1", [0]), "t2": ("l2", [0]), "t3": ("l2", [1])})  # fmt: skip
+    write_eval(tmp_path, 9, {"a": ("l1", [1])}, training={"t1": ("l1", [1]), "t2": ("l2", [1]), "t3": ("l2", [1])})  # fmt: skip
+    _, _, rows = accuracy_changes(tmp_path)
+    by_name = {r[0]: r[1:] for r in rows}
+    assert by_name["all"][:3] == (1, 0.0, 1.0)  # held-out only
+    n, before, after, se = by_name["training questions"]
+    assert (n, before, after) == (3, 1 / 3, 1.0)
+    assert math.isclose(se, math.sqrt(sum((c - 2 / 3) ** 2 for c in (1, 1, 0)) / 2 / 3))
+    section = "\n".join(learning_section(tmp_path, [{"reward_mean": 0.1}, {"reward_mean": 0.2}]))
+    assert "| accuracy on training questions (3 q, step 0 -> 9) | 0.333 | 1.000 |" in section
 
 
 def test_a_change_counts_only_beyond_two_standard_errors():
