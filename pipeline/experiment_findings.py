@@ -1,6 +1,8 @@
 """The "what the numbers say" section of an experiment's results document: sentences computed from
 the runs, each saying only what the data shows (which variant leads, whether its seed range
-overlaps GRPO's, tool calls at the end, Theorem 1's cross-stratum term), and the spreads they use."""
+overlaps GRPO's, where the random-strata controls fall against GRPO's range, tool calls at the
+end, Theorem 1's cross-stratum term, the in-stratum advantage variance of the paper's Figure 3),
+and the spreads they use."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pipeline.experiment_data import (
     last_window,
     level_accuracy,
     series,
+    setting,
     spread,
 )
 
@@ -151,6 +154,73 @@ def accuracy_findings(groups: Groups, baseline: str | None) -> list[str]:
     return [s for s in says if s]
 
 
+def _placed(value: Spread, ref: Spread) -> str:
+    """Where `value`'s seed range lies against `ref`'s: within, overlapping, above or below."""
+    if ref.low <= value.low and value.high <= ref.high:
+        return "within GRPO's min–max range"
+    if value.overlaps(ref):
+        return "overlapping GRPO's range"
+    return "above GRPO's range" if value.low > ref.high else "below GRPO's range"
+
+
+def control_finding(groups: Groups, baseline: str | None) -> str | None:
+    """The random-strata variants (stratifier.type random: labels that say nothing about the
+    trajectory) against GRPO at the last evaluation: the paper finds them about equal (Table 7)."""
+    controls = [
+        v
+        for v, rs in groups.items()
+        if rs and all(setting(r.config, "learner.stratifier.type", "") == "random" for r in rs)
+    ]
+    if not controls or baseline is None:
+        return None
+    ref_spreads = eval_spreads(groups[baseline], -1)[0]
+    column = "L2+L3" if "L2+L3" in ref_spreads else "all"
+    if column not in ref_spreads:
+        return None
+    ref = ref_spreads[column]
+    placed = []
+    for v in controls:
+        mine = eval_spreads(groups[v], -1)[0].get(column)
+        if mine is not None:
+            placed.append(f"{v} {mine.text()}, {_placed(mine, ref)}")
+    return _listed(
+        f"Random strata (a control) at the last evaluation, {column} accuracy against GRPO's "
+        f"{ref.text()}",
+        placed,
+    )
+
+
+def _stratum_variance(run: RunData) -> float | None:
+    """Mean over steps of the mean over strata of `stratum/K/in_stratum_adv_var` (cells whose
+    rewards vary; NaN where a stratum had none)."""
+    per_step = []
+    for m in run.metrics:
+        values = [
+            v
+            for k, v in m.items()
+            if k.startswith("stratum/") and k.endswith("/in_stratum_adv_var")
+            and isinstance(v, int | float) and np.isfinite(v)
+        ]  # fmt: skip
+        if values:
+            per_step.append(float(np.mean(values)))
+    return float(np.mean(per_step)) if per_step else None
+
+
+def stratum_variance_finding(groups: Groups) -> str | None:
+    """The paper's Figure 3: the advantages' variance inside each (group, stratum) cell whose
+    rewards vary, which per-stratum normalisation (α = 1) makes 1 and GRPO leaves below it."""
+    means = []
+    for v, rs in groups.items():
+        found = spread([_stratum_variance(r) for r in rs])
+        if found is not None:
+            means.append(f"{v} {found.mean:.2f}")
+    return _listed(
+        "In-stratum advantage variance (Figure 3 of the paper: 1 under per-stratum "
+        "normalisation), mean over strata and steps of cells whose rewards vary, seed means",
+        means,
+    )
+
+
 def tool_call_finding(groups: Groups, window: int) -> str | None:
     calls = []
     for v, rs in groups.items():
@@ -193,5 +263,6 @@ def theorem1_finding(groups: Groups) -> str:
 def findings(groups: Groups, baseline: str | None, window: int) -> list[str]:
     """Every sentence of the section, in order."""
     says = [*compute_finding(groups), *accuracy_findings(groups, baseline)]
-    says += [tool_call_finding(groups, window), theorem1_finding(groups)]
+    says += [control_finding(groups, baseline), tool_call_finding(groups, window)]
+    says += [theorem1_finding(groups), stratum_variance_finding(groups)]
     return [s for s in says if s]

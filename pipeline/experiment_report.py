@@ -1,10 +1,12 @@
-"""`python -m pipeline.experiment_report OUT_DIR [--doc FILE.md] [--smooth N] [--baseline NAME]`.
+"""`python -m pipeline.experiment_report OUT_DIR [--doc FILE.md] [--smooth N] [--baseline NAME]
+[--notes FILE.md]`.
 
 Reads every run directory of an experiment (`python -m pipeline.experiment`): metrics.jsonl,
 eval.jsonl, accounting.json and config.yaml. Writes the results document (default
 OUT_DIR/results.md) and, next to it, its figures: held-out accuracy by level at the first and last
 evaluation (seed mean ± sample std, and the min–max over seeds), training curves, Theorem 1's
-terms and strata sizes per variant, and a "what the numbers say" section computed from the data.
+terms and strata sizes per variant, and a "what the numbers say" section computed from the data,
+followed by the --notes file (a reading written by hand) if one is given.
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ def render(
     baseline: str | None,
     window: int,
     command: str,
+    notes: str | None = None,
 ) -> str:
     variants = record.get("config", {}).get("variants", {})
     n_runs = sum(len(rs) for rs in groups.values())
@@ -148,6 +151,8 @@ def render(
         "",
         *(f"- {s}" for s in findings(groups, baseline, window)),
     ]
+    if notes:  # the hand-written reading (--notes), kept across regenerations
+        lines += ["", notes.strip()]
     lines += ["", "## Figures", ""]
     for name, caption in figures:
         lines += [f"![{Path(name).stem}]({name})", "", f"*{caption}*", ""]
@@ -192,6 +197,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--baseline", help="the GRPO variant (default: found from the runs' configs)"
     )
+    parser.add_argument(
+        "--notes",
+        help="a markdown file written by hand (its own ## heading), put after the computed findings",
+    )
     args = parser.parse_args(argv)
     out_dir = Path(args.out_dir)
     runs, record = load_runs(out_dir) if out_dir.is_dir() else ([], {})
@@ -215,6 +224,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    notes = None
+    if args.notes:
+        try:
+            notes = Path(args.notes).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            print(f"strata: error: --notes {args.notes}: cannot read it ({exc})", file=sys.stderr)
+            return 2
     doc = Path(args.doc) if args.doc else out_dir / "results.md"
     doc.parent.mkdir(parents=True, exist_ok=True)
     figures = all_figures(groups, doc.parent, doc.stem, args.smooth)
@@ -222,8 +238,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         ["python", "-m", "pipeline.experiment_report", str(out_dir), "--doc", str(doc)]
         + (["--smooth", str(args.smooth)] if args.smooth != 5 else [])
         + (["--baseline", args.baseline] if args.baseline else [])
+        + (["--notes", args.notes] if args.notes else [])
     )
-    _write(doc, render(out_dir, doc, groups, record, figures, baseline, args.smooth, command))
+    text = render(out_dir, doc, groups, record, figures, baseline, args.smooth, command, notes)
+    _write(doc, text)
     print(f"strata: experiment report {doc} ({len(runs)} runs, {len(figures)} figures)")
     return 0
 

@@ -316,8 +316,11 @@ def spread_text(values: list[float]) -> str:
 def test_the_report_tables_figures_and_findings(tmp_path, capsys):
     out, doc = tmp_path / "exp", tmp_path / "docs" / "results" / "ablation.md"
     write_synthetic_experiment(out)
-    assert report_main([str(out), "--doc", str(doc), "--smooth", "3"]) == 0
+    notes = tmp_path / "notes.md"
+    notes.write_text("## Reading\n\nWritten by hand.\n")
+    assert report_main([str(out), "--doc", str(doc), "--smooth", "3", "--notes", str(notes)]) == 0
     text = doc.read_text()
+    assert "\n## Reading\n\nWritten by hand.\n\n## Figures" in text
     last = table_rows(text, "Held-out accuracy, last evaluation")
     cells = last["grpo", "yes"]
     l2, l3 = LAST["grpo"]["minigaia_l2"], LAST["grpo"]["minigaia_l3"]
@@ -344,7 +347,11 @@ def test_the_report_tables_figures_and_findings(tmp_path, capsys):
         png = doc.parent / f"ablation-{name}.png"
         assert png.is_file() and png.read_bytes()[:4] == b"\x89PNG" and f"]({png.name})" in text
     assert "python -m pipeline.experiment configs/experiments/x.yaml" in text
-    assert f"python -m pipeline.experiment_report {out} --doc {doc} --smooth 3" in text
+    assert (
+        f"python -m pipeline.experiment_report {out} --doc {doc} --smooth 3 --notes {notes}" in text
+    )
+    assert report_main([str(out), "--notes", str(tmp_path / "missing.md")]) == 2
+    assert capsys.readouterr().err.startswith("strata: error: --notes")
 
 
 def test_the_report_says_what_is_missing(tmp_path, capsys):
@@ -417,3 +424,26 @@ def test_a_tie_at_the_top_is_said_as_a_tie(tmp_path):
     groups = {v: [RunData(f"{v}-seed0", v, 0, tmp_path, [], [record], None, {}, "done")] for v in ("grpo", "san")}  # fmt: skip
     line = accuracy_findings(groups, "grpo")[0]
     assert "(seed mean), 0.250, is shared by grpo, san. GRPO (grpo) is among them." in line
+
+
+def test_random_strata_are_placed_against_grpo_and_in_stratum_variance_is_averaged(tmp_path):
+    from pipeline.experiment_data import RunData
+    from pipeline.experiment_findings import findings
+
+    def runs(variant, accuracies, stratifier="tool_calls"):
+        config = {"learner": {"stratifier": {"type": stratifier}, "alpha": 0.0 if variant == "grpo" else 0.6}}  # fmt: skip
+        metrics = [{"step": 1, "stratum/0/in_stratum_adv_var": 1.0, "stratum/1/in_stratum_adv_var": float("nan")},
+                   {"step": 2, "stratum/0/in_stratum_adv_var": 0.5, "stratum/1/in_stratum_adv_var": 0.7}]  # fmt: skip
+        return [RunData(f"{variant}-seed{k}", variant, k, tmp_path, metrics,
+                        [eval_record(2, dict.fromkeys(QUESTIONS, a), 1.0)], None, config, "done")
+                for k, a in enumerate(accuracies)]  # fmt: skip
+
+    groups = {"grpo": runs("grpo", [0.1, 0.2, 0.3]), "random_k2": runs("random_k2", [0.15, 0.2, 0.25], "random"),
+              "random_k3": runs("random_k3", [0.25, 0.5, 0.6], "random"), "random_k4": runs("random_k4", [0.4, 0.5, 0.6], "random")}  # fmt: skip
+    says = "\n".join(findings(groups, "grpo", 5))
+    assert "Random strata (a control) at the last evaluation, L2+L3 accuracy against GRPO's 0.200 ± 0.100 (0.100–0.300)" in says  # fmt: skip
+    assert "random_k2 0.200 ± 0.050 (0.150–0.250), within GRPO's min–max range" in says
+    assert "random_k3 0.450 ± 0.180 (0.250–0.600), overlapping GRPO's range" in says
+    assert "random_k4 0.500 ± 0.100 (0.400–0.600), above GRPO's range" in says
+    # per step the mean over strata with a finite variance (1.0, then 0.6), then over steps: 0.8
+    assert "mean over strata and steps of cells whose rewards vary, seed means: grpo 0.80; random_k2 0.80" in says  # fmt: skip
