@@ -46,7 +46,7 @@ run: setup
 	$(PY) -m pipeline.launch $(CONFIG)
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=10  # the ten slowest: the suite must stay under ~10 minutes on 2 cores
 
 lint: setup
 	$(PY) -m ruff check .
