@@ -76,6 +76,18 @@ def compute_finding(groups: Groups) -> list[str]:
             f"The runs trained different numbers of learner steps ({listed}): compare "
             "the curves at equal steps, not the final numbers."
         )
+    tokens = []
+    for v, rs in groups.items():
+        made = spread([_generated_tokens(r) for r in rs])
+        if made is not None:
+            tokens.append(f"{v} {made.mean / 1e6:.2f}M")
+    says.append(
+        _listed(
+            "Tokens generated per run (seed means; equal steps are not equal tokens: a variant "
+            "that calls more tools generates more)",
+            tokens,
+        )
+    )
     unfinished = sorted(
         {r.name for r in runs if not r.metrics or r.status in ("failed", "interrupted")}
     )
@@ -84,7 +96,14 @@ def compute_finding(groups: Groups) -> list[str]:
             f"Not complete: {', '.join(unfinished)} (no metrics.jsonl, or failed or "
             "interrupted in experiment.json)."
         )
-    return says
+    return [s for s in says if s]
+
+
+def _generated_tokens(run: RunData) -> float | None:
+    """Tokens the run generated, from its last step's rate and elapsed time (None without)."""
+    last = run.metrics[-1] if run.metrics else {}
+    rate, elapsed = last.get("generated_tokens_per_s"), last.get("elapsed_s")
+    return rate * elapsed if isinstance(rate, int | float) and isinstance(elapsed, int | float) else None  # fmt: skip
 
 
 def accuracy_findings(groups: Groups, baseline: str | None) -> list[str]:

@@ -433,7 +433,8 @@ def test_random_strata_are_placed_against_grpo_and_in_stratum_variance_is_averag
     def runs(variant, accuracies, stratifier="tool_calls"):
         config = {"learner": {"stratifier": {"type": stratifier}, "alpha": 0.0 if variant == "grpo" else 0.6}}  # fmt: skip
         metrics = [{"step": 1, "stratum/0/in_stratum_adv_var": 1.0, "stratum/1/in_stratum_adv_var": float("nan")},
-                   {"step": 2, "stratum/0/in_stratum_adv_var": 0.5, "stratum/1/in_stratum_adv_var": 0.7}]  # fmt: skip
+                   {"step": 2, "stratum/0/in_stratum_adv_var": 0.5, "stratum/1/in_stratum_adv_var": 0.7,
+                    "generated_tokens_per_s": 1000.0 * (1 + len(accuracies) % 2), "elapsed_s": 2000.0}]  # fmt: skip
         return [RunData(f"{variant}-seed{k}", variant, k, tmp_path, metrics,
                         [eval_record(2, dict.fromkeys(QUESTIONS, a), 1.0)], None, config, "done")
                 for k, a in enumerate(accuracies)]  # fmt: skip
@@ -445,5 +446,8 @@ def test_random_strata_are_placed_against_grpo_and_in_stratum_variance_is_averag
     assert "random_k2 0.200 ± 0.050 (0.150–0.250), within GRPO's min–max range" in says
     assert "random_k3 0.450 ± 0.180 (0.250–0.600), overlapping GRPO's range" in says
     assert "random_k4 0.500 ± 0.100 (0.400–0.600), above GRPO's range" in says
+    assert (
+        "Tokens generated per run (seed means;" in says and ": grpo 4.00M; random_k2 4.00M" in says
+    )
     # per step the mean over strata with a finite variance (1.0, then 0.6), then over steps: 0.8
     assert "mean over strata and steps of cells whose rewards vary, seed means: grpo 0.80; random_k2 0.80" in says  # fmt: skip
