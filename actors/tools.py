@@ -6,7 +6,7 @@ observation the model reads, and it is counted.
 
 from __future__ import annotations
 
-import time
+import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -87,11 +87,13 @@ class PythonTool:
 
 
 async def call_tool(tool: Tool, argument: str, stats: ToolStats) -> ToolResult:
-    """Run a tool, timing and counting it; an unexpected exception becomes a failed observation."""
-    start = time.perf_counter()
+    """Run a tool, timing (on the loop's clock: a simulated run's own) and counting it; an
+    unexpected exception becomes a failed observation."""
+    clock = asyncio.get_running_loop().time
+    start = clock()
     try:
         result = await tool(argument)
     except Exception as exc:  # a broken tool must not end the trajectory
         result = ToolResult(False, f"{tool.name} failed: {type(exc).__name__}: {exc}")
-    stats.record(tool.name, result.ok, time.perf_counter() - start)
+    stats.record(tool.name, result.ok, clock() - start)
     return result
