@@ -17,6 +17,7 @@ from pipeline.config_engines import EmbeddedEngine as EmbeddedEngine
 from pipeline.config_engines import EngineConfig
 from pipeline.config_engines import ServerEngine as ServerEngine
 from pipeline.config_engines import SGLangEngine as SGLangEngine
+from pipeline.config_engines import SimulatedEngine as SimulatedEngine
 from pipeline.config_engines import VLLMEngine as VLLMEngine
 
 # ---------------------------------------------------------------------------------------- model

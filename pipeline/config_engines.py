@@ -112,9 +112,67 @@ class VLLMEngine(ServerEngine):
     """A request without an answer after this long aborts its trajectory (counted)."""
 
 
+class SimulatedEngine(Section):
+    """A simulated GPU cluster (`actors.simulated`): inference servers, tools and the learner
+    step follow timing models while the real agent loop, buffer, admission and publishing run on
+    top, on a virtual clock (`pipeline.virtual_time`). For throughput studies of the pipeline
+    itself (`benchmarks/cluster_sim.py`): no model is trained, so the model, the learner's
+    optimisation keys, retrieval and evaluation do not act (the launcher says so)."""
+
+    type: Literal["simulated"] = "simulated"
+    """Simulate the servers, tools and learner step."""
+    num_servers: int = Field(8, ge=1, le=4096)
+    """Simulated inference servers; requests go to the least loaded."""
+    max_batch: int = Field(64, ge=1, le=4096)
+    """Sequences a server decodes together; more requests queue."""
+    step_s: float = Field(0.010, gt=0, le=10)
+    """Decode step time at batch size 1 (an 8B model in bf16 on one H100-class GPU: ~10 ms)."""
+    step_per_seq_s: float = Field(0.0003, ge=0, le=1)
+    """Added to the step time per running sequence (its KV cache read)."""
+    prefill_per_token_s: float = Field(0.0001, ge=0, le=1)
+    """Prefill time per new prompt token; the server decodes nothing meanwhile."""
+    tool_call_p: float = Field(0.6, ge=0, lt=1)
+    """Chance a turn calls a tool (geometric number of calls, cut at actors.max_turns)."""
+    turn_tokens_median: float = Field(120.0, ge=1, le=100000)
+    """Median tokens of a turn (log-normal)."""
+    turn_tokens_sigma: float = Field(0.8, ge=0, le=5)
+    """Log-space standard deviation of turn lengths."""
+    tool_latency_s: tuple[float, float] = (0.2, 2.0)
+    """A tool call's latency: log-uniform between these."""
+    partial_rollouts: bool = True
+    """true: generation continues across a weight update (later tokens carry the new version);
+    false: a server finishes its running sequences, admitting none, before it loads."""
+    params_b: float = Field(8.0, gt=0, le=10000)
+    """Policy parameters, in billions (bf16: 2 bytes each), for the weight sync time."""
+    sync_gb_per_s: float = Field(25.0, gt=0, le=10000)
+    """Bandwidth of the weight broadcast to every server (GB/s); a load takes params x 2 / it."""
+    train_s_per_token: float = Field(0.00033, ge=0, le=10)
+    """Learner time per trained token (prompt and response) on one rank: 6 x 8e9 FLOPs at ~150
+    TFLOP/s."""
+    train_step_s: float = Field(1.0, ge=0, le=3600)
+    """Fixed learner time per step (optimizer, all-reduce latency)."""
+    learner_ranks: int = Field(1, ge=1, le=4096)
+    """Data-parallel learner ranks: the per-token time is divided among them."""
+    time_limit_s: float = Field(86400.0, gt=0)
+    """Simulated seconds after which the run stops (as if interrupted)."""
+
+    @model_validator(mode="after")
+    def _latency_range(self) -> SimulatedEngine:
+        low, high = self.tool_latency_s
+        if not 0 < low <= high:
+            raise ValueError(f"tool_latency_s {list(self.tool_latency_s)} must be [low, high] with 0 < low <= high")  # fmt: skip
+        return self
+
+    @property
+    def load_s(self) -> float:
+        """Seconds a server takes to receive and load new weights."""
+        return self.params_b * 2.0 / self.sync_gb_per_s
+
+
 EngineConfig = Annotated[
     Annotated[EmbeddedEngine, Tag("embedded")]
     | Annotated[SGLangEngine, Tag("sglang")]
-    | Annotated[VLLMEngine, Tag("vllm")],
+    | Annotated[VLLMEngine, Tag("vllm")]
+    | Annotated[SimulatedEngine, Tag("simulated")],
     _tag_or("embedded"),
 ]

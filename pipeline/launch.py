@@ -157,11 +157,14 @@ def unavailable(config: StrataConfig) -> str | None:
         PretrainedModel,
         RayRuntime,
         SGLangEngine,
+        SimulatedEngine,
         VLLMEngine,
     )
 
     gpu = torch.cuda.is_available()
     engine = config.actors.engine
+    if isinstance(engine, SimulatedEngine) and isinstance(config.runtime, RayRuntime):
+        return "actors.engine.type simulated runs on the local runtime only: use --set runtime.type=local"  # fmt: skip
     if isinstance(engine, SGLangEngine) and not engine.urls:
         from actors.sglang_server import launch_problem
 
@@ -268,6 +271,12 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, terminate)
+    from pipeline.config import SimulatedEngine
+
+    if isinstance(config.actors.engine, SimulatedEngine):
+        from pipeline.simulation import run_simulated
+
+        return run_simulated(config, run_dir)
     try:
         assets = prepare_assets(config)
     except (OSError, ValueError) as exc:

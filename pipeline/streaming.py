@@ -17,7 +17,6 @@ import itertools
 import json
 import math
 import random
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -194,11 +193,12 @@ async def stream(
     when the run is interrupted. Checkpoints go to run_dir/checkpoints, also on the way out.
     `evaluator` (a pipeline.evaluate.PeriodicEval) evaluates the starting weights (step 0, unless
     resumed) and those of the steps it is due at."""
+    clock = asyncio.get_running_loop().time  # monotonic; a simulated run's own (virtual) time
     buffer.serve(roles.version)  # the engines serve the learner's weights from the start
     pool_tasks = [asyncio.create_task(pool.run()) for pool in pools]
     metrics_file = (run_dir / "metrics.jsonl").open("a")
     checkpoints = run_dir / "checkpoints"
-    start = time.perf_counter()
+    start = clock()
     trained = 0  # trajectories trained in this process (throughput counts only these)
     tokens_at_start = sum(s.generated_tokens for s in (await roles.actor_stats()).values())
     summary.steps = roles.version
@@ -207,12 +207,12 @@ async def stream(
     finished = False
     try:
         while roles.version < config.learner.max_steps:
-            waited = time.perf_counter()
+            waited = clock()
             groups = await _next_groups(buffer, roles.version, config.learner.groups_per_step, pool_tasks)  # fmt: skip
-            busy = time.perf_counter()
+            busy = clock()
             summary.learner_idle_s += busy - waited
             metrics = await roles.step(groups)  # the pools keep generating meanwhile
-            summary.learner_busy_s += time.perf_counter() - busy
+            summary.learner_busy_s += clock() - busy
             if not metrics.get("groups"):  # nothing usable: nothing trained, nothing published
                 buffer.trained(groups, None)
                 summary.empty_steps += 1
@@ -230,7 +230,7 @@ async def stream(
             summary.steps = roles.version
             trained += sum(g.size for g in groups)
             summary.trajectories += sum(g.size for g in groups)
-            elapsed = time.perf_counter() - start
+            elapsed = clock() - start
             stats = buffer.stats()
             actors = await roles.actor_stats()
             tokens = sum(s.generated_tokens for s in actors.values()) - tokens_at_start
@@ -258,7 +258,7 @@ async def stream(
                 evaluator.start(summary.steps, roles.version)  # runs beside the next steps
         finished = True
     finally:
-        summary.seconds = time.perf_counter() - start
+        summary.seconds = clock() - start
         metrics_file.close()
         for task in pool_tasks:
             task.cancel()

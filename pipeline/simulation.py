@@ -1,0 +1,208 @@
+"""A simulated run (`actors.engine.type: simulated`): the real streaming loop, group buffer,
+admission, actor pools and agent loops over simulated GPU servers, tools and learner, on a
+virtual clock.
+
+`simulate(config, run_dir)` builds the parts from the config and runs `pipeline.streaming.stream`
+unchanged under `pipeline.virtual_time`: the servers (`actors.simulated`) decode on a GPU timing
+model, tools sleep a drawn latency, and the learner step sleeps `train_step_s + train_s_per_token
+x tokens / learner_ranks` and then publishes (every server loads `params_b x 2 / sync_gb_per_s`
+seconds). Nothing is trained: rewards, losses and the model do not matter here, only when each
+trajectory is generated, admitted, trained or dropped, and how long everyone waited. The run
+directory gets what a run's does (the Parquet spill, metrics.jsonl, accounting.json) plus
+`simulation.json`: the figures `benchmarks/cluster_sim.py` compares.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from actors.agent import CORRECTION, PYTHON_INSTRUCTION, SEARCH_INSTRUCTION, AgentLoop
+from actors.pool import ActorPool
+from actors.simulated import GpuModel, SimulatedEngine, SimulatedServer, SimulatedTool, Workload
+from actors.tools import ToolStats
+from buffers.records import Group
+from pipeline import virtual_time
+from pipeline.components import agent_settings, make_buffer
+from pipeline.config import SimulatedEngine as SimulatedConfig
+from pipeline.config import StrataConfig
+from pipeline.datasets import Question
+from pipeline.streaming import ActorStats, RunSummary, stream, task_stream, write_json
+
+
+def sim_tokenizer():
+    """A small byte-level BPE tokenizer with the agent's tags (trained here, in about a second)."""
+    from pipeline.tiny_policy import train_tokenizer
+
+    texts = [SEARCH_INSTRUCTION + PYTHON_INSTRUCTION, CORRECTION, "word passage simulated query"]
+    return train_tokenizer(texts * 20, vocab_size=400)
+
+
+def sim_questions(count: int = 1000) -> list[Question]:
+    return [Question(f"sim-{i}", f"Simulated question {i}?", ("simulated",), "sim") for i in range(count)]  # fmt: skip
+
+
+class SimulatedRoles:
+    """The learner as a timing model: a step sleeps for its tokens, a publish for every server's
+    load. It records the staleness of every trajectory it trains."""
+
+    def __init__(self, sim: SimulatedConfig, engine: SimulatedEngine, agents: list[AgentLoop],
+                 run_dir: Path) -> None:  # fmt: skip
+        self.sim, self.engine, self.agents, self.run_dir = sim, engine, agents, run_dir
+        self._version = 0
+        self.staleness: Counter = Counter()  # learner version - oldest token version -> count
+        self.busy_s = 0.0
+        self.sync_s = 0.0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def step(self, groups: list[Group]) -> dict:
+        members = [t for g in groups for t in g.members]
+        tokens = sum(len(t.prompt_token_ids) + len(t.token_ids) for t in members)
+        for t in members:
+            sampled = [v for v in t.token_versions if v >= 0]
+            self.staleness[int(self._version - min(sampled, default=self._version))] += 1
+        seconds = (
+            self.sim.train_step_s + self.sim.train_s_per_token * tokens / self.sim.learner_ranks
+        )
+        await asyncio.sleep(seconds)
+        self.busy_s += seconds
+        self._version += 1
+        calls = [len(t.tool_names) for t in members]
+        return {"groups": len(groups), "trained_tokens": tokens, "step_seconds": seconds,
+                "reward_mean": sum(t.reward for t in members) / max(len(members), 1),
+                "tool_calls_mean": sum(calls) / max(len(calls), 1)}  # fmt: skip
+
+    async def publish(self) -> dict:
+        clock = asyncio.get_running_loop().time
+        began = clock()
+        await self.engine.update_weights(self._version)
+        took = clock() - began
+        self.sync_s += took
+        return {"published": True, "weight_sync_seconds": took, "served_version": self._version,
+                "served_version_min": self._version, "weight_sync_failures": 0}  # fmt: skip
+
+    async def checkpoint(self, directory: Path, extra: dict) -> Path:
+        """No weights to save: the step and cursor only, so a run directory looks like a run's."""
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"step-{self._version:06d}.json"
+        write_json(path, {**extra, "simulated": True})
+        return path
+
+    async def actor_stats(self) -> dict[str, ActorStats]:
+        tools = ToolStats()
+        for agent in self.agents:
+            for name, n in agent.stats.tools.calls.items():
+                tools.calls[name] += n
+                tools.seconds[name] += agent.stats.tools.seconds[name]
+        return {"simulated": ActorStats(self.engine.version, self.engine.generated_tokens, tools)}
+
+
+@dataclass
+class SimResult:
+    """What a simulated run measured, in simulated seconds."""
+
+    steps: int
+    seconds: float
+    trajectories: int
+    trajectories_per_s: float  # over the steps after warm-up (the first fifth left out)
+    learner_busy_s: float
+    learner_idle_s: float  # waiting for groups
+    learner_sync_s: float  # publishing weights (neither busy nor idle in the stream's books)
+    server_busy_fraction: float  # decoding or prefilling, mean over servers
+    server_loading_fraction: float
+    server_draining_fraction: float
+    staleness: dict[int, int]
+    per_stratum: dict[int, dict[str, int]]
+    real_seconds: float
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def learner_idle_fraction(self) -> float:
+        return self.learner_idle_s / max(self.seconds, 1e-9)
+
+
+def steady_throughput(metrics: list[dict]) -> float:
+    """Trajectories trained per simulated second after the first fifth of the steps (warm-up:
+    the pipeline filling), from the steps' elapsed times."""
+    if len(metrics) < 2:
+        return float("nan")
+    start = len(metrics) // 5
+    a, b = metrics[max(start - 1, 0)], metrics[-1]
+    trained = b["trajectories_per_s"] * b["elapsed_s"] - a["trajectories_per_s"] * a["elapsed_s"]
+    return trained / max(b["elapsed_s"] - a["elapsed_s"], 1e-9)
+
+
+async def _simulate(config: StrataConfig, run_dir: Path) -> SimResult:
+    sim = config.actors.engine
+    assert isinstance(sim, SimulatedConfig)
+    tokenizer = sim_tokenizer()
+    gpu = GpuModel(sim.step_s, sim.step_per_seq_s, sim.prefill_per_token_s, sim.max_batch)
+    workload = Workload(sim.tool_call_p, sim.turn_tokens_median, sim.turn_tokens_sigma, tuple(sim.tool_latency_s))  # fmt: skip
+    servers = [SimulatedServer(f"server-{i}", gpu, sim.partial_rollouts) for i in range(sim.num_servers)]  # fmt: skip
+    engine = SimulatedEngine(servers, tokenizer, workload, seed=config.runtime.seed, load_s=sim.load_s)  # fmt: skip
+    tools = {name: SimulatedTool(name, workload, seed=config.runtime.seed + 1 + i) for i, name in enumerate(config.actors.tools)}  # fmt: skip
+    settings = agent_settings(config.actors, config.learner.stratifier)
+    agents = [AgentLoop(engine, tokenizer, tools, settings, actor_id=f"pool-{i}") for i in range(config.actors.num_pools)]  # fmt: skip
+    buffer = make_buffer(config.buffer, run_dir, config.learner.groups_per_step)
+    tasks = task_stream(sim_questions(), config.data.seed, config.data.shuffle)
+    pools = [ActorPool(agent, buffer, tasks, group_size=config.buffer.group_size,
+                       concurrency=config.actors.concurrency, name=agent.actor_id) for agent in agents]  # fmt: skip
+    roles = SimulatedRoles(sim, engine, agents, run_dir)
+    summary = RunSummary()
+    began = time.perf_counter()
+    try:
+        await asyncio.wait_for(stream(config, roles, buffer, pools, run_dir, summary), sim.time_limit_s)  # fmt: skip
+    except TimeoutError:
+        pass  # the simulated time limit: the books are written on the way out
+    finally:
+        await engine.close()
+    total = max(summary.seconds, 1e-9)
+    per_server = len(servers) * total
+    return SimResult(
+        steps=summary.steps, seconds=summary.seconds, trajectories=summary.trajectories,
+        trajectories_per_s=steady_throughput(summary.metrics),
+        learner_busy_s=summary.learner_busy_s, learner_idle_s=summary.learner_idle_s,
+        learner_sync_s=roles.sync_s,
+        server_busy_fraction=sum(s.stats.busy_s for s in servers) / per_server,
+        server_loading_fraction=sum(s.stats.loading_s for s in servers) / per_server,
+        server_draining_fraction=sum(s.stats.draining_s for s in servers) / per_server,
+        staleness=dict(sorted(roles.staleness.items())),
+        per_stratum={int(k): v for k, v in summary.accounting.get("per_stratum", {}).items()},
+        real_seconds=time.perf_counter() - began,
+        settings=sim.model_dump(mode="json"),
+    )  # fmt: skip
+
+
+def simulate(config: StrataConfig, run_dir: str | Path) -> SimResult:
+    """Run `config` (actors.engine.type simulated) to learner.max_steps on the virtual clock;
+    writes run_dir/simulation.json and returns its figures."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    result = virtual_time.run(_simulate(config, run_dir))
+    write_json(run_dir / "simulation.json", json.loads(json.dumps(asdict(result))))
+    return result
+
+
+NOT_SIMULATED = ("model", "retrieval", "eval", "metrics", "learner.lr", "learner.alpha", "learner.advantage",
+                 "learner.importance", "learner.kl_coef", "learner.zero_stage")  # fmt: skip
+
+
+def run_simulated(config: StrataConfig, run_dir: Path) -> int:
+    """`python -m pipeline.launch` with actors.engine.type simulated: one line on what does not
+    act, the simulation, one line of results."""
+    print(f"strata: simulated run (actors.engine.type simulated): no model is trained, so "
+          f"{', '.join(NOT_SIMULATED)} do not act; timings are simulated seconds", flush=True)  # fmt: skip
+    r = simulate(config, run_dir)
+    stale = ", ".join(f"{k}: {v}" for k, v in r.staleness.items())
+    print(f"strata: simulated {r.steps} steps, {r.trajectories} trajectories in {r.seconds:.0f} s "
+          f"({r.real_seconds:.0f} s real): {r.trajectories_per_s:.2f} trajectories/s after warm-up, "
+          f"learner idle {r.learner_idle_fraction:.0%}, servers busy {r.server_busy_fraction:.0%}; "
+          f"staleness {{{stale}}}; {run_dir / 'simulation.json'}", flush=True)  # fmt: skip
+    return 0 if r.steps else 1
