@@ -35,11 +35,13 @@ from pipeline.streaming import ActorStats, RunSummary, stream, task_stream, writ
 
 
 def sim_tokenizer():
-    """A small byte-level BPE tokenizer with the agent's tags (trained here, in about a second)."""
+    """A small byte-level BPE tokenizer with the agent's tags (trained here, in about a second),
+    in which the simulated filler words are one token each (the agent loop's cost per token is
+    then what it is for a real model's tokens)."""
     from pipeline.tiny_policy import train_tokenizer
 
-    texts = [SEARCH_INSTRUCTION + PYTHON_INSTRUCTION, CORRECTION, "word passage simulated query"]
-    return train_tokenizer(texts * 20, vocab_size=400)
+    texts = [SEARCH_INSTRUCTION + PYTHON_INSTRUCTION, CORRECTION] * 20
+    return train_tokenizer(texts + [" word passage simulated query"] * 200, vocab_size=1000)
 
 
 def sim_questions(count: int = 1000) -> list[Question]:

@@ -1,0 +1,130 @@
+"""Streaming vs synchronous at cluster scale, by simulation (`actors.engine.type: simulated`).
+
+The real streaming loop, group buffer, admission control, agent loop and weight publishing run
+over simulated GPU inference servers, tools and learner (`actors.simulated`, `pipeline.simulation`)
+on a virtual clock: a simulated hour costs only the Python work it causes. Synchronous is the same
+pipeline at η = 0 (a step's groups are admitted only once the previous step's weights are
+published: generate a batch, then train); streaming is η > 0.
+
+The workload is a long-tailed agentic one: 0-6 tool calls per trajectory (a geometric number,
+P(call) = 0.6 a turn), log-normal turn lengths (median 200 tokens), tool latency log-uniform in
+0.2-2 s, 512-token observations; servers as an 8B model on H100-class GPUs (10 ms decode step +
+0.3 ms per running sequence, 64 sequences a server, 10k tokens/s prefill); the learner at 3.3e-4 s
+per trained token on one rank (6 x 8e9 FLOPs at ~150 TFLOP/s) divided among its ranks, plus 1 s
+a step; weights (16 GB) broadcast at 25 GB/s. Tokens are coarse: one simulated token stands for
+TOKEN_SCALE real ones (lengths divided, per-token times multiplied), which leaves every timing as
+it is and divides the Python work per trajectory.
+
+Figures, all in simulated time: trajectories/s after warm-up, learner idle fraction (waiting for
+groups), server busy fraction, staleness of the trained trajectories, per-stratum share of
+trained vs generated trajectories, and against the ideal overlap: T_gen is a step's generation
+time on the servers alone (the synchronous run's learner wait per step), T_train its learner step
+(+ publish); the ideal streaming step takes max(T_gen, T_train), the synchronous one T_gen +
+T_train, so the overlap bound on the speed-up is (T_gen + T_train) / max(T_gen, T_train).
+
+    python benchmarks/cluster_sim.py [--quick] [--doc docs/results/throughput.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.config_loader import load_config
+from pipeline.simulation import SimResult, simulate
+
+TOKEN_SCALE = 4
+GROUP_SIZE = 8
+
+
+@dataclass(frozen=True)
+class Case:
+    servers: int
+    ranks: int
+    eta: int
+    partial: bool = True
+    steps: int = 12
+    groups_per_step: int | None = None  # None: enough to keep the servers' batches full
+
+    def groups(self) -> int:
+        if self.groups_per_step is not None:
+            return self.groups_per_step
+        # (η + 1) steps' groups are in flight at most: a synchronous step has one step's
+        return max(4, self.servers * 64 // GROUP_SIZE // 2)
+
+    def overrides(self) -> list[str]:
+        s = TOKEN_SCALE
+        return [
+            "actors.engine.type=simulated", f"actors.engine.num_servers={self.servers}",
+            f"actors.engine.step_s={0.010 * s}", f"actors.engine.step_per_seq_s={0.0003 * s}",
+            f"actors.engine.prefill_per_token_s={0.0001 * s}", "actors.engine.max_batch=64",
+            f"actors.engine.turn_tokens_median={200 / s}", "actors.engine.turn_tokens_sigma=0.8",
+            "actors.engine.tool_call_p=0.6", "actors.engine.tool_latency_s=[0.2,2.0]",
+            f"actors.engine.partial_rollouts={str(self.partial).lower()}",
+            f"actors.engine.train_s_per_token={3.3e-4 * s}", "actors.engine.train_step_s=1.0",
+            f"actors.engine.learner_ranks={self.ranks}", "actors.engine.params_b=8",
+            "actors.engine.sync_gb_per_s=25", "actors.tools=[search]", "actors.max_turns=6",
+            f"actors.max_new_tokens_per_turn={2048 // s}", f"actors.max_response_tokens={16384 // s}",
+            f"actors.max_observation_tokens={512 // s}", f"actors.concurrency={self.servers * 64 * 4}",
+            f"buffer.group_size={GROUP_SIZE}", f"buffer.max_staleness={self.eta}",
+            "buffer.max_groups_in_flight=100000", "buffer.spill=false",
+            f"learner.groups_per_step={self.groups()}", f"learner.max_steps={self.steps}",
+            "data.num_questions=100000", "eval.every_steps=0", "metrics.enabled=false",
+        ]  # fmt: skip
+
+
+def run(case: Case, root: Path) -> SimResult:
+    config = load_config("configs/local.yaml", case.overrides())
+    name = f"s{case.servers}-r{case.ranks}-eta{case.eta}-{'partial' if case.partial else 'drain'}"
+    return simulate(config, root / name)
+
+
+def per_step(result: SimResult) -> tuple[float, float]:
+    """(T_gen, T_train) per step: the learner's wait for groups and its busy + publish time."""
+    steps = max(result.steps, 1)
+    return result.learner_idle_s / steps, (result.learner_busy_s + result.learner_sync_s) / steps
+
+
+def share_gap(result: SimResult) -> float:
+    """The largest shortfall of a stratum's trained share below its generated share (finished
+    trajectories that left the buffer), in percentage points."""
+    rows = result.per_stratum.values()
+    left = {k: r["trained"] + r["dropped_stale"] + r["abandoned"] for k, r in result.per_stratum.items()}  # fmt: skip
+    generated, trained = sum(left.values()), sum(r["trained"] for r in rows)
+    if not generated or not trained:
+        return float("nan")
+    return max(
+        100 * (left[k] / generated - r["trained"] / trained) for k, r in result.per_stratum.items()
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="8 and 32 servers only, fewer steps")
+    args = parser.parse_args()
+    began = time.perf_counter()
+    headline = [Case(32, 8, 0), Case(32, 8, 2), Case(32, 8, 2, partial=False)]
+    rows: list[tuple[Case, SimResult]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in headline:
+            rows.append((case, run(case, Path(tmp))))
+            r = rows[-1][1]
+            print(f"servers {case.servers:>3} ranks {case.ranks} eta {case.eta} "
+                  f"{'partial' if case.partial else 'drain  '}: {r.trajectories_per_s:7.2f} traj/s, "
+                  f"learner idle {r.learner_idle_fraction:4.0%}, servers busy {r.server_busy_fraction:4.0%}, "
+                  f"staleness {r.staleness}, gap {share_gap(r):.1f} pp, {r.real_seconds:.0f} s real", flush=True)  # fmt: skip
+    sync, stream = rows[0][1], rows[1][1]
+    t_gen, t_train = per_step(sync)
+    bound = (t_gen + t_train) / max(t_gen, t_train)
+    speedup = stream.trajectories_per_s / sync.trajectories_per_s
+    print(
+        f"T_gen {t_gen:.1f} s, T_train {t_train:.1f} s per step; {time.perf_counter() - began:.0f} s in all"
+    )
+    print(f"streaming vs sync at eta=2: {speedup:.2f}x, {speedup / bound:.0%} of the overlap bound")
+
+
+if __name__ == "__main__":
+    main()
