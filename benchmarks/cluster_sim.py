@@ -101,28 +101,63 @@ def share_gap(result: SimResult) -> float:
     )
 
 
+def grid(quick: bool) -> list[Case]:
+    """Synchronous and streaming at each cluster size; at 32 servers also η 1 and 4 and no
+    partial rollouts."""
+    sizes = [(8, 2), (32, 8)] + ([] if quick else [(128, 8)])
+    cases = []
+    for servers, ranks in sizes:
+        cases += [Case(servers, ranks, 0), Case(servers, ranks, 2)]
+        if servers == 32:
+            cases += [Case(32, ranks, 1), Case(32, ranks, 4), Case(32, ranks, 2, partial=False)]
+    return cases
+
+
+def row(case: Case, r: SimResult, sync: SimResult | None) -> list[str]:
+    mode = (
+        "sync"
+        if case.eta == 0
+        else f"stream η={case.eta}" + ("" if case.partial else ", no partial")
+    )
+    stale = "/".join(str(r.staleness.get(k, 0)) for k in range(max(r.staleness, default=0) + 1))
+    speedup = f"{r.trajectories_per_s / sync.trajectories_per_s:.2f}x" if sync and case.eta else "–"
+    return [str(case.servers), str(case.ranks), mode, f"{r.trajectories_per_s:.2f}", speedup,
+            f"{r.learner_idle_fraction:.0%}", f"{r.server_busy_fraction:.0%}",
+            f"{r.server_draining_fraction:.0%}", stale, f"{share_gap(r):.1f}", f"{r.real_seconds:.0f}"]  # fmt: skip
+
+
+HEAD = ["servers", "learner ranks", "mode", "trajectories/s", "vs sync", "learner idle",
+        "servers busy", "servers draining", "staleness 0/1/2/..", "worst stratum gap (pp)", "real s"]  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="8 and 32 servers only, fewer steps")
+    parser.add_argument("--quick", action="store_true", help="8 and 32 servers only")
+    parser.add_argument("--doc", help="also write the table to this markdown file")
     args = parser.parse_args()
     began = time.perf_counter()
-    headline = [Case(32, 8, 0), Case(32, 8, 2), Case(32, 8, 2, partial=False)]
-    rows: list[tuple[Case, SimResult]] = []
+    results: list[tuple[Case, SimResult]] = []
+    syncs: dict[tuple[int, int], SimResult] = {}
+    lines = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+    print(" | ".join(HEAD), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        for case in headline:
-            rows.append((case, run(case, Path(tmp))))
-            r = rows[-1][1]
-            print(f"servers {case.servers:>3} ranks {case.ranks} eta {case.eta} "
-                  f"{'partial' if case.partial else 'drain  '}: {r.trajectories_per_s:7.2f} traj/s, "
-                  f"learner idle {r.learner_idle_fraction:4.0%}, servers busy {r.server_busy_fraction:4.0%}, "
-                  f"staleness {r.staleness}, gap {share_gap(r):.1f} pp, {r.real_seconds:.0f} s real", flush=True)  # fmt: skip
-    sync, stream = rows[0][1], rows[1][1]
+        for case in grid(args.quick):
+            r = run(case, Path(tmp))
+            results.append((case, r))
+            if case.eta == 0:
+                syncs[case.servers, case.ranks] = r
+            cells = row(case, r, syncs.get((case.servers, case.ranks)))
+            lines.append("| " + " | ".join(cells) + " |")
+            print(" | ".join(cells), flush=True)
+    sync = syncs[32, 8]
+    stream = next(r for c, r in results if (c.servers, c.eta, c.partial) == (32, 2, True))
     t_gen, t_train = per_step(sync)
     bound = (t_gen + t_train) / max(t_gen, t_train)
     speedup = stream.trajectories_per_s / sync.trajectories_per_s
-    print(
-        f"T_gen {t_gen:.1f} s, T_train {t_train:.1f} s per step; {time.perf_counter() - began:.0f} s in all"
-    )
+    print(f"32 servers, synchronous: T_gen {t_gen:.1f} s (learner waiting), T_train {t_train:.1f} s "
+          f"(step + publish) per step; overlap bound {bound:.2f}x; {time.perf_counter() - began:.0f} s in all")  # fmt: skip
+    if args.doc:
+        Path(args.doc).write_text("\n".join(lines) + "\n")
     print(f"streaming vs sync at eta=2: {speedup:.2f}x, {speedup / bound:.0%} of the overlap bound")
 
 
