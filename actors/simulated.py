@@ -68,7 +68,7 @@ class Workload:
     tool_latency_s: tuple[float, float] = (0.2, 2.0)
     """Tool call latency, log-uniform between these."""
     observation_words: int = 200
-    """Words in a tool's observation (before the agent cuts it to max_observation_tokens)."""
+    """Words in a tool's observation (one token each with `pipeline.simulation.sim_tokenizer`)."""
 
     def turn_tokens(self, rng: random.Random) -> int:
         return max(8, round(self.turn_tokens_median * math.exp(rng.gauss(0.0, self.turn_tokens_sigma))))  # fmt: skip

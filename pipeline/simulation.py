@@ -146,7 +146,10 @@ async def _simulate(config: StrataConfig, run_dir: Path) -> SimResult:
     assert isinstance(sim, SimulatedConfig)
     tokenizer = sim_tokenizer()
     gpu = GpuModel(sim.step_s, sim.step_per_seq_s, sim.prefill_per_token_s, sim.max_batch)
-    workload = Workload(sim.tool_call_p, sim.turn_tokens_median, sim.turn_tokens_sigma, tuple(sim.tool_latency_s))  # fmt: skip
+    # observations as long as the agent keeps (actors.max_observation_tokens): search results
+    # usually fill it, and encoding more would only cost Python time
+    workload = Workload(sim.tool_call_p, sim.turn_tokens_median, sim.turn_tokens_sigma,
+                        tuple(sim.tool_latency_s), config.actors.max_observation_tokens)  # fmt: skip
     servers = [SimulatedServer(f"server-{i}", gpu, sim.partial_rollouts) for i in range(sim.num_servers)]  # fmt: skip
     engine = SimulatedEngine(servers, tokenizer, workload, seed=config.runtime.seed, load_s=sim.load_s)  # fmt: skip
     tools = {name: SimulatedTool(name, workload, seed=config.runtime.seed + 1 + i) for i, name in enumerate(config.actors.tools)}  # fmt: skip
