@@ -134,9 +134,17 @@ class AgentLoop:
         self.stats = AgentStats()
         # Stop on every action, enabled or not: a call to a missing tool is corrected at once.
         self._stops = tuple(_ACTION_CLOSE.values())
+        self._prompts: dict[str, list[int]] = {}
 
     def prompt_ids(self, task: TaskLike) -> list[int]:
-        return prompt_ids(self.tokenizer, self.tools, task.question)
+        """The question's prompt ids, rendered once for a group's members (the chat template and
+        the encoding cost about a millisecond); the last 1024 questions are kept."""
+        ids = self._prompts.get(task.question)
+        if ids is None:
+            if len(self._prompts) >= 1024:
+                self._prompts.clear()
+            ids = self._prompts[task.question] = prompt_ids(self.tokenizer, self.tools, task.question)  # fmt: skip
+        return list(ids)
 
     def _observation_ids(self, open_tag: str, body: str, close_tag: str) -> list[int]:
         """`\\n\\n<tag>body</tag>\\n\\n` as ids, the body cut to max_observation_tokens."""
