@@ -130,6 +130,37 @@ HEAD = ["servers", "learner ranks", "mode", "trajectories/s", "vs sync", "learne
         "servers busy", "servers draining", "staleness 0/1/2/..", "worst stratum gap (pp)", "real s"]  # fmt: skip
 
 
+def plot(results: list[tuple[Case, SimResult]], path: Path) -> None:
+    """Trajectories/s of each case by cluster size, and the staleness the learner saw at 32
+    servers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    labels = [f"{c.servers} srv\n{row(c, r, None)[2]}" for c, r in results]
+    colours = ["tab:grey" if c.eta == 0 else ("tab:orange" if not c.partial else "tab:blue") for c, _ in results]  # fmt: skip
+    left.bar(range(len(results)), [r.trajectories_per_s for _, r in results], color=colours)
+    left.set_xticks(range(len(results)), labels, fontsize=7)
+    left.set_yscale("log")
+    left.set_ylabel("trajectories/s (simulated)")
+    left.set_title("throughput: grey sync, blue streaming, orange no partial rollouts", fontsize=9)
+    for case, r in results:
+        if case.servers == 32 and case.eta > 0:
+            total = sum(r.staleness.values())
+            ks = sorted(r.staleness)
+            right.plot(ks, [r.staleness[k] / total for k in ks], marker="o",
+                       label=row(case, r, None)[2])  # fmt: skip
+    right.set_xlabel("staleness (learner version - oldest token version)")
+    right.set_ylabel("share of trained trajectories")
+    right.set_title("staleness at 32 servers", fontsize=9)
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="8 and 32 servers only")
@@ -157,7 +188,10 @@ def main() -> None:
     print(f"32 servers, synchronous: T_gen {t_gen:.1f} s (learner waiting), T_train {t_train:.1f} s "
           f"(step + publish) per step; overlap bound {bound:.2f}x; {time.perf_counter() - began:.0f} s in all")  # fmt: skip
     if args.doc:
-        Path(args.doc).write_text("\n".join(lines) + "\n")
+        doc = Path(args.doc)
+        doc.parent.mkdir(parents=True, exist_ok=True)
+        plot(results, doc.with_suffix(".png"))
+        doc.write_text("\n".join(lines) + f"\n\n![throughput]({doc.with_suffix('.png').name})\n")
     print(f"streaming vs sync at eta=2: {speedup:.2f}x, {speedup / bound:.0%} of the overlap bound")
 
 
