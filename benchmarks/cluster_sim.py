@@ -103,13 +103,15 @@ def share_gap(result: SimResult) -> float:
 
 def grid(quick: bool) -> list[Case]:
     """Synchronous and streaming at each cluster size; at 32 servers also η 1 and 4 and no
-    partial rollouts."""
-    sizes = [(8, 2), (32, 8)] + ([] if quick else [(128, 8)])
+    partial rollouts; and 8 servers for 8 learner ranks (generation the bottleneck), with and
+    without partial rollouts. 128 servers run fewer steps (each has 4096 trajectories)."""
     cases = []
-    for servers, ranks in sizes:
-        cases += [Case(servers, ranks, 0), Case(servers, ranks, 2)]
+    for servers, ranks in [(8, 2), (32, 8)] + ([] if quick else [(128, 8)]):
+        steps = 6 if servers == 128 else 12
+        cases += [Case(servers, ranks, 0, steps=steps), Case(servers, ranks, 2, steps=steps)]
         if servers == 32:
             cases += [Case(32, ranks, 1), Case(32, ranks, 4), Case(32, ranks, 2, partial=False)]
+    cases += [Case(8, 8, 0), Case(8, 8, 2), Case(8, 8, 2, partial=False)]
     return cases
 
 
@@ -187,12 +189,23 @@ def main() -> None:
     speedup = stream.trajectories_per_s / sync.trajectories_per_s
     print(f"32 servers, synchronous: T_gen {t_gen:.1f} s (learner waiting), T_train {t_train:.1f} s "
           f"(step + publish) per step; overlap bound {bound:.2f}x; {time.perf_counter() - began:.0f} s in all")  # fmt: skip
+    last = f"streaming vs sync at eta=2: {speedup:.2f}x, {speedup / bound:.0%} of the overlap bound"
     if args.doc:
         doc = Path(args.doc)
         doc.parent.mkdir(parents=True, exist_ok=True)
         plot(results, doc.with_suffix(".png"))
-        doc.write_text("\n".join(lines) + f"\n\n![throughput]({doc.with_suffix('.png').name})\n")
-    print(f"streaming vs sync at eta=2: {speedup:.2f}x, {speedup / bound:.0%} of the overlap bound")
+        about = __doc__.split("\n\n")[1:-1]  # the description, without the title and usage
+        text = ["# Throughput at cluster scale, by simulation", "", *about, "",
+                "Staleness counts trained trajectories by learner version minus their oldest token's "
+                "version. The stratum gap is the largest amount (percentage points) by which a "
+                "stratum's share of the trained trajectories falls below its share of those generated.",
+                "", *lines, "", f"![throughput]({doc.with_suffix('.png').name})", "",
+                f"32 servers, synchronous: T_gen {t_gen:.1f} s, T_train {t_train:.1f} s per step; "
+                f"overlap bound {bound:.2f}x.", "", f"`{last}`", "", "Regenerate (about "
+                f"{time.perf_counter() - began:.0f} s on 2 cores):", "", "```bash",
+                f"python benchmarks/cluster_sim.py --doc {args.doc}", "```", ""]  # fmt: skip
+        doc.write_text("\n".join(text))
+    print(last)
 
 
 if __name__ == "__main__":
