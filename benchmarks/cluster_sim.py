@@ -28,9 +28,10 @@ T_train, so the overlap bound on the speed-up is (T_gen + T_train) / max(T_gen, 
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pipeline.config_loader import load_config
@@ -115,15 +116,18 @@ def grid(quick: bool) -> list[Case]:
     return cases
 
 
-def row(case: Case, r: SimResult, sync: SimResult | None) -> list[str]:
-    mode = (
+def mode(case: Case) -> str:
+    return (
         "sync"
         if case.eta == 0
         else f"stream η={case.eta}" + ("" if case.partial else ", no partial")
     )
+
+
+def row(case: Case, r: SimResult, sync: SimResult | None) -> list[str]:
     stale = "/".join(str(r.staleness.get(k, 0)) for k in range(max(r.staleness, default=0) + 1))
     speedup = f"{r.trajectories_per_s / sync.trajectories_per_s:.2f}x" if sync and case.eta else "–"
-    return [str(case.servers), str(case.ranks), mode, f"{r.trajectories_per_s:.2f}", speedup,
+    return [str(case.servers), str(case.ranks), mode(case), f"{r.trajectories_per_s:.2f}", speedup,
             f"{r.learner_idle_fraction:.0%}", f"{r.server_busy_fraction:.0%}",
             f"{r.server_draining_fraction:.0%}", stale, f"{share_gap(r):.1f}", f"{r.real_seconds:.0f}"]  # fmt: skip
 
@@ -133,30 +137,33 @@ HEAD = ["servers", "learner ranks", "mode", "trajectories/s", "vs sync", "learne
 
 
 def plot(results: list[tuple[Case, SimResult]], path: Path) -> None:
-    """Trajectories/s of each case by cluster size, and the staleness the learner saw at 32
+    """Trajectories/s of each case (horizontal bars), and the staleness the learner saw at 32
     servers."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
-    labels = [f"{c.servers} srv\n{row(c, r, None)[2]}" for c, r in results]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw={"width_ratios": [3, 2]})
+    ys = list(range(len(results)))[::-1]
     colours = ["tab:grey" if c.eta == 0 else ("tab:orange" if not c.partial else "tab:blue") for c, _ in results]  # fmt: skip
-    left.bar(range(len(results)), [r.trajectories_per_s for _, r in results], color=colours)
-    left.set_xticks(range(len(results)), labels, fontsize=7)
-    left.set_yscale("log")
-    left.set_ylabel("trajectories/s (simulated)")
-    left.set_title("throughput: grey sync, blue streaming, orange no partial rollouts", fontsize=9)
-    for case, r in results:
-        if case.servers == 32 and case.eta > 0:
-            total = sum(r.staleness.values())
-            ks = sorted(r.staleness)
-            right.plot(ks, [r.staleness[k] / total for k in ks], marker="o",
-                       label=row(case, r, None)[2])  # fmt: skip
+    left.barh(ys, [r.trajectories_per_s for _, r in results], color=colours)
+    left.set_yticks(ys, [f"{c.servers} servers, {c.ranks} ranks, {mode(c)}" for c, _ in results], fontsize=8)  # fmt: skip
+    left.set_xlabel("trajectories/s (simulated time)")
+    left.set_title("grey: synchronous; blue: streaming; orange: no partial rollouts", fontsize=9)
+    for y, (_, r) in zip(ys, results, strict=True):
+        left.text(r.trajectories_per_s, y, f" {r.trajectories_per_s:.2f}", va="center", fontsize=7)
+    shown = [(c, r) for c, r in results if c.servers == 32 and c.eta > 0]
+    width = 0.8 / max(len(shown), 1)
+    for i, (case, r) in enumerate(shown):
+        total = sum(r.staleness.values())
+        ks = sorted(r.staleness)
+        right.bar([k + (i - (len(shown) - 1) / 2) * width for k in ks],
+                  [r.staleness[k] / total for k in ks], width, label=mode(case))  # fmt: skip
+    right.set_xticks(range(max((max(r.staleness, default=0) for _, r in shown), default=0) + 1))
     right.set_xlabel("staleness (learner version - oldest token version)")
     right.set_ylabel("share of trained trajectories")
-    right.set_title("staleness at 32 servers", fontsize=9)
+    right.set_title("staleness at 32 servers, 8 ranks", fontsize=9)
     right.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -194,8 +201,10 @@ def main() -> None:
         doc = Path(args.doc)
         doc.parent.mkdir(parents=True, exist_ok=True)
         plot(results, doc.with_suffix(".png"))
-        about = __doc__.split("\n\n")[1:-1]  # the description, without the title and usage
-        text = ["# Throughput at cluster scale, by simulation", "", *about, "",
+        about = "\n\n".join(__doc__.split("\n\n")[1:-1])  # without the title and usage
+        json_path = doc.with_suffix(".json")
+        json_path.write_text(json.dumps([{"case": asdict(c), "result": asdict(r)} for c, r in results], indent=1) + "\n")  # fmt: skip
+        text = ["# Throughput at cluster scale, by simulation", "", about, "",
                 "Staleness counts trained trajectories by learner version minus their oldest token's "
                 "version. The stratum gap is the largest amount (percentage points) by which a "
                 "stratum's share of the trained trajectories falls below its share of those generated.",
