@@ -156,7 +156,7 @@ async def _simulate(config: StrataConfig, run_dir: Path) -> SimResult:
     settings = agent_settings(config.actors, config.learner.stratifier)
     agents = [AgentLoop(engine, tokenizer, tools, settings, actor_id=f"pool-{i}") for i in range(config.actors.num_pools)]  # fmt: skip
     buffer = make_buffer(config.buffer, run_dir, config.learner.groups_per_step)
-    tasks = task_stream(sim_questions(), config.data.seed, config.data.shuffle)
+    tasks = task_stream(sim_questions(config.data.num_questions), config.data.seed, config.data.shuffle)  # fmt: skip
     pools = [ActorPool(agent, buffer, tasks, group_size=config.buffer.group_size,
                        concurrency=config.actors.concurrency, name=agent.actor_id) for agent in agents]  # fmt: skip
     roles = SimulatedRoles(sim, engine, agents, run_dir)
@@ -195,7 +195,8 @@ def simulate(config: StrataConfig, run_dir: str | Path) -> SimResult:
     return result
 
 
-NOT_SIMULATED = ("model", "retrieval", "eval", "metrics", "learner.lr", "learner.alpha", "learner.advantage",
+NOT_SIMULATED = ("model", "data (but num_questions, seed, shuffle)", "retrieval", "eval", "metrics",
+                 "learner.lr", "learner.alpha", "learner.advantage",
                  "learner.importance", "learner.kl_coef", "learner.zero_stage")  # fmt: skip
 
 
