@@ -210,7 +210,8 @@ def main() -> None:
                 "stratum's share of the trained trajectories falls below its share of those generated.",
                 "", *lines, "", f"![throughput]({doc.with_suffix('.png').name})", "",
                 f"32 servers, synchronous: T_gen {t_gen:.1f} s, T_train {t_train:.1f} s per step; "
-                f"overlap bound {bound:.2f}x.", "", f"`{last}`", "", "Regenerate (about "
+                f"overlap bound {bound:.2f}x.", "", f"`{last}`", "",
+                f"Every run's figures: `{json_path.name}`. Regenerate (about "
                 f"{time.perf_counter() - began:.0f} s on 2 cores):", "", "```bash",
                 f"python benchmarks/cluster_sim.py --doc {args.doc}", "```", ""]  # fmt: skip
         doc.write_text("\n".join(text))
