@@ -21,7 +21,10 @@ def test_a_simulated_run_launches_and_its_books_balance(tmp_path):
             *(a for s in [*SIM, "learner.max_steps=6"] for a in ("--set", s))]  # fmt: skip
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300, env=child_env())  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-2000:]
-    assert "no model is trained, so model, data (but num_questions, seed, shuffle), retrieval" in done.stdout
+    assert (
+        "no model is trained, so model, data (but num_questions, seed, shuffle), retrieval"
+        in done.stdout
+    )
     result = json.loads((run_dir / "simulation.json").read_text())
     assert result["steps"] == 6 and result["trajectories"] == 6 * 4 * 4
     assert 0 < result["server_busy_fraction"] <= 1 and result["seconds"] > result["real_seconds"]
