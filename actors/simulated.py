@@ -115,10 +115,14 @@ class SimulatedServer:
     def load(self) -> int:
         return len(self._waiting) + len(self._running)
 
-    async def decode(self, tokens: int, prefill: int) -> list[list[int]]:
-        """Prefill `prefill` tokens, then decode `tokens`; returns [version, count] segments."""
+    def _start(self) -> None:
+        """The serving task, started by the first request or update (a running loop is needed)."""
         if self._task is None:
             self._task = asyncio.create_task(self._serve(), name=f"simulated-{self.name}")
+
+    async def decode(self, tokens: int, prefill: int) -> list[list[int]]:
+        """Prefill `prefill` tokens, then decode `tokens`; returns [version, count] segments."""
+        self._start()
         request = _Request(tokens, prefill, asyncio.get_running_loop())
         self._waiting.append(request)
         self.stats.requests += 1
@@ -128,8 +132,7 @@ class SimulatedServer:
     async def update_weights(self, version: int, load_s: float) -> None:
         """Serve `version` after loading it for `load_s` (and, without partial rollouts, after
         the running sequences have finished)."""
-        if self._task is None:
-            self._task = asyncio.create_task(self._serve(), name=f"simulated-{self.name}")
+        self._start()
         done = asyncio.get_running_loop().create_future()
         self._update = (version, load_s, done)
         self._wake.set()

@@ -15,7 +15,6 @@ directory gets what a run's does (the Parquet spill, metrics.jsonl, accounting.j
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -52,9 +51,8 @@ class SimulatedRoles:
     """The learner as a timing model: a step sleeps for its tokens, a publish for every server's
     load. It records the staleness of every trajectory it trains."""
 
-    def __init__(self, sim: SimulatedConfig, engine: SimulatedEngine, agents: list[AgentLoop],
-                 run_dir: Path) -> None:  # fmt: skip
-        self.sim, self.engine, self.agents, self.run_dir = sim, engine, agents, run_dir
+    def __init__(self, sim: SimulatedConfig, engine: SimulatedEngine, agents: list[AgentLoop]) -> None:  # fmt: skip
+        self.sim, self.engine, self.agents = sim, engine, agents
         self._version = 0
         self.staleness: Counter = Counter()  # learner version - oldest token version -> count
         self.busy_s = 0.0
@@ -159,7 +157,7 @@ async def _simulate(config: StrataConfig, run_dir: Path) -> SimResult:
     tasks = task_stream(sim_questions(config.data.num_questions), config.data.seed, config.data.shuffle)  # fmt: skip
     pools = [ActorPool(agent, buffer, tasks, group_size=config.buffer.group_size,
                        concurrency=config.actors.concurrency, name=agent.actor_id) for agent in agents]  # fmt: skip
-    roles = SimulatedRoles(sim, engine, agents, run_dir)
+    roles = SimulatedRoles(sim, engine, agents)
     summary = RunSummary()
     began = time.perf_counter()
     try:
@@ -191,7 +189,7 @@ def simulate(config: StrataConfig, run_dir: str | Path) -> SimResult:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     result = virtual_time.run(_simulate(config, run_dir))
-    write_json(run_dir / "simulation.json", json.loads(json.dumps(asdict(result))))
+    write_json(run_dir / "simulation.json", asdict(result))
     return result
 
 
