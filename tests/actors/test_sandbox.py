@@ -188,36 +188,75 @@ def test_other_processes_are_invisible():
     assert result.ok and result.output == "[1, 2]\n"  # bwrap's init and the script
 
 
-def test_without_bwrap_isolation_is_rlimits_only_and_warned_once(without_bwrap, caplog):
+def test_without_bwrap_every_call_is_refused_and_runs_nothing(without_bwrap, caplog, tmp_path):
+    """The sandbox fails closed: no bubblewrap, no code run (a file the code would write stays
+    absent), an error result that says what to do, one warning."""
+    witness = tmp_path / "ran"
     with caplog.at_level(logging.WARNING, logger="actors.sandbox"):
-        first, second = run("print('hi')"), run("print('again')")
+        first, second = (run(f"open({str(witness)!r}, 'w').write('x')") for _ in range(2))
+    assert not first.ok and first.isolation == second.isolation == "refused"
+    assert first.exit_code is None and not first.timed_out and not witness.exists()
+    assert "bubblewrap (bwrap) is not installed" in first.output
+    assert "apt-get install bubblewrap" in first.output and "python_isolation: none" in first.output
+    [warning] = caplog.records
+    assert "python tool refused" in warning.message
+
+
+def test_isolation_none_runs_with_rlimits_only_and_warns_once(without_bwrap, caplog):
+    with caplog.at_level(logging.WARNING, logger="actors.sandbox"):
+        first, second = (
+            run("print('hi')", isolation="none"),
+            run("print('again')", isolation="none"),
+        )
     assert (first.output, second.output) == ("hi\n", "again\n")
     assert first.isolation == second.isolation == "rlimits-only"
     [warning] = caplog.records
-    assert "network" in warning.message and "apt-get install bubblewrap" in warning.message
+    assert "NOT isolated" in warning.message and "network" in warning.message
+
+
+def test_an_unknown_isolation_is_an_error():
+    with pytest.raises(ValueError, match="unknown sandbox isolation 'docker'"):
+        run("print(1)", isolation="docker")
 
 
 def test_without_bwrap_the_basics_still_hold(without_bwrap, monkeypatch):
     monkeypatch.setenv("STRATA_SECRET", "hunter2")
-    result = run("import os\nopen('f', 'w').write('x')\nprint('STRATA_SECRET' in os.environ)")
+    result = run("import os\nopen('f', 'w').write('x')\nprint('STRATA_SECRET' in os.environ)",
+                 isolation="none")  # fmt: skip
     assert result.ok and result.output == "False\n"
     marker = f"1000.{uuid.uuid4().int % 10**9}"
     code = f"import subprocess\nsubprocess.Popen(['sleep', '{marker}'])\nwhile True: pass"
-    result = run(code, timeout_s=1.0)
+    result = run(code, timeout_s=1.0, isolation="none")
     assert result.timed_out and processes_with(marker) == []
 
 
-def test_a_broken_bwrap_falls_back_with_the_reason(monkeypatch, caplog):
+def test_a_broken_bwrap_is_refused_with_the_reason(monkeypatch, caplog):
     monkeypatch.setattr(sandbox, "find_bwrap", lambda: "/bin/false")
     monkeypatch.setattr(sandbox, "_warned", False)
     with caplog.at_level(logging.WARNING, logger="actors.sandbox"):
-        assert sandbox_mode() == "rlimits-only"
+        assert sandbox_mode() == "refused"
+        result = run("print(1)")
+    assert not result.ok and "bubblewrap at /bin/false cannot run the sandbox" in result.output
     assert "bubblewrap at /bin/false cannot run the sandbox" in caplog.text
+
+
+def test_the_python_tool_passes_its_isolation_and_a_refusal_is_a_counted_error(without_bwrap):
+    from actors.tools import PythonTool, ToolStats, call_tool
+
+    stats = ToolStats()
+    refused = asyncio.run(call_tool(PythonTool(timeout_s=2), "print(1)", stats))
+    unisolated = asyncio.run(
+        call_tool(PythonTool(timeout_s=2, isolation="none"), "print(1)", stats)
+    )
+    assert not refused.ok and "python tool refused" in refused.text
+    assert unisolated.ok and unisolated.text == "1\n"
+    assert (stats.calls["python"], stats.errors["python"]) == (2, 1)
 
 
 def test_without_bwrap_a_finished_script_is_not_held_up_by_its_children(without_bwrap):
     marker = f"1000.{uuid.uuid4().int % 10**9}"
-    result = run(f"import subprocess\nsubprocess.Popen(['sleep', '{marker}'])\nprint('done')")
+    result = run(f"import subprocess\nsubprocess.Popen(['sleep', '{marker}'])\nprint('done')",
+                 isolation="none")  # fmt: skip
     assert result.ok and result.output == "done\n" and result.seconds < 1
     assert processes_with(marker) == []
 
@@ -227,11 +266,12 @@ def test_without_bwrap_a_finished_script_is_not_held_up_by_its_children(without_
     reason="needs root and an interpreter other uids can run (to drop to a throwaway uid)",
 )
 def test_without_bwrap_root_still_contains_fork_bombs_and_escapees(without_bwrap):
-    assert run("import os\nprint(os.getuid())").output != "0\n"
-    assert not run("import os\nwhile True: os.fork()").ok
+    assert run("import os\nprint(os.getuid())", isolation="none").output != "0\n"
+    assert not run("import os\nwhile True: os.fork()", isolation="none").ok
     assert processes_with("-I\0-S\0main.py") == []
     marker = f"1000.{uuid.uuid4().int % 10**9}"
-    run(f"import subprocess\nsubprocess.Popen(['sleep', '{marker}'], start_new_session=True)")
+    run(f"import subprocess\nsubprocess.Popen(['sleep', '{marker}'], start_new_session=True)",
+        isolation="none")  # fmt: skip
     assert processes_with(marker) == []
 
 
@@ -246,3 +286,15 @@ def test_cancelling_the_call_kills_the_code():
 
     asyncio.run(cancel_midway())
     assert processes_with(marker) == []
+
+
+def test_an_interpreter_anywhere_under_tmp_is_mounted_into_the_sandbox(monkeypatch, tmp_path):
+    """/tmp is the code's own tmpfs inside bwrap: a venv there, and the base installation its
+    python links to, are bound back read-only (a CI checkout under /tmp must still run code)."""
+    monkeypatch.setattr(sandbox.sys, "prefix", "/tmp/ci/.venv")
+    monkeypatch.setattr(sandbox.sys, "base_prefix", "/tmp/pythons/3.11")
+    monkeypatch.setattr(sandbox.sys, "executable", "/tmp/ci/.venv/bin/python")
+    argv, _ = sandbox._command("bwrap", str(tmp_path), -1, 1.0, 64)
+    binds = {argv[i + 1] for i, arg in enumerate(argv) if arg == "--ro-bind"}
+    assert {"/tmp/ci/.venv", "/tmp/pythons/3.11"} <= binds
+    assert "/tmp/ci/.venv/bin" not in binds  # inside the venv's own bind

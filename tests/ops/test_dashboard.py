@@ -1,13 +1,13 @@
 """The Grafana dashboard's queries against a real Prometheus scraping a real short run.
 
-Runs where Debian's `prometheus` binary is installed (`apt-get install prometheus`), else skips."""
+Runs where Debian's `prometheus` binary is installed (`make setup` installs it as root with apt;
+else `apt-get install prometheus`), else skips."""
 
 import json
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_accounting, child_env
+from tests.conftest import assert_accounting
+from tests.pipeline.test_local_run import launch
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = shutil.which("prometheus")
@@ -44,17 +45,11 @@ def query(port: int, expr: str) -> list:
 
 
 @pytest.mark.skipif(PROMETHEUS is None, reason="Debian's prometheus binary is not installed")
-def test_every_panel_query_returns_data_from_a_live_run(tmp_path):
+def test_every_panel_query_returns_data_from_a_live_run(tmp_path, run_cache):
     metrics_port, prom_port = free_port(), free_port()
-    run = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.launch", "configs/local.yaml", "--run-dir", str(tmp_path / "run"),
-         "--set", f"runtime.cache_dir={tmp_path / 'cache'}", "--set", "model.warm_start_s=10",
-         "--set", "learner.max_steps=100000", "--set", "learner.groups_per_step=1", "--set", "buffer.group_size=4",
-         "--set", "actors.max_turns=2", "--set", "actors.max_new_tokens_per_turn=24",
-         "--set", "actors.max_response_tokens=120", "--set", f"metrics.port={metrics_port}",
-         "--set", "eval.every_steps=2", "--set", "eval.max_questions=8"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=child_env(),
-    )  # fmt: skip
+    run = launch(tmp_path / "run", run_cache, "--set", "learner.max_steps=100000",
+                 "--set", f"metrics.port={metrics_port}", "--set", "eval.every_steps=2",
+                 "--set", "eval.max_questions=8")  # fmt: skip
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: strata\n"

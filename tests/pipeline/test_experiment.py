@@ -102,16 +102,18 @@ def test_other_mistakes_are_one_line(tmp_path, capsys, change, message):
     assert err.count("\n") == 1 and message in err, err
 
 
-def test_dry_run_lists_the_fifteen_runs_of_the_ablation(monkeypatch, capsys):
-    monkeypatch.chdir(ROOT)  # the file's paths are relative to the repository root
-    out = ROOT / "runs" / "experiments" / "ablation"
-    existed = out.exists()
+def test_dry_run_lists_the_fifteen_runs_of_the_ablation(tmp_path, monkeypatch, capsys):
+    # The file's paths are relative to the working directory: one with the repository's configs
+    # and none of its runs (a finished ablation there, run with other settings, would be refused).
+    (tmp_path / "configs").symlink_to(ROOT / "configs")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "runs" / "experiments" / "ablation"
     assert experiment.main(["configs/experiments/ablation.yaml", "--dry-run"], run=FakeLaunch()) == 0  # fmt: skip
     lines = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
     assert len(lines) == 15 and {line[0] for line in lines} == {f"{v}-seed{s}" for v in ABLATION for s in range(3)}  # fmt: skip
     grpo0 = next(line for line in lines if line[0] == "grpo-seed0")
     assert grpo0[2:] == ["--set", "learner.max_steps=200", "--set", "eval.every_steps=100", "--set", "learner.alpha=0.0", "--set", "runtime.seed=0"]  # fmt: skip
-    assert out.exists() == existed  # a dry run writes nothing
+    assert not out.exists()  # a dry run writes nothing
     estimators = plan(read_experiment("configs/experiments/estimators.yaml"), "estimators.yaml")
     assert len(estimators) == 12
 

@@ -147,7 +147,7 @@ def test_switching_a_backend_keeps_the_keys_both_backends_have(capsys, tmp_path)
 def test_top_p_below_one_is_refused_for_training_in_one_line(capsys, tmp_path, no_training):
     code = main([LOCAL, "--run-dir", str(tmp_path / "run"), "--set", "actors.top_p=0.9"])
     err = capsys.readouterr().err
-    assert code == 2 and not no_training
+    assert code == 2 and not no_training and not (tmp_path / "run").exists()
     assert err.count("\n") == 1 and "actors.top_p 0.9 < 1" in err and "actors.top_p=1.0" in err
 
 
@@ -165,7 +165,7 @@ def test_keys_this_machine_cannot_honour_are_refused_in_one_line(sets, expected,
     argv = [LOCAL, "--run-dir", str(tmp_path / "run")]
     for s in sets:
         argv += ["--set", s]
-    assert main(argv) == 2 and not no_training
+    assert main(argv) == 2 and not no_training and not (tmp_path / "run").exists()
     err = capsys.readouterr().err
     assert expected in err and err.strip().splitlines()[-1].count("error") == 1
 
@@ -212,3 +212,26 @@ def test_servers_that_do_not_answer_are_named_in_one_line(tmp_path):
     )  # fmt: skip
     assert done.returncode == 2 and done.stderr.count("\n") == 1
     assert f"no answer from {silent}/health (1 of 1 servers)" in done.stderr
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_a_launch_that_fails_before_the_run_starts_leaves_no_run_directory(given, tmp_path, monkeypatch, capsys):  # fmt: skip
+    """Assets that cannot be prepared (here: a GAIA file the run cannot use) end the launch
+    before it starts: the config.yaml written first goes again, and the directory too unless
+    the user made it (an empty --run-dir they gave stays, empty)."""
+    run_dir = tmp_path / "run"
+    if given:
+        run_dir.mkdir()
+    monkeypatch.setattr(pipeline.launch, "run", lambda config, path, rd, resume=False: 2)
+    assert main([LOCAL, "--run-dir", str(run_dir)]) == 2
+    assert run_dir.exists() == given and (not given or list(run_dir.iterdir()) == [])
+
+
+def test_a_failed_run_that_wrote_more_than_its_config_is_kept(tmp_path, monkeypatch):
+    def fails_after_starting(config, path, run_dir, resume=False):
+        (run_dir / "logs").mkdir()  # e.g. the log of a server that would not start
+        return 2
+
+    monkeypatch.setattr(pipeline.launch, "run", fails_after_starting)
+    assert main([LOCAL, "--run-dir", str(tmp_path / "run")]) == 2
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.yaml", "logs"]

@@ -158,6 +158,7 @@ def test_gpu_recipes_say_what_they_need_on_cpu(tmp_path, config):
         and "configs/local.yaml" in done.stderr
         and "GPU" in done.stderr
     )
+    assert not (tmp_path / "r").exists()  # refused before it started: no run directory left
 
 
 def test_resume_goes_on_from_the_latest_checkpoint(tmp_path, cache):
