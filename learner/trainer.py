@@ -14,7 +14,6 @@ launcher that sets the distributed environment.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections import Counter
 from typing import Any
@@ -30,24 +29,20 @@ from learner.schedule import step_schedule
 from learner.telemetry import stratum_summary, theorem1_terms
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def init_distributed() -> None:
-    """A one-process gloo group on loopback unless a launcher (torchrun, deepspeed) set one up."""
+    """The process group DeepSpeed trains in: the one a launcher (torchrun, deepspeed) describes
+    in MASTER_ADDR / WORLD_SIZE, else a one-process group whose store is in-process (a TCPStore
+    would listen on every interface for a rendezvous nobody else joins)."""
     import deepspeed
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         return
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
-        os.environ.setdefault(name, value)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if "MASTER_ADDR" not in os.environ and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+            os.environ.setdefault(name, value)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     deepspeed.init_distributed(dist_backend=backend, verbose=False)
 
 

@@ -77,9 +77,9 @@ def run_sequential(jobs: Jobs, run: RunFn, finished: Finished) -> None:
 def run_on_ray(jobs: Jobs, run: RunFn, finished: Finished) -> None:
     """Each run a Ray task (one CPU) on a private cluster bound to 127.0.0.1. The first run goes
     alone: it builds the assets cache (world, index, warm start) the others then share."""
-    import ray
+    from pipeline.ray_cluster import import_ray
 
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # see pipeline/ray_cluster.py
+    ray = import_ray("127.0.0.1")
     handler = signal.getsignal(signal.SIGTERM)
     ray.init(
         address="local",

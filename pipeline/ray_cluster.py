@@ -1,18 +1,47 @@
 """Starting or joining the Ray cluster a `runtime.type: ray` run uses, with the checks that turn
 Ray's waits into one-line errors: a private cluster bound to 127.0.0.1 (`_node_ip_address` plus
-RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, see environment.md), a `runtime.address` where nothing
+RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before ray is imported, see `import_ray`), a `runtime.address` where nothing
 listens (ray.init would retry for minutes), and roles asking for more CPUs or GPUs than the
 cluster has (Ray would wait for them forever).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
+import sys
 from collections.abc import Mapping
 
 from pipeline.config import RayRuntime
 from pipeline.streaming import RuntimeUnavailable
+
+LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Set to 0, Ray takes loopback as this node's address and every process of a cluster started
+here (GCS, raylet, workers, agents) listens on 127.0.0.1 only; left alone, they listen on all
+interfaces (`::`, 0.0.0.0) and the runtime-env agent on the machine's address, whatever
+`_node_ip_address` says. Ray reads it once, when `ray` is first imported."""
+
+
+def import_ray(node_ip: str = "127.0.0.1"):
+    """`import ray`, with Ray kept on loopback when `node_ip` is a loopback address: the only
+    way any module of ours may import ray before starting or joining a cluster."""
+    if _is_loopback(node_ip) and os.environ.get(LOOPBACK_ONLY) != "1":
+        os.environ[LOOPBACK_ONLY] = "0"  # read by the processes the cluster starts, too
+        if "ray" in sys.modules:  # imported by someone else first: its constant is already read
+            from ray._private import ray_constants
+
+            ray_constants.ENABLE_RAY_CLUSTER = False  # looked up at call time by ray's services
+    import ray
+
+    return ray
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return host == "localhost"
 
 
 def start_ray(runtime: RayRuntime, needed: dict[str, float], reserved_gpus: int = 0) -> None:
@@ -20,9 +49,7 @@ def start_ray(runtime: RayRuntime, needed: dict[str, float], reserved_gpus: int 
     the CPUs and GPUs the roles ask for (Ray would otherwise wait for them forever). A private
     cluster leaves this machine's last `reserved_gpus` GPUs out (the SGLang servers the launcher
     starts take them; Ray hands out the first ones)."""
-    import ray
-
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    ray = import_ray(runtime.node_ip)
     if not runtime.address:  # a private cluster gets this machine's CPUs and GPUs: check first
         import torch
 

@@ -24,8 +24,9 @@ A generation actor that dies is restarted by Ray (`max_restarts=-1`); its in-fli
 fail, are counted as aborted and their groups abandoned; the restarted actor catches up to the
 latest published weights before it generates again.
 
-Ray binds to 127.0.0.1 here: `_node_ip_address` plus RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (see
-environment.md). Joining a multi-node cluster (`runtime.address`) needs the retrieval server
+Ray binds to 127.0.0.1 here: `_node_ip_address` plus RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 set
+before ray is imported (`pipeline.ray_cluster.import_ray`; the end-to-end test reads the socket
+table). Joining a multi-node cluster (`runtime.address`) needs the retrieval server
 reachable from every node: set `retrieval.host` to an address the nodes can reach.
 """
 
@@ -55,7 +56,7 @@ from pipeline.config import RayRuntime, StrataConfig
 from pipeline.config import SGLangEngine as SGLangEngineConfig
 from pipeline.evaluate import eval_settings, periodic_eval, with_and_without_tools
 from pipeline.metrics import start_metrics
-from pipeline.ray_cluster import start_ray
+from pipeline.ray_cluster import import_ray, start_ray
 from pipeline.streaming import (
     CURSOR_KEY,
     ActorStats,
@@ -355,10 +356,9 @@ async def run_ray(
     resume: bool = False,
 ) -> RunSummary:
     """Stream until learner.max_steps with every role in a Ray actor (see the module doc)."""
-    import ray
-
     runtime = config.runtime
     assert isinstance(runtime, RayRuntime)
+    ray = import_ray(runtime.node_ip)  # first: Ray decides what it listens on when imported
     summary = summary if summary is not None else RunSummary()
     pools_n = config.actors.num_pools
     needed = {

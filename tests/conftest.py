@@ -23,10 +23,57 @@ DISTRIBUTED_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_S
                     "CROSS_RANK", "CROSS_SIZE")  # fmt: skip
 
 
+# A secret-looking variable every launched run carries: `assert_no_secret` checks that none of a
+# run's files holds its value (nor does the python tool see it: its environment is a clean one).
+SECRET_NAME, SECRET_VALUE = "STRATA_TEST_API_TOKEN", "tok-5f3a9c1e7b2d4e60"
+
+
 def child_env() -> dict[str, str]:
     """The environment for a `python -m pipeline.launch` child: without the torch.distributed
-    variables an in-process learner test left behind (a child would rendezvous on our port)."""
-    return {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARS}
+    variables an in-process learner test left behind (a child would rendezvous on our port),
+    with a secret-looking token (see `assert_no_secret`)."""
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARS}
+    env[SECRET_NAME] = SECRET_VALUE
+    return env
+
+
+def assert_no_secret(run_dir) -> None:
+    """No file of the run directory holds the secret-looking token its launcher's environment had."""
+    from pathlib import Path
+
+    leaked = [str(p) for p in Path(run_dir).rglob("*")
+              if p.is_file() and SECRET_VALUE.encode() in p.read_bytes()]  # fmt: skip
+    assert not leaked, f"{SECRET_NAME}'s value was written to {leaked}"
+
+
+def _loopback(ip: str) -> bool:
+    import ipaddress
+
+    address = ipaddress.ip_address(ip)
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1, an IPv6 socket on loopback
+    return (mapped or address).is_loopback
+
+
+def assert_loopback_listeners(pid: int) -> list[tuple[str, int, str]]:
+    """Every socket listening in process `pid` and its descendants (the run's metrics endpoint,
+    retrieval server, inference servers, Ray's processes) is bound to loopback, read from the
+    socket table. Returns the listeners seen."""
+    import psutil
+
+    seen = []
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            connections = proc.net_connections(kind="inet")
+            name = proc.name()
+        except psutil.Error:  # it exited meanwhile
+            continue
+        seen += [
+            (c.laddr.ip, c.laddr.port, name) for c in connections if c.status == psutil.CONN_LISTEN
+        ]
+    exposed = [entry for entry in seen if not _loopback(entry[0])]
+    assert not exposed, f"listening beyond loopback: {exposed}"
+    return seen
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_accounting
+from tests.conftest import assert_accounting, assert_loopback_listeners
 from tests.pipeline.test_local_run import launch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,6 +69,8 @@ def test_every_panel_query_returns_data_from_a_live_run(tmp_path, run_cache):
             if steps >= 8:
                 break
         assert steps >= 8, "the run ended early"
+        listening = assert_loopback_listeners(run.pid)  # the metrics endpoint, the retrieval server
+        assert metrics_port in {port for _, port, _ in listening}
         dashboard = json.loads((ROOT / "ops" / "grafana" / "strata.json").read_text())
         exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
         deadline = time.monotonic() + 60  # rates need two scrapes inside their window

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from buffers.reader import read_trajectories
-from tests.conftest import assert_accounting, child_env
+from tests.conftest import assert_accounting, assert_no_secret, child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 # The shared warm start gets 30 s: at 15 s (loss ~1.9) the policy sometimes never searched at all.
@@ -88,6 +88,7 @@ def test_a_short_run_streams_trains_and_leaves_a_complete_run_dir(tmp_path, cach
     report = (run_dir / "report.md").read_text()
     assert "| learner steps | 3 |" in report and (run_dir / "reward.png").is_file()
     assert yaml_config_is_resolved(run_dir)
+    assert_no_secret(run_dir)
     books = assert_accounting(run_dir)
     assert books["total"]["trained"] == 12  # three steps of one group of 4
 

@@ -19,7 +19,7 @@ from buffers.reader import read_trajectories
 from pipeline.components import pool_urls
 from pipeline.config_loader import load_config
 from pipeline.streaming import RuntimeUnavailable
-from tests.conftest import assert_accounting
+from tests.conftest import assert_accounting, assert_loopback_listeners, assert_no_secret
 from tests.pipeline.test_local_run import REQUIRED_METRICS, ROOT, launch
 
 # The pools share (η + 1) * groups_per_step = 4 group places, so each always has a group
@@ -83,6 +83,7 @@ def test_ray_runtime_survives_a_killed_actor_and_stops_cleanly(tmp_path, run_cac
             exported = response.read().decode()
         processes = descendants(proc.pid)
         restarted = generation_workers(proc.pid)
+        listening = assert_loopback_listeners(proc.pid)  # metrics, retrieval, Ray's own
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=180)
@@ -118,6 +119,9 @@ def test_ray_runtime_survives_a_killed_actor_and_stops_cleanly(tmp_path, run_cac
     time.sleep(1.0)
     left = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not left, [p.cmdline() for p in left]  # no Ray process outlives the run
+    assert {port for _, port, _ in listening} >= {int(url.rsplit(":", 1)[1].split("/")[0])}
+    assert len(listening) >= 3, listening  # the metrics endpoint, the retrieval server, Ray's GCS
+    assert_no_secret(run_dir)
     assert_accounting(run_dir)  # the killed actor's trajectories are abandoned or aborted, not lost
 
 

@@ -38,10 +38,16 @@ class StandIn:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
+        self.spawn()
+        self.wait_healthy()
+
+    def spawn(self) -> None:
         argv = [sys.executable, "-m", "tests.actors.sglang_standin", "--model-path", str(self.policy),
                 "--port", str(self.port), "--standin-truth", str(self.truth),
                 *(["--standin-spans"] if self.spans else [])]  # fmt: skip
         self.process = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+
+    def wait_healthy(self) -> None:
         deadline = time.monotonic() + 120
         while not healthy(self.url):
             assert self.process.poll() is None, f"the stand-in on {self.url} exited"
@@ -75,8 +81,10 @@ def servers(tmp_path, run_cache):
     policy = Path(prepare_assets(config, quiet=True).policy_dir)
     pair = [StandIn(policy, tmp_path / f"truth-{i}.jsonl", spans=i == 0) for i in range(2)]
     try:
+        for server in pair:  # both start up side by side (each imports torch: seconds)
+            server.spawn()
         for server in pair:
-            server.start()
+            server.wait_healthy()
         yield pair
     finally:
         for server in pair:
