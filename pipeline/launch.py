@@ -360,7 +360,7 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
     report = write_report(run_dir, config_path, summary)
     first, last = learning_signal(summary.metrics)
     restarts = (
-        f"actor restarts {summary.actor_restarts}; "
+        f"actor restarts {summary.actor_restarts}, retrieval restarts {summary.retrieval_restarts}; "
         if isinstance(config.runtime, RayRuntime)
         else ""
     )

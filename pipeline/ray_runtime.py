@@ -208,14 +208,40 @@ class LearnerWorker:
 
 
 class RetrievalWorker:
-    """The retrieval HTTP server, serving from this actor's event loop."""
+    """The retrieval HTTP server, serving from this actor's event loop. Ray restarts the actor
+    when it dies (a fresh one serves nothing): `watch_retrieval` starts it again on its port."""
+
+    def __init__(self) -> None:
+        self.runner = None
 
     async def start(self, index_dir: str, host: str, port: int) -> int:
         self.runner, bound = await serve(load_app(index_dir), host, port)
         return bound
 
+    def serving(self) -> bool:
+        return self.runner is not None
+
     async def stop(self) -> None:
-        await self.runner.cleanup()
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+async def watch_retrieval(worker, index_dir: str, host: str, port: int, summary: RunSummary,
+                          poll_s: float = 1.0) -> None:  # fmt: skip
+    """Keeps the retrieval actor serving on `port` (the URL every pool's search tool has): when
+    Ray has restarted it after a death, starts its server again there. Meanwhile searches fail
+    and the agents see error observations, counted as tool errors. Counts restarts in `summary`."""
+    errors = _ray_errors()
+    while True:
+        await asyncio.sleep(poll_s)
+        try:
+            if await worker.serving.remote():
+                continue
+            await worker.start.remote(index_dir, host, port)
+        except errors:  # dead, or being restarted by Ray: look again later
+            continue
+        summary.retrieval_restarts += 1
+        print(f"strata: the retrieval server died; restarted on port {port}", flush=True)
 
 
 def _ray_errors() -> tuple[type[BaseException], ...]:
@@ -371,7 +397,7 @@ async def run_ray(
     if isinstance(engine, SGLangEngineConfig) and not engine.urls:
         started_gpus = engine.num_servers * engine.tp_size
     start_ray(runtime, needed, reserved_gpus=started_gpus)
-    run_metrics = retrieval = servers = watching = None
+    run_metrics = retrieval = retrieval_watch = servers = watching = None
     workers: dict[str, Any] = {}
     try:
         servers, started = start_servers(config, assets.policy_dir, run_dir / "logs")  # main thread
@@ -382,12 +408,15 @@ async def run_ray(
         search_url = config.retrieval.url
         if "search" in config.actors.tools and search_url is None:
             retrieval = ray.remote(RetrievalWorker).options(
-                num_cpus=runtime.retrieval_num_cpus, name="strata-retrieval"
+                num_cpus=runtime.retrieval_num_cpus, name="strata-retrieval", max_restarts=-1,
+                max_task_retries=0,
             ).remote()  # fmt: skip
-            port = await retrieval.start.remote(
-                str(Path(assets.index_dir).resolve()), config.retrieval.host, config.retrieval.port
+            index_dir, host = str(Path(assets.index_dir).resolve()), config.retrieval.host
+            port = await retrieval.start.remote(index_dir, host, config.retrieval.port)
+            search_url = f"http://{host}:{port}"
+            retrieval_watch = asyncio.create_task(
+                watch_retrieval(retrieval, index_dir, host, port, summary)
             )
-            search_url = f"http://{config.retrieval.host}:{port}"
         learner = ray.remote(LearnerWorker).options(
             num_cpus=runtime.learner_num_cpus, num_gpus=runtime.learner_num_gpus, name="strata-learner"
         ).remote(plain, policy, _threads(runtime.learner_num_cpus, runtime.threads))  # fmt: skip
@@ -434,9 +463,10 @@ async def run_ray(
         finally:
             summary.actor_restarts = roles.restarts
     finally:
-        if watching is not None:  # first: no restart while the servers are being stopped
-            watching.cancel()
-            await asyncio.gather(watching, return_exceptions=True)
+        for watch in (watching, retrieval_watch):  # first: no restart while stopping
+            if watch is not None:
+                watch.cancel()
+                await asyncio.gather(watch, return_exceptions=True)
         closing = [w.close.remote() for w in workers.values()]
         if retrieval is not None:
             closing.append(retrieval.stop.remote())

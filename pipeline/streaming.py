@@ -50,6 +50,8 @@ class RunSummary:
     resumed_from: int = 0
     """Step of the checkpoint this run resumed from (0: a fresh run)."""
     actor_restarts: int = 0
+    retrieval_restarts: int = 0
+    """Times the retrieval server (a Ray actor) was started again after it died."""
     skipped_prompts: int = 0
     """Training questions whose prompt was longer than data.max_prompt_tokens (never asked)."""
     empty_steps: int = 0

@@ -33,11 +33,11 @@ def descendants(pid: int) -> list[psutil.Process]:
     return psutil.Process(pid).children(recursive=True)
 
 
-def generation_workers(pid: int) -> list[psutil.Process]:
+def generation_workers(pid: int, kind: str = "GenerationWorker") -> list[psutil.Process]:
     found = []
     for p in descendants(pid):
         try:
-            if "GenerationWorker" in " ".join(p.cmdline()):
+            if kind in " ".join(p.cmdline()):
                 found.append(p)
         except psutil.Error:
             continue
@@ -76,6 +76,15 @@ def test_ray_runtime_survives_a_killed_actor_and_stops_cleanly(tmp_path, run_cac
         workers = generation_workers(proc.pid)
         assert len(workers) == 2, [p.cmdline() for p in descendants(proc.pid)]
         workers[0].kill()  # a crash: its in-flight trajectories fail, Ray restarts the actor
+        (retrieval,) = generation_workers(proc.pid, "RetrievalWorker")
+        retrieval.kill()  # searches fail meanwhile (counted tool errors); restarted on its port
+        wait_for_line(proc, r"strata: the retrieval server died; restarted on port \d+", seen)
+        port = int(seen[-1].split()[-1])
+        ask = urllib.request.Request(f"http://127.0.0.1:{port}/retrieve", method="POST",
+                                     data=json.dumps({"queries": ["who"], "topk": 1}).encode(),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(ask, timeout=30) as response:  # it serves again, same URL
+            assert len(json.loads(response.read())["result"][0]) == 1
         wait_for_step(proc, 4, seen)
         wait_for_line(proc, r"strata: eval at step \d+: accuracy", seen)  # periodic, in pool-0
         url = (run_dir / "metrics_url").read_text().strip()
@@ -99,7 +108,7 @@ def test_ray_runtime_survives_a_killed_actor_and_stops_cleanly(tmp_path, run_cac
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [s["version"] for s in steps] == [float(i) for i in range(1, len(steps) + 1)]
     assert steps[-1]["aborted"] >= 1 and steps[-1]["abandoned_groups"] >= 1  # counted, not lost
-    assert "actor restarts 1" in "".join(seen) + out
+    assert "actor restarts 1, retrieval restarts 1" in "".join(seen) + out
 
     table, bad = read_trajectories(
         run_dir / "trajectories", ["prompt_id", "policy_version", "status", "consumed_version", "actor_id"]
