@@ -33,6 +33,12 @@ def trajectory_files(directory: str | os.PathLike[str]) -> list[Path]:
     return sorted(p for p in root.rglob("*.parquet") if not p.name.startswith("."))
 
 
+def _reason(exc: Exception) -> str:
+    """The first line of an Arrow error (thrift's add lines of their own)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _castable(source: pa.DataType, target: pa.DataType) -> bool:
     try:
         pa.array([], type=source).cast(target)
@@ -45,25 +51,29 @@ def read_trajectory_file(path: Path, columns: list[str]) -> pa.Table:
     """`columns` of one conforming file, cast to the schema's types; optional ones are null-filled."""
     try:
         schema = pq.read_schema(path)
-    except (pa.ArrowException, OSError) as exc:
-        raise TrajectoryFileError(path, f"not a readable Parquet file ({exc})") from None
+        names = schema.names
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:  # the last: a column's name
+        raise TrajectoryFileError(path, f"not a readable Parquet file ({_reason(exc)})") from None
     for field in SPILL_SCHEMA:
-        if field.name not in schema.names:
+        if field.name not in names:
             if field.name in OPTIONAL:
                 continue
             raise TrajectoryFileError(
                 path, f"missing column '{field.name}' of the trajectory schema"
             )
+        if names.count(field.name) > 1:  # schema.field() would raise KeyError
+            raise TrajectoryFileError(path, f"column '{field.name}' appears more than once")
         if not _castable(schema.field(field.name).type, field.type):
             raise TrajectoryFileError(
                 path,
                 f"column '{field.name}' is {schema.field(field.name).type}, expected {field.type}",
             )
-    present = [c for c in columns if c in schema.names]
+    present = [c for c in columns if c in names]
     try:
         table = pq.read_table(path, columns=present)
+        table.validate(full=True)  # data that is not what the schema says (strings not UTF-8)
     except (pa.ArrowException, OSError) as exc:
-        raise TrajectoryFileError(path, f"cannot read ({exc})") from None
+        raise TrajectoryFileError(path, f"cannot read ({_reason(exc)})") from None
     arrays = []
     for name in columns:
         target = SPILL_SCHEMA.field(name).type
@@ -71,7 +81,7 @@ def read_trajectory_file(path: Path, columns: list[str]) -> pa.Table:
             try:
                 arrays.append(table.column(name).cast(target))
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise TrajectoryFileError(path, f"column '{name}': {exc}") from None
+                raise TrajectoryFileError(path, f"column '{name}': {_reason(exc)}") from None
         else:
             arrays.append(pa.nulls(table.num_rows, target))
     return pa.Table.from_arrays(arrays, schema=pa.schema([SPILL_SCHEMA.field(c) for c in columns]))

@@ -3,6 +3,8 @@ unions discriminated on `type` (see `pipeline.config`)."""
 
 from __future__ import annotations
 
+import reprlib
+
 from pydantic import BaseModel, ConfigDict, Discriminator
 
 
@@ -12,12 +14,26 @@ class Section(BaseModel):
     )
 
 
+_SHORT = reprlib.Repr()
+_SHORT.maxstring, _SHORT.maxother, _SHORT.maxlevel = 60, 60, 1
+
+
+def shown(value: object) -> str:
+    """`value` as Python writes it, cut short for an error line: YAML aliases nest a billion
+    elements in a few lines, and a long string or list would make a huge line."""
+    try:
+        return _SHORT.repr(value)
+    except ValueError:  # an integer past Python's 4300-digit str() limit
+        return "a number of over 4300 digits"
+
+
 def _tag_or(default: str) -> Discriminator:
     """Discriminate a backend union on `type`, taking `default` when the YAML leaves it out."""
 
     def pick(value: object) -> str | None:
         if isinstance(value, dict):
-            return value.get("type", default)
+            tag = value.get("type", default)
+            return tag if isinstance(tag, str) else shown(tag)  # pydantic would str() it whole
         return getattr(value, "type", None)
 
     return Discriminator(pick)

@@ -20,15 +20,32 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from pipeline.config import StrataConfig
+from pipeline.config_base import shown
 from pipeline.overrides import OverrideError, apply_override, parse_override
 
 
 class ConfigError(ValueError):
-    """A config problem a user can fix; the message is one line."""
+    """A config problem a user can fix; the message is one line: characters that would break it
+    (a newline in a key or a --set) are shown escaped."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("".join(c if c.isprintable() else repr(c)[1:-1] for c in message))
 
 
 class _Loader(yaml.SafeLoader):
     """SafeLoader that also reads `1e-6` as a float (YAML 1.1 wants `1.0e-6`)."""
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        # PyYAML's scalar constructors let out what int(), datetime() or a dict lookup raise on
+        # a value that does not fit its tag (`!!int abc`, `!!bool x`, `!!timestamp x`, a number
+        # of 4300+ digits): make it a YAML error at the value's line.
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, TypeError, AttributeError, LookupError):
+            tag = node.tag.rpartition(":")[2]
+            value = shown(node.value) if isinstance(node.value, str) else "this value"
+            problem = f"cannot read {value} as !!{tag}"
+            raise yaml.constructor.ConstructorError(None, None, problem, node.start_mark) from None
 
 
 _Loader.add_implicit_resolver(
@@ -61,6 +78,8 @@ def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(f"{where}: invalid YAML: {problem}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{p}: not a UTF-8 text file") from None
+    except RecursionError:
+        raise ConfigError(f"{p}: invalid YAML: nested too deeply") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -159,13 +178,15 @@ def _describe(error: dict[str, Any], raw: dict[str, Any], origin: str) -> str:
         return (
             f"{origin}: {dotted}.type = {error.get('ctx', {}).get('tag')!r}: use one of {expected}"
         )
+    if error["type"] == "union_tag_not_found":
+        return f"{origin}: {dotted} = {shown(value)}: must be a section (key: value lines)"
     if error["type"] == "missing":
         return f"{origin}: {dotted} is required but missing"
     if not dotted:
         return f"{origin}: {message}"
     if isinstance(value, dict) or value is None:
         return f"{origin}: {dotted}: {message}"
-    return f"{origin}: {dotted} = {value!r}: {message}"
+    return f"{origin}: {dotted} = {shown(value)}: {message}"
 
 
 def _names(key: str, dotted: str) -> bool:

@@ -7,6 +7,7 @@ world (`load_world`, Search-R1 parquet plus a manifest). A file that cannot be u
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -60,8 +61,9 @@ def _text(value: object, path: Path, where: str, name: str) -> str:
 def _level(value: object, path: Path, where: str, name: str) -> int | None:
     if value is None:
         return None
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
+    if isinstance(value, str) and value.strip().isdecimal():  # isdigit() passes '²', int() not
+        with contextlib.suppress(ValueError):  # past int()'s 4300 digits: refused below as written
+            value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise _field_error(path, where, name, f"must be a positive integer, not {value!r}")
     return value
@@ -92,7 +94,8 @@ def _read_parquet(path: Path) -> pa.Table:
         raise DatasetError(f"{path}: no such file")
     try:
         table = pq.read_table(path)
-    except (pa.ArrowException, OSError) as exc:
+        table.validate(full=True)  # data that is not what the schema says (strings not UTF-8)
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:  # the last: a column's name
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DatasetError(f"{path}: not a readable Parquet file ({reason})") from None
     if table.num_rows == 0:
@@ -243,6 +246,14 @@ def load_gaia(path: str | os.PathLike[str]) -> list[Question]:
                     row = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise DatasetError(f"{p}: line {number}: invalid JSON ({exc.msg})") from None
+                except ValueError:  # not syntax: int() refuses a number of 4300+ digits
+                    raise DatasetError(
+                        f"{p}: line {number}: invalid JSON (a number of over 4300 digits)"
+                    ) from None
+                except RecursionError:
+                    raise DatasetError(
+                        f"{p}: line {number}: invalid JSON (nested too deeply)"
+                    ) from None
                 questions.append(_gaia_row(row, number, p))
                 lines.append(number)
     except UnicodeDecodeError:

@@ -75,6 +75,8 @@ def parse_override(text: str) -> tuple[str, Any]:
         return key, parse_value(value)
     except OverrideError as exc:
         raise OverrideError(f"--set {text!r}: {exc}") from None
+    except RecursionError:
+        raise OverrideError(f"--set {text!r}: brackets nested too deeply") from None
 
 
 def apply_override(raw: dict[str, Any], key: str, value: Any) -> None:
