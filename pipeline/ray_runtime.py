@@ -57,6 +57,7 @@ from pipeline.config import SGLangEngine as SGLangEngineConfig
 from pipeline.evaluate import eval_settings, periodic_eval, with_and_without_tools
 from pipeline.metrics import start_metrics
 from pipeline.ray_cluster import import_ray, start_ray
+from pipeline.ray_retrieval import RetrievalWorker, watch_retrieval
 from pipeline.streaming import (
     CURSOR_KEY,
     ActorStats,
@@ -65,7 +66,6 @@ from pipeline.streaming import (
     question_stream,
     stream,
 )
-from retrieval.server import load_app, serve
 
 
 def _threads(num_cpus: float, configured: int) -> int:
@@ -205,43 +205,6 @@ class LearnerWorker:
 
     def load(self, directory: str) -> dict:
         return load_checkpoint(self.learner, directory)
-
-
-class RetrievalWorker:
-    """The retrieval HTTP server, serving from this actor's event loop. Ray restarts the actor
-    when it dies (a fresh one serves nothing): `watch_retrieval` starts it again on its port."""
-
-    def __init__(self) -> None:
-        self.runner = None
-
-    async def start(self, index_dir: str, host: str, port: int) -> int:
-        self.runner, bound = await serve(load_app(index_dir), host, port)
-        return bound
-
-    def serving(self) -> bool:
-        return self.runner is not None
-
-    async def stop(self) -> None:
-        if self.runner is not None:
-            await self.runner.cleanup()
-
-
-async def watch_retrieval(worker, index_dir: str, host: str, port: int, summary: RunSummary,
-                          poll_s: float = 1.0) -> None:  # fmt: skip
-    """Keeps the retrieval actor serving on `port` (the URL every pool's search tool has): when
-    Ray has restarted it after a death, starts its server again there. Meanwhile searches fail
-    and the agents see error observations, counted as tool errors. Counts restarts in `summary`."""
-    errors = _ray_errors()
-    while True:
-        await asyncio.sleep(poll_s)
-        try:
-            if await worker.serving.remote():
-                continue
-            await worker.start.remote(index_dir, host, port)
-        except errors:  # dead, or being restarted by Ray: look again later
-            continue
-        summary.retrieval_restarts += 1
-        print(f"strata: the retrieval server died; restarted on port {port}", flush=True)
 
 
 def _ray_errors() -> tuple[type[BaseException], ...]:
