@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 import os
 import threading
 from collections import deque
@@ -38,6 +39,8 @@ class EmbeddedEngine:
         self, model, tokenizer, *, max_batch_size: int = 16, version: int = 0, seed: int = 0
     ) -> None:
         self.model = model.eval()
+        # transformers 5.24 renamed past_key_values to cache (the old name goes in 5.40)
+        self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"  # fmt: skip
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.device = next(model.parameters()).device
@@ -240,7 +243,7 @@ class EmbeddedEngine:
             input_ids=input_ids,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=cache,
+            **{self._cache_kwarg: cache},
             use_cache=True,
         )
         logits = out.logits[:, -1].float()
@@ -286,7 +289,7 @@ class EmbeddedEngine:
                 input_ids=tokens.unsqueeze(-1),
                 attention_mask=mask,
                 position_ids=last_pos.unsqueeze(-1),
-                past_key_values=cache,
+                **{self._cache_kwarg: cache},
                 use_cache=True,
             )
             logits = out.logits[:, -1].float()

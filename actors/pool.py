@@ -59,8 +59,11 @@ class ActorPool:
         name: str = "pool-0",
         max_failed_groups: int = 64,
         failure_window_s: float = 120.0,
+        first_serial: int = 0,
     ) -> None:
-        """`max_failed_groups` groups abandoned in a row, with no trajectory delivered for
+        """`first_serial` numbers the first group's prompt id (`TASK@POOL:SERIAL`): a resumed run
+        passes the checkpoint's data cursor, so its prompt ids never repeat the earlier ones'.
+        `max_failed_groups` groups abandoned in a row, with no trajectory delivered for
         `failure_window_s` either, stop the pool with PoolFailure (the run fails, saying why);
         a server restarting for a minute is not a failure."""
         self.agent = agent
@@ -70,7 +73,7 @@ class ActorPool:
         self.name = name
         self._slots = asyncio.Semaphore(concurrency)
         self._running: set[asyncio.Task] = set()
-        self._serial = itertools.count()
+        self._serial = itertools.count(first_serial)
         self.stats = PoolStats()
         self.max_failed_groups, self.failure_window_s = max_failed_groups, failure_window_s
         self._delivered_at = time.monotonic()

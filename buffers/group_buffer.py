@@ -119,6 +119,7 @@ class GroupBuffer:
         self._taking: list[Group] = []  # chosen for the step `next_groups` is assembling
         self._closed: OrderedDict[str, str] = OrderedDict()
         self._abandoned_groups = 0
+        self._is_closed = False
         self._counts: Counter[tuple[str, int]] = Counter()  # (event, stratum) -> trajectories
         self._pending: Counter[int] = Counter()  # stratum -> trajectories held
         self._resident = 0
@@ -360,8 +361,18 @@ class GroupBuffer:
         if len(self._closed) > _CLOSED_MEMORY:
             self._closed.popitem(last=False)
 
+    def held(self) -> list[Trajectory]:
+        """The trajectories held now (open groups, complete ones, those being taken): what a
+        checkpoint records as in flight. None once closed (`close` spilled them as pending)."""
+        if self._is_closed:
+            return []
+        groups = [tuple(g.members.values()) for g in self._open.values()]
+        groups += [g.members for g in (*self._taking, *self._ready)]
+        return [t for members in groups for t in members]
+
     async def close(self) -> BufferStats:
         """Spill whatever is still held as `pending`, flush the spill, return the final stats."""
+        self._is_closed = True
         if self.spill is not None:
             for group in self._open.values():
                 self.spill.append(tuple(group.members.values()), "pending")

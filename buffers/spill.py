@@ -108,6 +108,13 @@ class ParquetSpill:
         self._next_seq += 1
         self._writes.append(self._writer.submit(self._write, rows, path))
 
+    def mark(self) -> tuple[int, list[Future[int]]]:
+        """Hand every row appended so far to the writer. Returns the number of the last file that
+        holds them (files after it hold only later rows) and the writes to wait for
+        (`wait_written`) before they are all on disk: a checkpoint records that position."""
+        self.flush()
+        return self._next_seq - 1, list(self._writes)
+
     def close(self) -> None:
         """Write everything still held and wait for the writer; raises `SpillError` if a write failed."""
         self.flush()
@@ -141,3 +148,12 @@ class ParquetSpill:
         self.bytes_written += size
         self.files_written += 1
         return size
+
+
+def wait_written(writes: list[Future[int]]) -> None:
+    """Block until the writes `ParquetSpill.mark` returned are on disk; SpillError if one failed.
+    Safe in another thread: it touches only the futures."""
+    for future in writes:
+        error = future.exception()
+        if error is not None:
+            raise SpillError(str(error)) from error

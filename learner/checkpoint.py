@@ -12,6 +12,7 @@ atomically after that. A kill at any moment leaves the previous checkpoint intac
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import json
 import os
@@ -85,15 +86,29 @@ def save_checkpoint(
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
+        full = not isinstance(exc, OSError) and out_of_space(root)  # read before freeing tmp
         shutil.rmtree(tmp, ignore_errors=True)
+        if full:  # torch says only "unexpected pos ..." when the disk is full
+            raise OSError(
+                errno.ENOSPC, f"No space left on device writing checkpoint {target}"
+            ) from exc
         raise
     pointer = root / ".latest.tmp"
-    pointer.write_text(target.name + "\n")
-    os.replace(pointer, root / "latest")
+    try:
+        pointer.write_text(target.name + "\n")
+        os.replace(pointer, root / "latest")
+    finally:
+        pointer.unlink(missing_ok=True)
     for old in sorted(root.glob("step-*"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+def out_of_space(path: str | os.PathLike[str], below: int = 1 << 20) -> bool:
+    """Whether the file system holding `path` has less than `below` bytes left for us."""
+    stat = os.statvfs(path)
+    return stat.f_bavail * stat.f_frsize < below
 
 
 def latest_checkpoint(root: str | os.PathLike[str]) -> Path:

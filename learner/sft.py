@@ -8,6 +8,7 @@ batched together; the prompt prefix every example shares runs once per step.
 
 from __future__ import annotations
 
+import inspect
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -94,14 +95,18 @@ def sft_loss(model, batch: Sequence[SftExample], prefix: Sequence[int], pad: int
     ids, attention, labels = _tensors(batch, len(prefix), pad)
     cache, p, rows = DynamicCache(), len(prefix), len(batch)
     decoder = model.get_decoder()
+    # transformers 5.24 renamed past_key_values to cache (the old name goes in 5.40)
+    name = (
+        "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+    )
     if p:
-        decoder(input_ids=torch.tensor([list(prefix)]), past_key_values=cache, use_cache=True)
+        decoder(input_ids=torch.tensor([list(prefix)]), **{name: cache}, use_cache=True)
         cache.batch_repeat_interleave(rows)
     hidden = decoder(
         input_ids=ids,
         attention_mask=torch.cat([torch.ones((rows, p), dtype=torch.long), attention], 1),
         position_ids=(p + torch.arange(ids.shape[1])).expand(rows, -1),
-        past_key_values=cache if p else None,
+        **{name: cache if p else None},
         use_cache=bool(p),
     ).last_hidden_state
     where = labels != -100

@@ -11,6 +11,7 @@ missing. `--resume --run-dir DIR` goes on from DIR's latest checkpoint with DIR'
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 import time
 from pathlib import Path
@@ -336,7 +337,13 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
 
     interrupted = False
     try:
-        asyncio.run(main())
+        try:
+            asyncio.run(main())
+        except Exception as exc:
+            if (full := out_of_space_line(exc, run_dir)) is None:
+                raise
+            print(full, file=sys.stderr)
+            return 1
     except OSError as exc:  # e.g. the metrics port is taken
         print(f"strata: error: {exc} (set metrics.port, or metrics.enabled=false)", file=sys.stderr)
         return 2
@@ -371,6 +378,22 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
         f"report {report}"
     )
     return 130 if interrupted else 0
+
+
+def out_of_space_line(exc: BaseException, run_dir: Path) -> str | None:
+    """The one line for a run stopped by a full disk (ENOSPC anywhere in the exception's chain:
+    the spill, a checkpoint, metrics), or None for any other error."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            latest = run_dir / "checkpoints" / "latest"
+            then = (f"at its last complete checkpoint, checkpoints/{latest.read_text().strip()}: "
+                    f"free space, then go on with --resume --run-dir {run_dir}") if latest.is_file() \
+                else "before its first checkpoint: free space and start it again"  # fmt: skip
+            return f"strata: error: the disk of {run_dir} is full (no space left on device): the run stopped {then}"  # fmt: skip
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 if __name__ == "__main__":

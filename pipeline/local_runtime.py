@@ -30,11 +30,11 @@ from pipeline.config import EmbeddedEngine as EmbeddedEngineConfig
 from pipeline.config import StrataConfig
 from pipeline.evaluate import eval_settings, periodic_eval, with_and_without_tools
 from pipeline.metrics import start_metrics
+from pipeline.recovery import resume_run_dir
 from pipeline.streaming import (
     CURSOR_KEY,
     ActorStats,
     RunSummary,
-    previous_metrics,
     question_stream,
     stream,
 )
@@ -133,7 +133,7 @@ async def run_local(
             extra = await asyncio.to_thread(load_checkpoint, learner, run_dir / "checkpoints")
             skip = int(extra.get(CURSOR_KEY, 0))
             summary.resumed_from = learner.version
-            summary.metrics = previous_metrics(run_dir, learner.version)
+            summary.books_before, summary.metrics = resume_run_dir(run_dir, extra, learner.version)
             await roles.publish()  # the engine serves the resumed weights from the first token
         buffer = make_buffer(config.buffer, run_dir, config.learner.groups_per_step)
         tasks, summary.skipped_prompts = question_stream(
@@ -141,7 +141,7 @@ async def run_local(
         )
         pools = [
             ActorPool(agent, buffer, tasks, group_size=config.buffer.group_size,
-                      concurrency=config.actors.concurrency, name=agent.actor_id)
+                      concurrency=config.actors.concurrency, name=agent.actor_id, first_serial=skip)
             for agent in agents
         ]  # fmt: skip
         if config.metrics.enabled:

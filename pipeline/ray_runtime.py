@@ -58,11 +58,11 @@ from pipeline.evaluate import eval_settings, periodic_eval, with_and_without_too
 from pipeline.metrics import start_metrics
 from pipeline.ray_cluster import import_ray, start_ray
 from pipeline.ray_retrieval import RetrievalWorker, watch_retrieval
+from pipeline.recovery import resume_run_dir
 from pipeline.streaming import (
     CURSOR_KEY,
     ActorStats,
     RunSummary,
-    previous_metrics,
     question_stream,
     stream,
 )
@@ -404,7 +404,7 @@ async def run_ray(
             extra = await learner.load.remote(str((run_dir / "checkpoints").resolve()))
             skip = int(extra.get(CURSOR_KEY, 0))
             summary.resumed_from = await roles.sync_version()
-            summary.metrics = previous_metrics(run_dir, summary.resumed_from)
+            summary.books_before, summary.metrics = resume_run_dir(run_dir, extra, summary.resumed_from)  # fmt: skip
         if roles.version:
             await roles.publish()
         buffer = make_buffer(config.buffer, run_dir, config.learner.groups_per_step)
@@ -413,7 +413,7 @@ async def run_ray(
         pools = [
             ActorPool(RemoteAgent(handle, name, latest), buffer, tasks,
                       group_size=config.buffer.group_size, concurrency=config.actors.concurrency,
-                      name=name)
+                      name=name, first_serial=skip)
             for name, handle in workers.items()
         ]  # fmt: skip
         if config.metrics.enabled:

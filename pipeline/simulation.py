@@ -26,11 +26,12 @@ from actors.simulated import GpuModel, SimulatedEngine, SimulatedServer, Simulat
 from actors.tools import ToolStats
 from buffers.records import Group
 from pipeline import virtual_time
+from pipeline.books import write_json
 from pipeline.components import agent_settings, make_buffer
 from pipeline.config import SimulatedEngine as SimulatedConfig
 from pipeline.config import StrataConfig
 from pipeline.datasets import Question
-from pipeline.streaming import ActorStats, RunSummary, stream, task_stream, write_json
+from pipeline.streaming import ActorStats, RunSummary, stream, task_stream
 
 
 def sim_tokenizer():

@@ -26,8 +26,10 @@ from actors.pool import ActorPool
 from actors.tools import ToolStats
 from buffers.group_buffer import BufferStats, GroupBuffer
 from buffers.records import Group
+from pipeline.books import accounting, add_accounting, write_json
 from pipeline.config import StrataConfig
 from pipeline.datasets import DatasetError, drop_long_prompts, load_questions, load_world
+from pipeline.recovery import save_run_checkpoint
 
 CURSOR_KEY = "tasks_started"
 """Checkpoint field: tasks the pools had started, so a resumed run goes on with the next ones."""
@@ -49,6 +51,9 @@ class RunSummary:
     checkpoint: Path | None = None
     resumed_from: int = 0
     """Step of the checkpoint this run resumed from (0: a fresh run)."""
+    books_before: dict = field(default_factory=dict)
+    """The books (`pipeline.books`) of the processes before this one, from the checkpoint it
+    resumed from; empty for a fresh run."""
     actor_restarts: int = 0
     retrieval_restarts: int = 0
     """Times the retrieval server (a Ray actor) was started again after it died."""
@@ -159,26 +164,6 @@ async def _next_groups(buffer: GroupBuffer, version: int, count: int, pools: lis
             getting.cancel()
 
 
-def previous_metrics(run_dir: Path, up_to_step: int) -> list[dict]:
-    """The metrics.jsonl lines of the steps a resumed run keeps (those after its checkpoint are
-    redone, so they are dropped from the file too)."""
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by a kill
-        if row.get("step", up_to_step + 1) <= up_to_step:
-            kept.append(row)
-    tmp = path.with_name(".metrics.jsonl.tmp")
-    tmp.write_text("".join(json.dumps(row) + "\n" for row in kept))
-    tmp.replace(path)
-    return kept
-
-
 async def stream(
     config: StrataConfig,
     roles: Roles,
@@ -199,7 +184,6 @@ async def stream(
     buffer.serve(roles.version)  # the engines serve the learner's weights from the start
     pool_tasks = [asyncio.create_task(pool.run()) for pool in pools]
     metrics_file = (run_dir / "metrics.jsonl").open("a")
-    checkpoints = run_dir / "checkpoints"
     start = clock()
     trained = 0  # trajectories trained in this process (throughput counts only these)
     tokens_at_start = sum(s.generated_tokens for s in (await roles.actor_stats()).values())
@@ -255,7 +239,8 @@ async def stream(
                 progress(metrics)
             every = config.learner.checkpoint_every
             if every and summary.steps % every == 0:
-                await roles.checkpoint(checkpoints, {"step": summary.steps, CURSOR_KEY: tasks_started()})  # fmt: skip
+                extra = {"step": summary.steps, CURSOR_KEY: tasks_started()}
+                await save_run_checkpoint(roles, buffer, pools, run_dir, extra, summary.books_before)  # fmt: skip
             if evaluator is not None and evaluator.due(summary.steps):
                 evaluator.start(summary.steps, roles.version)  # runs beside the next steps
         finished = True
@@ -267,17 +252,13 @@ async def stream(
         await asyncio.gather(*pool_tasks, return_exceptions=True)
         if evaluator is not None:  # a finished run waits for its last evaluation
             await evaluator.close(wait=finished)
-        summary.accounting = accounting(await buffer.close(), pools)
-        if (
-            summary.resumed_from
-        ):  # the books of the run so far: its spill holds every process's rows
-            summary.accounting = add_accounting(read_accounting(run_dir), summary.accounting)
+        # The books of the run so far: its spill holds every process's rows.
+        summary.accounting = add_accounting(summary.books_before, accounting(await buffer.close(), pools))  # fmt: skip
         write_json(run_dir / "accounting.json", summary.accounting)
         summary.steps = max(summary.steps, roles.version)  # a step the stop let finish counts
         if summary.steps > summary.resumed_from:
-            summary.checkpoint = await roles.checkpoint(
-                checkpoints, {"step": summary.steps, CURSOR_KEY: tasks_started()}
-            )
+            extra = {"step": summary.steps, CURSOR_KEY: tasks_started()}
+            summary.checkpoint = await save_run_checkpoint(roles, buffer, pools, run_dir, extra, summary.books_before)  # fmt: skip
     return summary
 
 
@@ -295,48 +276,3 @@ def fairness_metrics(stats: BufferStats) -> dict[str, float]:
             out[f"stratum/{stratum}/generated_share"] = left[stratum] / max(generated, 1)
             out[f"stratum/{stratum}/trained_share"] = row["released"] / max(trained, 1)
     return out
-
-
-def accounting(stats: BufferStats, pools: Sequence[ActorPool]) -> dict:
-    """Where every trajectory went, per stratum and in all, from the buffer's books and the
-    pools': generated = trained + dropped_stale + abandoned + failed + in_flight, where trained
-    is what the learner consumed (a step may still skip a group it cannot use, counted as
-    `skipped_groups` in metrics.jsonl), failed a record the buffer rejected, and in_flight what
-    the buffer still held. Trajectories whose
-    generation failed (`aborted`: engine errors, generations the server cut off) never got a
-    stratum: they are counted in all only."""
-    per_stratum = {
-        int(s): {"generated": c["put"] + c["rejected"], "trained": c["released"],
-                 "dropped_stale": c["dropped_stale"], "abandoned": c["abandoned"],
-                 "failed": c["rejected"], "in_flight": c["pending"]}
-        for s, c in stats.per_stratum.items()
-    }  # fmt: skip
-    total = {k: sum(row[k] for row in per_stratum.values()) for k in
-             ("generated", "trained", "dropped_stale", "abandoned", "failed", "in_flight")}  # fmt: skip
-    total["aborted"] = sum(p.stats.aborted for p in pools)
-    return {"per_stratum": per_stratum, "total": total}
-
-
-def read_accounting(run_dir: Path) -> dict:
-    path = run_dir / "accounting.json"
-    return json.loads(path.read_text()) if path.is_file() else {"per_stratum": {}, "total": {}}
-
-
-def add_accounting(earlier: dict, now: dict) -> dict:
-    """Two processes' books of one run, added up (a resumed run)."""
-    per_stratum: dict = {}
-    for books in (earlier, now):
-        for stratum, row in books["per_stratum"].items():
-            into = per_stratum.setdefault(int(stratum), {})
-            for key, value in row.items():
-                into[key] = into.get(key, 0) + value
-    total = {k: earlier["total"].get(k, 0) + now["total"].get(k, 0)
-             for k in earlier["total"].keys() | now["total"].keys()}  # fmt: skip
-    return {"per_stratum": per_stratum, "total": total}
-
-
-def write_json(path: Path, data: dict) -> None:
-    """`path` whole or not at all (a temporary name, then a rename)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)

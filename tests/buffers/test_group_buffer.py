@@ -271,9 +271,14 @@ def test_close_spills_what_is_still_held(tmp_path):
         await buffer.put(traj("open", 0))
         await buffer.put(traj("ready", 0))
         await buffer.put(traj("ready", 1))
+        held = sorted(t.key for t in buffer.held())  # what a checkpoint records as in flight
+        assert held == sorted(t.key for t in (traj("open", 0), traj("ready", 0), traj("ready", 1)))
+        last_file, writes = buffer.spill.mark()
+        assert (last_file, writes) == (0, [])  # nothing has left the buffer: no file yet
         stats = await buffer.close()
-        assert stats.pending == 3
+        assert stats.pending == 3 and buffer.held() == []  # spilled as pending by close
         assert pq.read_table(tmp_path).column("status").to_pylist() == ["pending"] * 3
+        assert buffer.spill.mark()[0] == 1
 
     run(scenario())
 

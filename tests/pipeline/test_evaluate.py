@@ -42,11 +42,11 @@ def trained(tmp_path_factory, run_cache):
 def test_a_run_evaluates_every_few_steps_and_reports_it(trained):
     run_dir, world, out = trained
     records = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [
-        0,
-        2,
-        4,
-    ]  # the starting policy first; the last is waited for
+    steps = [r["step"] for r in records]  # the starting policy first; the last is waited for
+    # Step 2 is skipped, and says so, when step 0's evaluation outlasts two learner steps (a
+    # loaded machine): only the newest due step waits for a running evaluation.
+    skipped = "strata: eval at step 2 skipped for step 4" in out
+    assert steps == ([0, 4] if skipped else [0, 2, 4]), (steps, out[-2000:])
     sources = list(
         dict.fromkeys(q.data_source for q in load_questions(world / "test.parquet")[:12])
     )
@@ -67,7 +67,7 @@ def test_a_run_evaluates_every_few_steps_and_reports_it(trained):
     ):
         by_actor.setdefault(actor, set()).add(prompt)
     assert by_actor["eval-train"] == train_ids and not by_actor["eval"] & train_ids
-    assert "strata: eval at step 2: accuracy" in out and ", training questions " in out
+    assert "strata: eval at step 4: accuracy" in out and ", training questions " in out
     report = (run_dir / "report.md").read_text()
     assert "## Held-out evaluation (step 4" in report and (run_dir / "eval.png").is_file()
     assert "| accuracy on training questions (6 q, step 0 -> 4) |" in report

@@ -1,0 +1,62 @@
+"""The run's books: where every trajectory went (`accounting.json`), per stratum and in all.
+
+generated = trained + dropped_stale + abandoned + failed + in_flight, per stratum. A resumed run's
+books are the books kept in the checkpoint it resumed from plus its own (`add_accounting`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from actors.pool import ActorPool
+from buffers.group_buffer import BufferStats
+
+
+def accounting(stats: BufferStats, pools: Sequence[ActorPool]) -> dict:
+    """Where every trajectory went, per stratum and in all, from the buffer's books and the
+    pools': generated = trained + dropped_stale + abandoned + failed + in_flight, where trained
+    is what the learner consumed (a step may still skip a group it cannot use, counted as
+    `skipped_groups` in metrics.jsonl), failed a record the buffer rejected, and in_flight what
+    the buffer still held. Trajectories whose
+    generation failed (`aborted`: engine errors, generations the server cut off) never got a
+    stratum: they are counted in all only."""
+    per_stratum = {
+        int(s): {"generated": c["put"] + c["rejected"], "trained": c["released"],
+                 "dropped_stale": c["dropped_stale"], "abandoned": c["abandoned"],
+                 "failed": c["rejected"], "in_flight": c["pending"]}
+        for s, c in stats.per_stratum.items()
+    }  # fmt: skip
+    total = {k: sum(row[k] for row in per_stratum.values()) for k in
+             ("generated", "trained", "dropped_stale", "abandoned", "failed", "in_flight")}  # fmt: skip
+    total["aborted"] = sum(p.stats.aborted for p in pools)
+    return {"per_stratum": per_stratum, "total": total}
+
+
+def read_accounting(run_dir: Path) -> dict:
+    path = run_dir / "accounting.json"
+    return json.loads(path.read_text()) if path.is_file() else {"per_stratum": {}, "total": {}}
+
+
+def add_accounting(earlier: dict, now: dict) -> dict:
+    """Two processes' books of one run, added up (a resumed run); `{}` is no books."""
+    per_stratum: dict = {}
+    for books in (earlier, now):
+        for stratum, row in books.get("per_stratum", {}).items():
+            into = per_stratum.setdefault(int(stratum), {})
+            for key, value in row.items():
+                into[key] = into.get(key, 0) + value
+    before, after = earlier.get("total", {}), now.get("total", {})
+    total = {k: before.get(k, 0) + after.get(k, 0) for k in before.keys() | after.keys()}
+    return {"per_stratum": per_stratum, "total": total}
+
+
+def write_json(path: Path, data: dict) -> None:
+    """`path` whole or not at all (a temporary name, then a rename)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
