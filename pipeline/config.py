@@ -243,8 +243,9 @@ class LearnerConfig(Section):
     """Skip groups whose rewards are all equal (they carry no GN signal); counted."""
     zero_stage: int = Field(0, ge=0, le=3)
     """DeepSpeed ZeRO stage; 0-2 run on CPU with gloo, 3 is for GPUs."""
-    checkpoint_every: int = Field(0, ge=0)
-    """Save a checkpoint every this many steps (0: only at the end)."""
+    checkpoint_every: int = Field(50, ge=0)
+    """Save a checkpoint every this many steps, and at the end; 0: only at the end (a run killed
+    outright then has nothing to resume from)."""
 
     @model_validator(mode="after")
     def _corrections_make_sense(self) -> LearnerConfig:
