@@ -7,6 +7,7 @@ books are the books kept in the checkpoint it resumed from plus its own (`add_ac
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -50,6 +51,41 @@ def add_accounting(earlier: dict, now: dict) -> dict:
     before, after = earlier.get("total", {}), now.get("total", {})
     total = {k: before.get(k, 0) + after.get(k, 0) for k in before.keys() | after.keys()}
     return {"per_stratum": per_stratum, "total": total}
+
+
+SPILLED_AS = {"trained": "released", "dropped_stale": "dropped_stale", "abandoned": "abandoned",
+              "in_flight": "pending"}  # fmt: skip
+"""The spill status of each kind of trajectory the books count (`failed` ones are not spilled)."""
+
+
+def audit(run_dir: Path) -> list[str]:
+    """What is wrong with a finished run's books (empty: they balance): per stratum, generated =
+    trained + dropped_stale + abandoned + failed + in_flight in accounting.json, and the Parquet
+    spill holds exactly as many rows of each status per stratum, in files that all read."""
+    from buffers.reader import read_trajectories
+
+    path = Path(run_dir) / "accounting.json"
+    if not path.is_file():
+        return [f"{path}: missing"]
+    books = json.loads(path.read_text())
+    table, bad = read_trajectories(Path(run_dir) / "trajectories", ["stratum", "status"])
+    problems = [f"unreadable spill file {b}" for b in bad]
+    spilled = Counter(zip(table["stratum"].to_pylist(), table["status"].to_pylist(), strict=True))
+    if not books["per_stratum"]:
+        problems.append("no trajectory was accounted for")
+    for stratum, row in books["per_stratum"].items():
+        parts = sum(
+            row[k] for k in ("trained", "dropped_stale", "abandoned", "failed", "in_flight")
+        )
+        if row["generated"] != parts:
+            problems.append(f"stratum {stratum}: generated {row['generated']} != {parts}, the sum of its parts ({row})")  # fmt: skip
+        for key, status in SPILLED_AS.items():
+            if spilled[int(stratum), status] != row[key]:
+                problems.append(f"stratum {stratum}: {row[key]} {key} in the books, {spilled[int(stratum), status]} rows {status!r} in the spill")  # fmt: skip
+    expected = sum(row["generated"] - row["failed"] for row in books["per_stratum"].values())
+    if sum(spilled.values()) != expected:
+        problems.append(f"the spill holds {sum(spilled.values())} rows, the books {expected}")
+    return problems
 
 
 def write_json(path: Path, data: dict) -> None:
