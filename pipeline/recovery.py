@@ -48,12 +48,15 @@ async def save_run_checkpoint(roles: Any, buffer: GroupBuffer, pools: Sequence[A
     step = int(extra["step"])
     # One instant: nothing below awaits until the books, the position and the held rows are read.
     books = add_accounting(books_before, accounting(buffer.stats(), pools))
-    held = buffer.held()
-    last_file, writes = buffer.spill.mark() if buffer.spill is not None else (0, [])
+    spill = buffer.spill  # none (buffer.spill: false): nothing on disk to keep consistent
+    held = buffer.held() if spill is not None else []
+    last_file, writes = spill.mark() if spill is not None else (0, [])
     checkpoints = run_dir / "checkpoints"
     held_file = _held_file(checkpoints, step)
     await asyncio.to_thread(_make_durable, writes, held, held_file)
     path = await roles.checkpoint(checkpoints, {**extra, BOOKS_KEY: books, SPILL_KEY: last_file})
+    if not held:  # the snapshot of an earlier checkpoint of this step (the final one repeats it)
+        held_file.unlink(missing_ok=True)
     for old in (checkpoints / "held").glob("step-*.parquet"):  # those of pruned checkpoints
         if not (checkpoints / old.stem).exists() and not (checkpoints / f"{old.stem}.json").exists():  # fmt: skip
             old.unlink(missing_ok=True)
@@ -66,7 +69,6 @@ def _held_file(checkpoints: Path, step: int) -> Path:
 
 def _make_durable(writes: list, held: list[Trajectory], held_file: Path) -> None:
     wait_written(writes)
-    held_file.unlink(missing_ok=True)  # a dead process's snapshot of the same step
     if held:
         _write_whole(held_file, lambda fh: pq.write_table(spill_table([(t, "pending", -1) for t in held]), fh, compression="zstd"))  # fmt: skip
 
