@@ -64,6 +64,14 @@ def sample(proc: psutil.Process, t: float) -> Sample:
     return Sample(round(t, 1), rss / 2**20, tree_rss / 2**20, proc.num_fds(), proc.num_threads(), len(tree))  # fmt: skip
 
 
+def _alive(pid: int) -> bool:
+    """Running (a zombie has ended; only its entry waits for its parent)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def verdict(samples: list[Sample]) -> dict:
     """Flat or growing, from the samples after warm-up: the first third's median against the
     last third's, for resident memory (relative) and for descriptors and processes (absolute)."""
@@ -164,7 +172,7 @@ def soak(minutes: float, interval: float, out: Path, sets: list[str]) -> dict:
     copying.join(timeout=30)
     log.close()
     time.sleep(1)
-    left = sorted(pid for pid in seen if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)  # fmt: skip
+    left = sorted(pid for pid in seen if _alive(pid))
     result = verdict(samples)
     problems = result["problems"]
     if child.returncode != 130:
