@@ -32,6 +32,12 @@ released or dropped (-1 otherwise): staleness = consumed_version - policy_versio
 _PART = re.compile(r"part-(\d+)\.parquet")
 
 
+def part_number(path: Path) -> int | None:
+    """N of a spill file named part-N.parquet; None for any other name."""
+    match = _PART.fullmatch(path.name)
+    return int(match.group(1)) if match else None
+
+
 class SpillError(RuntimeError):
     """Writing a spill file failed (disk full, permissions); the message names the file."""
 
@@ -62,9 +68,7 @@ class ParquetSpill:
         self.flush_s = flush_s
         self.compression = compression
         self.max_queued_files = max_queued_files
-        existing = [
-            int(m.group(1)) for p in self.directory.iterdir() if (m := _PART.fullmatch(p.name))
-        ]
+        existing = [n for p in self.directory.iterdir() if (n := part_number(p)) is not None]
         self._next_seq = max(existing, default=0) + 1  # a resumed run appends after what is there
         self._rows: list[tuple[Trajectory, str, int]] = []
         self._first_at = 0.0

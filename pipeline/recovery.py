@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,12 +31,11 @@ import pyarrow.parquet as pq
 from actors.pool import ActorPool
 from buffers.group_buffer import GroupBuffer
 from buffers.records import Trajectory
-from buffers.spill import spill_table, wait_written
+from buffers.spill import part_number, spill_table, wait_written
 from pipeline.books import accounting, add_accounting, read_accounting
 
 BOOKS_KEY = "books"
 SPILL_KEY = "spill_files"
-_PART = re.compile(r"part-(\d+)\.parquet")
 
 
 async def save_run_checkpoint(roles: Any, buffer: GroupBuffer, pools: Sequence[ActorPool],
@@ -96,7 +94,9 @@ def resume_run_dir(run_dir: Path, extra: dict, step: int) -> tuple[dict, list[di
     if SPILL_KEY not in extra:  # a checkpoint older than these records: its run stopped cleanly
         return read_accounting(run_dir), metrics
     spill = run_dir / "trajectories"
-    later = sorted(p for p in spill.glob("part-*.parquet") if int(_PART.fullmatch(p.name).group(1)) > extra[SPILL_KEY])  # fmt: skip
+    later = sorted(
+        p for p in spill.glob("part-*.parquet") if (part_number(p) or 0) > extra[SPILL_KEY]
+    )
     said = []
     if later:
         lost = _fresh_dir(run_dir / "lost" / f"after-step-{step:06d}")

@@ -10,7 +10,7 @@ from tests.conftest import child_env
 from tests.pipeline.test_local_run import ROOT, SHORT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from soak import Sample, verdict  # noqa: E402
+from soak import Sample, verdict
 
 
 def series(rss, fds=40, processes=3, n=30):
@@ -50,7 +50,9 @@ def test_a_short_soak_samples_stops_cleanly_and_audits_the_books(tmp_path, run_c
     done = subprocess.run([*argv, *(x for item in sets for x in ("--set", item))], cwd=ROOT,
                           capture_output=True, text=True, timeout=600, env=child_env())  # fmt: skip
     last = done.stdout.strip().splitlines()[-1]
-    assert last.startswith("soak: ") and ("PASS" in last or "FAIL" in last), done.stdout + done.stderr
+    assert last.startswith("soak: ") and ("PASS" in last or "FAIL" in last), (
+        done.stdout + done.stderr
+    )
     result = json.loads((out / "soak.json").read_text())
     assert len(result["samples"]) >= 10 and (out / "soak.png").stat().st_size > 10_000
     # 15 s is too short to judge growth; everything else must hold: a clean stop, nothing left
