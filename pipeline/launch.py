@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from pipeline.allocator import cap_arenas
 from pipeline.config import StrataConfig
 from pipeline.config_loader import ConfigError, dump_config, load_config, write_resolved_config
 
@@ -73,6 +74,7 @@ def new_run_dir(config: StrataConfig, config_path: str, requested: str | None) -
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    cap_arenas()  # resident memory stays flat over long runs (pipeline/allocator.py)
     notes: list[str] = []
     try:
         config = load_config(args.config, args.overrides, notes)

@@ -24,6 +24,7 @@ from actors.servers import ServerWatch
 from actors.tools import ToolStats
 from learner.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.acting import Acting, open_acting
+from pipeline.allocator import trim
 from pipeline.assets import Assets
 from pipeline.components import make_buffer, make_engine, make_learner, make_publisher
 from pipeline.config import EmbeddedEngine as EmbeddedEngineConfig
@@ -63,8 +64,13 @@ class LocalRoles:
     def version(self) -> int:
         return self.learner.version
 
+    def _step(self, groups):
+        metrics = self.learner.step(groups)
+        trim()  # the step's activations go back to the system (pipeline/allocator.py)
+        return metrics
+
     async def step(self, groups):
-        work = asyncio.ensure_future(asyncio.to_thread(self.learner.step, groups))
+        work = asyncio.ensure_future(asyncio.to_thread(self._step, groups))
         try:
             return await asyncio.shield(work)
         except asyncio.CancelledError:  # the run is stopping: let the step end before a checkpoint
