@@ -1,7 +1,11 @@
-"""Learner throughput (ZeRO 0 vs 2 on CPU) and weight publishing to 4 local engines vs one copy.
+"""Learner throughput (ZeRO 0 vs 2, 1 rank vs 2 on CPU) and weight publishing to 4 local engines
+vs one copy.
 
 The policy is the embedded default's tiny Qwen2 (2 layers, hidden 128) unless --hidden/--layers
-say otherwise; each step trains 4 groups of 8 trajectories of 256 response tokens.
+say otherwise; each step trains 4 groups of 8 trajectories of 256 response tokens. Two ranks
+(learner.num_ranks 2: gloo over loopback, each rank half the groups and half the threads) run in
+a child process of their own, since a process holds one process group; on 2 cores expect no
+speed-up: the figure is there to catch regressions in the ranks' overhead.
 
     python benchmarks/learner_step.py [--steps 5] [--hidden 128] [--layers 2]
 """
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing as mp
 import statistics
 import tempfile
 import time
@@ -19,6 +24,7 @@ import torch
 from actors.embedded import EmbeddedEngine
 from buffers.records import Group
 from buffers.testing import synthetic_trajectory
+from learner.ranks import ranked_learner
 from learner.trainer import Learner
 from learner.weight_sync import InProcessSync
 from pipeline.config import LearnerConfig
@@ -45,10 +51,14 @@ def batch(seed: int, vocab: int) -> list[Group]:
     return out
 
 
-def tokens_per_second(path: str, stage: int, steps: int, vocab: int) -> float:
-    learner = Learner(
-        path, LearnerConfig(micro_batch_size=8, zero_stage=stage, max_steps=100), group_size=8
-    )
+def tokens_per_second(path: str, stage: int, steps: int, vocab: int, ranks: int = 1) -> float:
+    config = LearnerConfig(micro_batch_size=8, zero_stage=stage, max_steps=100)
+    if ranks == 1:
+        learner = Learner(path, config, group_size=8)
+    else:
+        threads = max(1, torch.get_num_threads() // ranks)
+        torch.set_num_threads(threads)
+        learner = ranked_learner(path, config, ranks, threads, group_size=8)
     learner.step(batch(0, vocab))  # warm-up
     tokens, elapsed = 0.0, 0.0
     for s in range(steps):
@@ -56,7 +66,23 @@ def tokens_per_second(path: str, stage: int, steps: int, vocab: int) -> float:
         metrics = learner.step(batch(s + 1, vocab))
         elapsed += time.perf_counter() - start
         tokens += metrics["trained_tokens"]
+    if learner.peers is not None:
+        learner.peers.close()
     return tokens / elapsed
+
+
+def _ranks_child(path: str, steps: int, vocab: int, ranks: int, queue) -> None:
+    queue.put(tokens_per_second(path, 0, steps, vocab, ranks))
+
+
+def ranked_tokens_per_second(path: str, steps: int, vocab: int, ranks: int) -> float:
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    child = context.Process(target=_ranks_child, args=(path, steps, vocab, ranks, queue))
+    child.start()
+    result = queue.get(timeout=1800)
+    child.join()
+    return result
 
 
 def publish_times(path: str, repeats: int) -> tuple[float, float, int]:
@@ -95,6 +121,7 @@ def main() -> None:
         path = str(build_tiny_policy(f"{tmp}/policy", TEXTS, layers=args.layers, hidden_size=args.hidden,
                                      heads=heads, kv_heads=heads // 2, intermediate_size=4 * args.hidden))  # fmt: skip
         vocab = 1900
+        two_ranks = ranked_tokens_per_second(path, args.steps, vocab, 2)
         zero0 = tokens_per_second(path, 0, args.steps, vocab)
         zero2 = tokens_per_second(path, 2, args.steps, vocab)
         published, copied, size = publish_times(path, args.repeats)
@@ -103,6 +130,9 @@ def main() -> None:
     )
     print(f"  ZeRO 0 : {zero0:8.0f} trained tokens/s")
     print(f"  ZeRO 2 : {zero2:8.0f} trained tokens/s  ({zero2 / zero0:.2f}x of ZeRO 0)")
+    print(
+        f"  2 ranks, ZeRO 0 : {two_ranks:8.0f} trained tokens/s  ({two_ranks / zero0:.2f}x of 1 rank)"
+    )
     print(
         f"  publish to 4 embedded engines : {published * 1e3:7.2f} ms  ({size / 1e6:.1f} MB state dict)"
     )

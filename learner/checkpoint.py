@@ -73,7 +73,12 @@ def save_checkpoint(
     target = root / f"step-{learner.version:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
     try:
-        learner.engine.save_checkpoint(str(tmp / "deepspeed"), tag="state", save_latest=False)
+        peers = getattr(learner, "peers", None)
+        if peers is not None:  # every rank writes its part (ZeRO 1-2: its optimizer shard) in tmp
+            peers.broadcast("save", str(tmp))
+        save_rank_part(learner, tmp)
+        if peers is not None:
+            peers.gather("save")
         learner.model.save_pretrained(tmp / "hf", state_dict=learner.state_dict())
         learner.tokenizer.save_pretrained(tmp / "hf")
         state = {
@@ -105,6 +110,11 @@ def save_checkpoint(
     return target
 
 
+def save_rank_part(learner: Any, directory: Path) -> None:
+    """This rank's DeepSpeed state under DIRECTORY/deepspeed (collective: every rank at once)."""
+    learner.engine.save_checkpoint(str(directory / "deepspeed"), tag="state", save_latest=False)
+
+
 def out_of_space(path: str | os.PathLike[str], below: int = 1 << 20) -> bool:
     """Whether the file system holding `path` has less than `below` bytes left for us."""
     stat = os.statvfs(path)
@@ -134,7 +144,12 @@ def load_checkpoint(learner: Any, root: str | os.PathLike[str]) -> dict:
         raise CheckpointError(
             f"{path}: checkpoint of another model (architecture differs from the configured one)"
         )
+    peers = getattr(learner, "peers", None)
+    if peers is not None:  # every rank loads its part at once
+        peers.broadcast("load", str(root))
     loaded, _ = learner.engine.load_checkpoint(str(path / "deepspeed"), tag="state")
+    if peers is not None:
+        peers.gather("load")
     if loaded is None:
         raise CheckpointError(f"{path / 'deepspeed'}: DeepSpeed could not load it")
     learner.version = int(state["version"])

@@ -7,8 +7,9 @@ loss (+ KL to the initial policy when `kl_coef > 0`). Gradients accumulate over 
 the loss of every micro-batch is weighted by its share of the step's tokens (or sequences), so the
 step's loss is exactly the configured aggregation over all its tokens.
 
-On CPU it runs DeepSpeed ZeRO 0-2 over gloo in one process; on GPUs ZeRO-3 with NCCL under a
-launcher that sets the distributed environment.
+On CPU it runs DeepSpeed ZeRO 0-2 over gloo; on GPUs ZeRO-3 with NCCL. With `learner.num_ranks`
+N > 1 this object is rank 0 of N (learner/ranks.py): `step` splits the groups across the ranks by
+tokens and every rank trains its share in `train_rows`, with global loss normalisation.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,6 +27,7 @@ from learner.advantages import stratified_advantages_with_stats
 from learner.batch import InvalidGroup, TrainBatch, build_batch, response_logprobs, validate_group
 from learner.estimators import Estimate, estimate
 from learner.losses import kept_by_importance, kl_penalty, policy_loss
+from learner.ranks import RankError, RankPeers, init_rank_group, split_by_tokens
 from learner.schedule import step_schedule
 from learner.telemetry import stratum_summary, theorem1_terms
 
@@ -46,14 +49,33 @@ def init_distributed() -> None:
     deepspeed.init_distributed(dist_backend=backend, verbose=False)
 
 
+def rank_metrics(ranks: list[dict[str, float]]) -> dict[str, float]:
+    """Per rank: response tokens trained, seconds in its own micro-batches, and idle seconds (the
+    slowest rank's work minus its own: the time it waits at the step's reductions); and the
+    mean idle share of the step over the ranks."""
+    slowest = max(r["seconds"] for r in ranks)
+    out = {"rank_count": float(len(ranks))}
+    for i, r in enumerate(ranks):
+        out[f"rank/{i}/tokens"] = r["tokens"]
+        out[f"rank/{i}/seconds"] = r["seconds"]
+        out[f"rank/{i}/idle_seconds"] = slowest - r["seconds"]
+    out["rank_idle_fraction"] = sum(slowest - r["seconds"] for r in ranks) / (len(ranks) * slowest) if slowest > 0 else 0.0  # fmt: skip
+    return out
+
+
 class Learner:
     """`config` is the pipeline's `learner` config section (read by attribute, not imported)."""
 
     def __init__(self, model_path: str | os.PathLike[str], config: Any, *, group_size: int,
                  temperature: float = 1.0, version: int = 0, dtype: str | None = None,
-                 gradient_checkpointing: bool = False) -> None:  # fmt: skip
+                 gradient_checkpointing: bool = False, rank: tuple[int, int, str] | None = None,
+                 peers: RankPeers | None = None, before_join: Callable[[], None] | None = None) -> None:  # fmt: skip
         """`dtype` (float32, bfloat16, float16): the parameters' dtype, None: bfloat16 on CUDA,
-        else float32. `gradient_checkpointing`: recompute activations in the backward pass."""
+        else float32. `gradient_checkpointing`: recompute activations in the backward pass.
+        `rank`: (rank, world size, store path) of a learner of several ranks (learner/ranks.py);
+        `peers`: on rank 0, the other ranks, told what to do at every step. `before_join`: called
+        once the model is loaded, before the process group forms (the ranks report a failed load
+        there instead of leaving the others waiting at the rendezvous)."""
         import deepspeed
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -77,7 +99,14 @@ class Learner:
                 model_path, local_files_only=True, dtype=dtype
             )
             self.reference.requires_grad_(False).eval()
-        init_distributed()
+        if before_join is not None:
+            before_join()
+        if rank is None:
+            init_distributed()
+        else:
+            init_rank_group(*rank)
+        self.rank, self.world = (0, 1) if rank is None else rank[:2]
+        self.peers = peers
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=config.lr, weight_decay=config.weight_decay
         )
@@ -107,13 +136,18 @@ class Learner:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Full weights for publishing (gathered under ZeRO-3)."""
-        if self.config.zero_stage == 3:
+        if self.config.zero_stage == 3:  # GPU-only: the gather is collective over the ranks
             import deepspeed
 
+            if self.peers is not None:
+                self.peers.broadcast("state_dict")
             with deepspeed.zero.GatheredParameters(
                 list(self.model.parameters()), modifier_rank=None
             ):
-                return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+                weights = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            if self.peers is not None:
+                self.peers.gather("state_dict")
+            return weights
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
     # --------------------------------------------------------------------------------- the step
@@ -151,54 +185,137 @@ class Learner:
         else:
             chosen = estimate(self.config.advantage.type, rewards, group_ids, strata,
                               self.config.alpha, self.config.eps)  # fmt: skip
-        batch = build_batch(trajectories, chosen.advantages, self.pad_id)
-        batch.response_mask[~chosen.keep] = 0  # left out of the loss (mc_grpo's pivots)
-        for row, t in enumerate(trajectories):  # TSPO: the latent reward credits the turns up to
-            if t.latent_reward > 0 and t.first_answer_token >= 0:  # the answer's first observation
-                batch.response_mask[row, t.first_answer_token :] = 0
+        # every rank trains whole groups, dealt by tokens so the ranks' shares weigh alike
+        sizes = [sum(len(t.prompt_token_ids) + len(t.token_ids) for t in g.members) for g in usable]
+        shares = []
+        for groups_of_rank in split_by_tokens(sizes, self.world):
+            rows = torch.tensor([r for g in groups_of_rank for r in range(g * self.group_size, (g + 1) * self.group_size)],
+                                dtype=torch.int64)  # fmt: skip
+            shares.append(([trajectories[r] for r in rows.tolist()], chosen.advantages[rows], chosen.keep[rows]))  # fmt: skip
+        if self.peers is None:
+            sums = self.train_rows(*shares[0])
+        else:
+            try:
+                self.peers.send("train", shares[1:])
+                sums = self.train_rows(*shares[0])
+                self.peers.gather("train")
+            except (RuntimeError, RankError) as exc:  # gloo's error for a peer gone is pages long
+                raise self.peers.failure(f"step {self.version + 1}", exc) from exc
+        metrics.update(self._telemetry(result, rewards, strata, trajectories, sums, start))
+        if self.world > 1:
+            metrics.update(rank_metrics(self.rank_stats))
+        return metrics
 
-        proximal = self._proximal(batch) if self.config.importance != "none" else None
-        # The tokens the loss is taken over (importance "mask" drops some before the loss sees
-        # them): each micro-batch's share of the step is its share of these.
-        kept = kept_by_importance(batch.response_mask, batch.behavior_logprobs, proximal,
-                                  self.config.importance, self.config.is_cap, self.config.is_floor)  # fmt: skip
-        totals = {
-            "tokens": max(float(kept.sum()), 1.0),
-            "sequences": max(float((kept.sum(-1) > 0).sum()), 1.0),
-            "response_tokens": max(float(batch.response_mask.sum()), 1.0),
-        }
+    def train_rows(self, trajectories: list, advantages: torch.Tensor, keep: torch.Tensor) -> Counter[str]:  # fmt: skip
+        """One optimiser step on this rank's rows (every rank calls it for the same step): the
+        step's token totals and micro-batch count agree over the ranks first, so each micro-batch
+        loss carries its share of the whole step. Returns the step's sums over all ranks."""
+        micro = self.config.micro_batch_size
+        batch = proximal = kept = None
+        if trajectories:
+            batch = build_batch(trajectories, advantages, self.pad_id)
+            batch.response_mask[~keep] = 0  # left out of the loss (mc_grpo's pivots)
+            for row, t in enumerate(
+                trajectories
+            ):  # TSPO: the latent reward credits the turns up to
+                if (
+                    t.latent_reward > 0 and t.first_answer_token >= 0
+                ):  # the answer's first observation
+                    batch.response_mask[row, t.first_answer_token :] = 0
+        steps = self._all_max(-(-len(trajectories) // micro))  # micro-batches on the busiest rank
+        if batch is not None and self.config.importance != "none":
+            proximal = self._proximal(batch, steps)
+        elif self.config.importance != "none" and self.config.zero_stage == 3:
+            self._proximal(None, steps)  # ZeRO-3's forward gathers parameters: every rank joins
+        if batch is not None:
+            # The tokens the loss is taken over (importance "mask" drops some before the loss
+            # sees them): each micro-batch's share of the step is its share of these.
+            kept = kept_by_importance(batch.response_mask, batch.behavior_logprobs, proximal,
+                                      self.config.importance, self.config.is_cap, self.config.is_floor)  # fmt: skip
+        local = [0.0, 0.0, 0.0] if batch is None else [
+            float(kept.sum()), float((kept.sum(-1) > 0).sum()), float(batch.response_mask.sum())
+        ]  # fmt: skip
+        tokens, sequences, response_tokens = self._all_sum(local)
+        totals = {"tokens": max(tokens, 1.0), "sequences": max(sequences, 1.0),
+                  "response_tokens": max(response_tokens, 1.0)}  # fmt: skip
         sums: Counter[str] = Counter()
+        work = 0.0  # seconds in this rank's own micro-batches (a reduction's wait included)
         self.engine.train()
         for _ in range(self.config.ppo_epochs):
-            micro = self.config.micro_batch_size
-            starts = list(range(0, batch.size, micro))
-            for i, first in enumerate(starts):
-                rows = slice(first, first + micro)
-                boundary = i == len(starts) - 1
+            for i in range(steps):
+                started = time.perf_counter()
+                rows = slice(i * micro, (i + 1) * micro)
+                boundary = i == steps - 1
                 self.engine.set_gradient_accumulation_boundary(boundary)
-                loss, stats = self._micro_step(
-                    batch.select(rows),
-                    None if proximal is None else proximal[rows],
-                    kept[rows],
-                    totals,
-                )
-                self.engine.backward(loss)
+                own = batch is not None and i * micro < batch.size
+                if own:
+                    loss, stats = self._micro_step(batch.select(rows),
+                                                   None if proximal is None else proximal[rows], kept[rows], totals)  # fmt: skip
+                else:  # this rank has no rows left: an empty micro-batch keeps the collectives in step
+                    loss, stats = self._empty_micro_step(), {}
+                self.engine.backward(loss * self.world)  # DeepSpeed averages over the ranks
                 if boundary and self.config.zero_stage == 0:  # ZeRO 1-3 report their own norm
                     grads = [p.grad for p in self.model.parameters() if p.grad is not None]
                     sums["grad_norm"] = (
                         float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
                     )
                 self.engine.step()
+                work += time.perf_counter() - started if own else 0.0
                 for key, value in stats.items():
                     sums[key] += value
         self.version += 1
-        metrics.update(self._telemetry(result, rewards, strata, trajectories, sums, start))
-        return metrics
+        self.rank_stats = [{"tokens": local[2], "seconds": work}]
+        if self.world > 1:  # every rank's sums, added up (the grad norm is the same on all)
+            import torch.distributed as dist
+
+            every: list = [None] * self.world
+            mine = {k: v for k, v in sums.items() if k != "grad_norm"}
+            dist.all_gather_object(every, (mine, self.rank_stats[0]))
+            norm = sums["grad_norm"]
+            sums = Counter()
+            for part, _ in every:
+                sums.update(part)
+            sums["grad_norm"] = norm
+            self.rank_stats = [stats for _, stats in every]
+        return sums
+
+    def _all_max(self, value: int) -> int:
+        if self.world == 1:
+            return value
+        import torch.distributed as dist
+
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def _all_sum(self, values: list[float]) -> list[float]:
+        if self.world == 1:
+            return values
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t)
+        return t.tolist()
+
+    def _empty_micro_step(self) -> torch.Tensor:
+        """A zero loss through the whole model on one pad token: every parameter gets a zero
+        gradient, so the rank takes part in DeepSpeed's reductions without changing them."""
+        ids = torch.full((1, 1), self.pad_id, dtype=torch.int64, device=self.engine.device)
+        logits = self.engine(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        return logits.sum() * 0.0
 
     @torch.no_grad()
-    def _proximal(self, batch: TrainBatch) -> torch.Tensor:
-        """Log-probs of the current policy before the update (AReaL's proximal policy)."""
+    def _proximal(self, batch: TrainBatch | None, steps: int) -> torch.Tensor | None:
+        """Log-probs of the current policy before the update (AReaL's proximal policy). Under
+        ZeRO-3 with several ranks every rank makes `steps` forward passes (empty ones past its
+        rows): each forward gathers parameters from all ranks."""
         self.engine.eval()
+        if self.config.zero_stage == 3 and self.world > 1:
+            own = 0 if batch is None else -(-batch.size // self.config.micro_batch_size)
+            for _ in range(steps - own):
+                self._empty_micro_step()
+        if batch is None:
+            return None
         width = batch.response_mask.shape[1]
         out = torch.zeros_like(batch.behavior_logprobs)
         for first in range(0, batch.size, self.config.micro_batch_size):

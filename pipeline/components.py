@@ -6,12 +6,15 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from actors.agent import AgentSettings
 from actors.engine import RolloutEngine
 from actors.tools import PythonTool, SearchTool, Tool
 from buffers.group_buffer import GroupBuffer
 from buffers.spill import ParquetSpill
 from buffers.strata import make_stratifier
+from learner.ranks import ranked_learner
 from learner.trainer import Learner
 from learner.weight_sync import CheckpointSync, InProcessSync, NcclSync, Publisher, RaySync
 from pipeline.config import (
@@ -66,11 +69,23 @@ def make_publisher(config: StrataConfig, targets: list, run_dir: str | os.PathLi
 
 
 def make_learner(config: StrataConfig, policy_dir: str | os.PathLike[str]):
-    """The DeepSpeed learner of `config`, starting from the HF model at `policy_dir`."""
+    """The DeepSpeed learner of `config`, starting from the HF model at `policy_dir`: rank 0 in
+    this process and, with learner.num_ranks N > 1, ranks 1..N-1 as processes it starts
+    (learner/ranks.py; `close_learner` stops them)."""
     pretrained = isinstance(config.model, PretrainedModel)
-    return Learner(policy_dir, config.learner, group_size=config.buffer.group_size,
-                   temperature=config.actors.temperature, dtype=model_dtype(config) if pretrained else None,
-                   gradient_checkpointing=pretrained and config.model.gradient_checkpointing)  # fmt: skip
+    kwargs = dict(group_size=config.buffer.group_size, temperature=config.actors.temperature,
+                  dtype=model_dtype(config) if pretrained else None,
+                  gradient_checkpointing=pretrained and config.model.gradient_checkpointing)  # fmt: skip
+    if config.learner.num_ranks == 1:
+        return Learner(policy_dir, config.learner, **kwargs)
+    return ranked_learner(policy_dir, config.learner, config.learner.num_ranks, torch.get_num_threads(), **kwargs)  # fmt: skip
+
+
+def close_learner(learner) -> None:
+    """Stop the learner's other ranks, if it has any."""
+    if getattr(learner, "peers", None) is not None:
+        learner.peers.close()
+        learner.peers = None
 
 
 def _embedded(config: StrataConfig, model_path: str | os.PathLike[str], urls: list[str] | None) -> RolloutEngine:  # fmt: skip

@@ -243,6 +243,11 @@ class LearnerConfig(Section):
     """Skip groups whose rewards are all equal (they carry no GN signal); counted."""
     zero_stage: int = Field(0, ge=0, le=3)
     """DeepSpeed ZeRO stage; 0-2 run on CPU with gloo, 3 is for GPUs."""
+    num_ranks: int = Field(1, ge=1, le=1024)
+    """DeepSpeed ranks the learner trains with (data parallel, one torch.distributed group; gloo
+    over loopback on CPU, NCCL on GPUs). Each step's groups are dealt to the ranks by tokens,
+    whole; the update equals one rank's on the whole step. Local runtime: the launcher starts the
+    ranks on this machine."""
     checkpoint_every: int = Field(50, ge=0)
     """Save a checkpoint every this many steps, and at the end; 0: only at the end (a run killed
     outright then has nothing to resume from)."""

@@ -202,6 +202,16 @@ def unavailable(config: StrataConfig) -> str | None:
         )
     if config.learner.zero_stage == 3 and not gpu:
         return "learner.zero_stage 3 needs CUDA GPUs here: use --set learner.zero_stage=2 on CPU"
+    if config.learner.num_ranks > 1 and isinstance(config.runtime, RayRuntime):
+        return (
+            f"learner.num_ranks {config.learner.num_ranks} runs under runtime.type local only so "
+            "far (its ranks are processes on this machine): use --set runtime.type=local"
+        )
+    if gpu and config.learner.num_ranks > torch.cuda.device_count():
+        return (
+            f"learner.num_ranks {config.learner.num_ranks} needs a GPU per rank, this machine has "
+            f"{torch.cuda.device_count()}: lower learner.num_ranks"
+        )
     nccl = isinstance(engine, SGLangEngine) and engine.weight_sync == "nccl"
     if nccl and isinstance(config.runtime, RayRuntime):
         return (
@@ -342,9 +352,9 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
         try:
             asyncio.run(main())
         except Exception as exc:
-            if (full := out_of_space_line(exc, run_dir)) is None:
+            if (line := stop_line(exc, run_dir)) is None:
                 raise
-            print(full, file=sys.stderr)
+            print(line, file=sys.stderr)
             return 1
     except OSError as exc:  # e.g. the metrics port is taken
         print(f"strata: error: {exc} (set metrics.port, or metrics.enabled=false)", file=sys.stderr)
@@ -382,20 +392,29 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
     return 130 if interrupted else 0
 
 
-def out_of_space_line(exc: BaseException, run_dir: Path) -> str | None:
+def stop_line(exc: BaseException, run_dir: Path) -> str | None:
     """The one line for a run stopped by a full disk (ENOSPC anywhere in the exception's chain:
-    the spill, a checkpoint, metrics), or None for any other error."""
+    the spill, a checkpoint, metrics) or by a learner rank that died, naming the checkpoint to
+    go on from; None for any other error."""
+    from learner.ranks import RankError
+
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            latest = run_dir / "checkpoints" / "latest"
-            then = (f"at its last complete checkpoint, checkpoints/{latest.read_text().strip()}: "
-                    f"free space, then go on with --resume --run-dir {run_dir}") if latest.is_file() \
-                else "before its first checkpoint: free space and start it again"  # fmt: skip
-            return f"strata: error: the disk of {run_dir} is full (no space left on device): the run stopped {then}"  # fmt: skip
+            return f"strata: error: the disk of {run_dir} is full (no space left on device): the run stopped {_then(run_dir, 'free space')}"  # fmt: skip
+        if isinstance(exc, RankError):
+            return f"strata: error: {exc}: the run stopped {_then(run_dir, 'see its log')}"
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def _then(run_dir: Path, remedy: str) -> str:
+    latest = run_dir / "checkpoints" / "latest"
+    if latest.is_file():
+        return (f"at its last complete checkpoint, checkpoints/{latest.read_text().strip()}: "
+                f"{remedy}, then go on with --resume --run-dir {run_dir}")  # fmt: skip
+    return f"before its first checkpoint: {remedy} and start it again"
 
 
 if __name__ == "__main__":

@@ -26,7 +26,13 @@ from learner.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.acting import Acting, open_acting
 from pipeline.allocator import trim
 from pipeline.assets import Assets
-from pipeline.components import make_buffer, make_engine, make_learner, make_publisher
+from pipeline.components import (
+    close_learner,
+    make_buffer,
+    make_engine,
+    make_learner,
+    make_publisher,
+)
 from pipeline.config import EmbeddedEngine as EmbeddedEngineConfig
 from pipeline.config import StrataConfig
 from pipeline.evaluate import eval_settings, periodic_eval, with_and_without_tools
@@ -122,7 +128,7 @@ async def run_local(
     still has it when the run is interrupted. `resume`: go on from run_dir's latest checkpoint."""
     set_threads(config)
     summary = summary if summary is not None else RunSummary()
-    run_metrics = watching = None
+    run_metrics = watching = learner = None
     acting = await open_acting(config, assets.policy_dir, index_dir=assets.index_dir, log_dir=run_dir / "logs")  # fmt: skip
     try:
         learner = make_learner(config, assets.policy_dir)
@@ -161,6 +167,8 @@ async def run_local(
             watching.cancel()
             await asyncio.gather(watching, return_exceptions=True)
         await acting.close()
+        if learner is not None:
+            close_learner(learner)
         if run_metrics is not None:
             run_metrics.close()
 

@@ -196,7 +196,7 @@ def simulate(config: StrataConfig, run_dir: str | Path) -> SimResult:
 
 NOT_SIMULATED = ("model", "data (but num_questions, seed, shuffle)", "retrieval", "eval", "metrics",
                  "learner.lr", "learner.alpha", "learner.advantage",
-                 "learner.importance", "learner.kl_coef", "learner.zero_stage")  # fmt: skip
+                 "learner.importance", "learner.kl_coef", "learner.zero_stage", "learner.num_ranks")  # fmt: skip
 
 
 def run_simulated(config: StrataConfig, run_dir: Path) -> int:

@@ -1,0 +1,53 @@
+"""The launcher with 2 learner ranks: it trains, reports every rank, and when rank 1 is killed
+mid-run it stops with one line naming the checkpoint; `--resume` on 2 ranks finishes the run and
+the books balance."""
+
+import json
+import time
+
+import psutil
+
+from tests.conftest import assert_accounting
+from tests.pipeline.test_local_run import launch
+
+STEPS, EVERY = 5, 2
+SETS = ["--set", "learner.num_ranks=2", "--set", "learner.groups_per_step=2", "--set", f"learner.max_steps={STEPS}",
+        "--set", f"learner.checkpoint_every={EVERY}"]  # fmt: skip
+
+
+def _rank_1(launcher: psutil.Process) -> psutil.Process:
+    ranks = [p for p in launcher.children(recursive=True) if "multiprocessing.spawn" in " ".join(p.cmdline())]  # fmt: skip
+    assert len(ranks) == 1, [p.cmdline() for p in launcher.children(recursive=True)]
+    return ranks[0]
+
+
+def test_a_killed_learner_rank_stops_the_run_in_one_line_and_it_resumes_on_two_ranks(tmp_path, run_cache):  # fmt: skip
+    run_dir = tmp_path / "run"
+    first = launch(run_dir, run_cache, *SETS)
+    latest = run_dir / "checkpoints" / "latest"
+    started = time.monotonic()
+    while not latest.is_file():  # the first periodic checkpoint, taken by both ranks
+        assert first.poll() is None, first.communicate()[1][-3000:]
+        assert time.monotonic() - started < 600, "no checkpoint in 10 minutes"
+        time.sleep(0.2)
+    _rank_1(psutil.Process(first.pid)).kill()
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 1, err[-3000:]
+    line = [x for x in err.splitlines() if x.startswith("strata: error:")]
+    assert len(line) == 1 and "learner rank 1 died during " in line[0], err[
+        -3000:
+    ]  # a step or a save
+    assert f"--resume --run-dir {run_dir}" in line[0] and "checkpoints/step-" in line[0]
+    assert "Traceback" not in err
+
+    again = launch(run_dir, run_cache, *SETS, "--resume")
+    _, err = again.communicate(timeout=900)
+    assert again.returncode == 0, err[-3000:]
+    steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [s["version"] for s in steps] == [float(v) for v in range(1, STEPS + 1)]
+    for s in steps:  # every rank trained its share of every step (two groups: one each)
+        assert s["rank_count"] == 2.0
+        assert s["rank/0/tokens"] > 0 and s["rank/1/tokens"] > 0
+        assert 0.0 <= s["rank_idle_fraction"] < 1.0
+    assert not psutil.Process().children(recursive=True)  # no rank left behind
+    assert_accounting(run_dir)

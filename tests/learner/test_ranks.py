@@ -1,0 +1,142 @@
+"""The learner on 2 DeepSpeed ranks (gloo, CPU) trains exactly like 1 rank on the same groups.
+
+The one-rank reference runs in this process; the two-rank learner needs a process group of its
+own, so its rank 0 runs in a spawned process (`_train_two_ranks`) which starts rank 1 itself,
+as the launcher does.
+"""
+
+import multiprocessing as mp
+
+import pytest
+import torch
+
+from buffers.records import Group
+from buffers.testing import synthetic_trajectory
+from learner.checkpoint import load_checkpoint, save_checkpoint
+from learner.ranks import ranked_learner, split_by_tokens
+from learner.trainer import Learner
+from pipeline.config import LearnerConfig
+from pipeline.tiny_policy import build_tiny_policy
+
+TEXTS = [f"Question {i}: <search> Varno Telik </search> <answer> Quorvex {i} </answer>" for i in range(600)]  # fmt: skip
+COMPARED = ("loss", "grad_norm", "trained_tokens", "reward_mean", "clip_fraction", "entropy")
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory):
+    return build_tiny_policy(tmp_path_factory.mktemp("policy") / "tiny", TEXTS, vocab_size=400)
+
+
+def groups(seed: int) -> list[Group]:
+    """Three groups of 4 with different lengths: 2 ranks get unequal shares (one gets two groups
+    and more micro-batches than the other), so empty micro-batches and the global token
+    normalisation both matter."""
+    out = []
+    for g, tokens in enumerate((40, 12, 20)):
+        members = []
+        for i in range(4):
+            t = synthetic_trajectory(f"s{seed}g{g}", i, tokens=tokens + 3 * i, reward=float((i + g) % 2),
+                                     tool_names=["search"] * (i % 3), seed=seed * 100 + g)  # fmt: skip
+            t.token_ids %= 300
+            t.prompt_token_ids %= 300
+            members.append(t)
+        out.append(Group(f"s{seed}g{g}", tuple(members)))
+    return out
+
+
+def options(**overrides) -> dict:
+    base = dict(lr=5e-3, micro_batch_size=3, zero_stage=0, max_steps=50, importance="tis")
+    base.update(overrides)
+    return base
+
+
+def _train_two_ranks(policy, opts, plan, out, queue) -> None:
+    """Rank 0 of two, in a spawned process: carry out `plan` (("step", groups), ("save", dir),
+    ("load", dir)), then save the step metrics and the weights to `out`."""
+    try:
+        torch.set_num_threads(1)
+        learner = ranked_learner(policy, LearnerConfig(**opts), 2, threads=1, group_size=4)
+        try:
+            metrics = []
+            for op, arg in plan:
+                if op == "step":
+                    metrics.append(learner.step(arg))
+                elif op == "save":
+                    save_checkpoint(learner, arg)
+                else:
+                    load_checkpoint(learner, arg)
+            torch.save(
+                {"metrics": metrics, "weights": learner.state_dict(), "version": learner.version},
+                out,
+            )
+        finally:
+            learner.peers.close()
+        queue.put("ok")
+    except BaseException as exc:  # the test prints what went wrong
+        queue.put(f"{type(exc).__name__}: {exc}")
+
+
+def two_ranks(policy, opts, plan, out) -> dict:
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(
+        target=_train_two_ranks, args=(str(policy), opts, plan, str(out), queue)
+    )
+    process.start()
+    process.join(timeout=300)
+    assert process.exitcode == 0, f"two-rank learner exited with {process.exitcode}"
+    assert (answer := queue.get(timeout=5)) == "ok", answer
+    return torch.load(out, weights_only=False)
+
+
+def test_groups_are_dealt_whole_by_tokens():
+    assert split_by_tokens([40, 12, 20], 2) == [[0], [1, 2]]
+    assert split_by_tokens([5, 5, 5, 5], 2) == [[0, 2], [1, 3]]
+    assert split_by_tokens([7], 3) == [[0], [], []]
+    shares = split_by_tokens(list(range(1, 30)), 4)
+    assert sorted(i for s in shares for i in s) == list(range(29))
+    loads = [sum(range(1, 30)[i] for i in s) for s in shares]
+    assert max(loads) - min(loads) <= 29
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [dict(zero_stage=0), dict(zero_stage=1), dict(zero_stage=2),
+     dict(zero_stage=0, loss_agg="seq-mean-token-mean", importance="none")],
+    ids=["zero0", "zero1", "zero2-and-resume", "zero0-seq-mean"],
+)  # fmt: skip
+def test_two_ranks_train_like_one(policy, tmp_path, overrides):
+    """Loss, gradient norm and weights after two steps; under ZeRO 2 the two-rank checkpoint
+    (each rank's optimizer shard) resumes on two ranks and a third step matches too."""
+    opts = options(**overrides)
+    batches = [groups(1), groups(2), groups(3)]
+    one = Learner(policy, LearnerConfig(**opts), group_size=4)
+    reference = [one.step(b) for b in batches[:2]]
+    weights = {k: v.clone() for k, v in one.state_dict().items()}
+    root = str(tmp_path / "checkpoints")
+    result = two_ranks(policy, opts, [("step", batches[0]), ("step", batches[1]), ("save", root)],
+                       tmp_path / "two.pt")  # fmt: skip
+    for step, (a, b) in enumerate(zip(reference, result["metrics"], strict=True)):
+        for key in COMPARED:
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (step, key)
+        assert b["rank_count"] == 2.0 and b["rank/0/tokens"] > 0 and b["rank/1/tokens"] > 0
+    assert_same(result["weights"], weights)
+    start = Learner(policy, LearnerConfig(**opts), group_size=4).state_dict()
+    assert max(float((weights[k] - start[k]).abs().max()) for k in weights) > 1e-3  # they trained
+    if opts["zero_stage"] != 2:
+        return
+    shards = sorted(p.name for p in (tmp_path / "checkpoints" / "step-000002" / "deepspeed" / "state").iterdir())  # fmt: skip
+    assert shards == ["mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                      "zero_pp_rank_1_mp_rank_00_optim_states.pt"]  # fmt: skip
+    resumed = two_ranks(policy, opts, [("load", root), ("step", batches[2])], tmp_path / "resumed.pt")  # fmt: skip
+    third = one.step(batches[2])
+    assert resumed["version"] == 3
+    assert resumed["metrics"][0]["loss"] == pytest.approx(third["loss"], rel=1e-4, abs=1e-6)
+    assert_same(resumed["weights"], one.state_dict())
+
+
+def assert_same(weights: dict, reference: dict) -> None:
+    assert weights.keys() == reference.keys()
+    for name, p in reference.items():  # one Adam step moves a weight by about lr = 5e-3
+        torch.testing.assert_close(weights[name], p, atol=1e-5, rtol=1e-4,
+                                   msg=lambda m, name=name: f"{name}: {m}")  # fmt: skip
