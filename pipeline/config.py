@@ -246,8 +246,9 @@ class LearnerConfig(Section):
     num_ranks: int = Field(1, ge=1, le=1024)
     """DeepSpeed ranks the learner trains with (data parallel, one torch.distributed group; gloo
     over loopback on CPU, NCCL on GPUs). Each step's groups are dealt to the ranks by tokens,
-    whole; the update equals one rank's on the whole step. Local runtime: the launcher starts the
-    ranks on this machine."""
+    whole; the update equals one rank's on the whole step. Ranks 1..N-1 are processes on the
+    learner's machine (local: the launcher's; ray: the learner actor's node, which reserves N x
+    runtime.learner_num_cpus/gpus)."""
     checkpoint_every: int = Field(50, ge=0)
     """Save a checkpoint every this many steps, and at the end; 0: only at the end (a run killed
     outright then has nothing to resume from)."""

@@ -202,11 +202,6 @@ def unavailable(config: StrataConfig) -> str | None:
         )
     if config.learner.zero_stage == 3 and not gpu:
         return "learner.zero_stage 3 needs CUDA GPUs here: use --set learner.zero_stage=2 on CPU"
-    if config.learner.num_ranks > 1 and isinstance(config.runtime, RayRuntime):
-        return (
-            f"learner.num_ranks {config.learner.num_ranks} runs under runtime.type local only so "
-            "far (its ranks are processes on this machine): use --set runtime.type=local"
-        )
     if gpu and config.learner.num_ranks > torch.cuda.device_count():
         return (
             f"learner.num_ranks {config.learner.num_ranks} needs a GPU per rank, this machine has "
@@ -403,8 +398,9 @@ def stop_line(exc: BaseException, run_dir: Path) -> str | None:
         seen.add(id(exc))
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             return f"strata: error: the disk of {run_dir} is full (no space left on device): the run stopped {_then(run_dir, 'free space')}"  # fmt: skip
-        if isinstance(exc, RankError):
-            return f"strata: error: {exc}: the run stopped {_then(run_dir, 'see its log')}"
+        if isinstance(exc, RankError):  # under Ray, a RayTaskError that is also a RankError
+            said = str(getattr(exc, "cause", exc)).strip().splitlines()[0]
+            return f"strata: error: {said}: the run stopped {_then(run_dir, 'see its log')}"
         exc = exc.__cause__ or exc.__context__
     return None
 

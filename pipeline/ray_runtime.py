@@ -5,8 +5,9 @@
 Each actor pool's generation side (an engine, its tools and the agent loop) is one Ray actor
 (`GenerationWorker`, `runtime.actor_num_cpus/gpus` each, `actors.num_pools` of them, each running
 up to `actors.concurrency` agent loops); the learner is another (`LearnerWorker`,
-`runtime.learner_num_cpus/gpus`), and so is the retrieval server. Pools and learner scale
-independently: more pools add generation, the learner is untouched.
+`runtime.learner_num_cpus/gpus`; with `learner.num_ranks` N it reserves N times that and starts
+ranks 1..N-1 as processes on its own node, learner/ranks.py), and so is the retrieval server.
+Pools and learner scale independently: more pools add generation, the learner is untouched.
 
 The driver (this process) keeps what is cheap and central: the group buffer with its spill, the
 pools' admission control (`ActorPool`, whose agent here is a `RemoteAgent`), the streaming loop
@@ -50,7 +51,14 @@ from learner.checkpoint import load_checkpoint, save_checkpoint
 from learner.weight_sync import write_checkpoint
 from pipeline.acting import open_acting, start_servers
 from pipeline.assets import Assets
-from pipeline.components import make_buffer, make_engine, make_learner, make_publisher, pool_urls
+from pipeline.components import (
+    close_learner,
+    make_buffer,
+    make_engine,
+    make_learner,
+    make_publisher,
+    pool_urls,
+)
 from pipeline.config import EmbeddedEngine as EmbeddedEngineConfig
 from pipeline.config import RayRuntime, StrataConfig
 from pipeline.config import SGLangEngine as SGLangEngineConfig
@@ -206,6 +214,10 @@ class LearnerWorker:
     def load(self, directory: str) -> dict:
         return load_checkpoint(self.learner, directory)
 
+    def close(self) -> None:
+        """Stop the learner's other ranks (learner.num_ranks > 1), processes of this actor."""
+        close_learner(self.learner)
+
 
 def _ray_errors() -> tuple[type[BaseException], ...]:
     import ray.exceptions as rx
@@ -350,9 +362,10 @@ async def run_ray(
     ray = import_ray(runtime.node_ip)  # first: Ray decides what it listens on when imported
     summary = summary if summary is not None else RunSummary()
     pools_n = config.actors.num_pools
+    ranks = config.learner.num_ranks  # the learner's actor starts its other ranks on its node
     needed = {
-        "CPU": pools_n * runtime.actor_num_cpus + runtime.learner_num_cpus + runtime.retrieval_num_cpus,
-        "GPU": pools_n * runtime.actor_num_gpus + runtime.learner_num_gpus,
+        "CPU": pools_n * runtime.actor_num_cpus + ranks * runtime.learner_num_cpus + runtime.retrieval_num_cpus,
+        "GPU": pools_n * runtime.actor_num_gpus + ranks * runtime.learner_num_gpus,
     }  # fmt: skip
     urls = pool_urls(config)
     engine = config.actors.engine
@@ -360,7 +373,7 @@ async def run_ray(
     if isinstance(engine, SGLangEngineConfig) and not engine.urls:
         started_gpus = engine.num_servers * engine.tp_size
     start_ray(runtime, needed, reserved_gpus=started_gpus)
-    run_metrics = retrieval = retrieval_watch = servers = watching = None
+    run_metrics = retrieval = retrieval_watch = servers = watching = learner = None
     workers: dict[str, Any] = {}
     try:
         servers, started = start_servers(config, assets.policy_dir, run_dir / "logs")  # main thread
@@ -381,7 +394,8 @@ async def run_ray(
                 watch_retrieval(retrieval, index_dir, host, port, summary)
             )
         learner = ray.remote(LearnerWorker).options(
-            num_cpus=runtime.learner_num_cpus, num_gpus=runtime.learner_num_gpus, name="strata-learner"
+            num_cpus=ranks * runtime.learner_num_cpus, num_gpus=ranks * runtime.learner_num_gpus,
+            name="strata-learner",
         ).remote(plain, policy, _threads(runtime.learner_num_cpus, runtime.threads))  # fmt: skip
         generation = ray.remote(GenerationWorker)
         threads = _threads(runtime.actor_num_cpus, runtime.threads)
@@ -431,6 +445,8 @@ async def run_ray(
                 watch.cancel()
                 await asyncio.gather(watch, return_exceptions=True)
         closing = [w.close.remote() for w in workers.values()]
+        if learner is not None:
+            closing.append(learner.close.remote())
         if retrieval is not None:
             closing.append(retrieval.stop.remote())
         await asyncio.gather(*closing, return_exceptions=True)
