@@ -202,7 +202,8 @@ def unavailable(config: StrataConfig) -> str | None:
         )
     if config.learner.zero_stage == 3 and not gpu:
         return "learner.zero_stage 3 needs CUDA GPUs here: use --set learner.zero_stage=2 on CPU"
-    if gpu and config.learner.num_ranks > torch.cuda.device_count():
+    local = not isinstance(config.runtime, RayRuntime)  # under Ray: the learner node's GPUs
+    if gpu and local and config.learner.num_ranks > torch.cuda.device_count():
         return (
             f"learner.num_ranks {config.learner.num_ranks} needs a GPU per rank, this machine has "
             f"{torch.cuda.device_count()}: lower learner.num_ranks"
