@@ -2,7 +2,10 @@
 
     python benchmarks/soak.py [--minutes 30] [--interval 10] [--out runs/soak] [--set key=value ...]
 
-Launches `python -m pipeline.launch configs/local.yaml` with no step limit, samples its process
+Launches `python -m pipeline.launch configs/local.yaml` with no step limit and a learning rate of
+1e-8 (every step, publish, checkpoint and evaluation runs, but the policy stays put: a drifting
+policy's answers lengthen and a step's working set with them, which the memory rule would read as
+a leak; `--set learner.lr=...` puts learning back), samples its process
 tree every `--interval` seconds (resident memory of the launcher and of the whole tree, open file
 descriptors, threads, processes), stops it with SIGTERM `--minutes` after its first learner step
 (set-up and the warm start are not the soak) and checks, after a warm-up (the first 20% of the
@@ -137,7 +140,8 @@ def plot(samples: list[Sample], out: Path) -> None:
 def soak(minutes: float, interval: float, out: Path, sets: list[str]) -> dict:
     run_dir = out / "run"
     argv = [sys.executable, "-m", "pipeline.launch", "configs/local.yaml", "--run-dir", str(run_dir),
-            "--set", "learner.max_steps=100000000", "--set", "metrics.port=0"]  # fmt: skip
+            "--set", "learner.max_steps=100000000", "--set", "learner.lr=1e-8",
+            "--set", "metrics.port=0"]  # fmt: skip
     for item in sets:
         argv += ["--set", item]
     log = (out / "launch.log").open("w", buffering=1)
