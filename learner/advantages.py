@@ -6,13 +6,25 @@ Per prompt group g and stratum k (population statistics, 1/n):
     A_SAN(i) = (R_i - mean_{g,k}) / (std_{g,k} + eps)        # 0 for a stratum of one trajectory
     A(i)     = alpha * A_SAN(i) + (1 - alpha) * A_GN(i)
 
-Everything is vectorised with segment reductions (`index_add_` over dense segment ids), so a batch
-of a million trajectories costs a few scatters (and a sort when ids are sparse), never a Python
-loop over groups.
+How a batch of N trajectories is computed, with no Python loop and no sort for the usual ids:
+- Ids become dense by subtraction when they span a small range (one min/max pass): a step's
+  prompt ids, tool-call counts. Anything else (hash-like ids) goes through `torch.unique`, a sort.
+- Cells are the (group, stratum) slots `g * S + s`. Three `bincount`s over N (count, sum, sum of
+  squares) give every cell's statistics; a group's follow by summing its cells' (its S slots),
+  not by another pass over N.
+- Each cell then has a mean, a slope and an offset, and A = (R - mean_{g,k}) * slope + offset,
+  with R - mean_g = (R - mean_{g,k}) + (mean_{g,k} - mean_g): three gathers and one fused
+  multiply-add per trajectory.
+Sums run in float64 (float64 rewards are split into a float32 head and the rest, summed apart), so
+an all-equal segment's mean is its reward exactly and its advantages are exactly 0: sum / n
+rounding would otherwise leave residues that a small std + eps blows up. The one-pass variance
+(sum of squares minus n * mean^2) loses about log10(mean^2 / variance) of float64's 16 digits,
+which matters only for rewards with a huge common offset.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -43,26 +55,51 @@ class StratifiedAdvantages:
     cell_index: torch.Tensor  # int64 [N]: row of `cells` that each trajectory belongs to
 
 
+def _sums(values: torch.Tensor, segment: torch.Tensor, num_segments: int):
+    """Per dense segment id: count (int64), and float64 sum, head-only sum and sum of squares.
+
+    Float32 (and narrower) values sum exactly in float64; float64 values are split into a float32
+    head and a tail that sum apart, so that `head / n + (sum - head) / n` of an all-equal segment
+    is its value exactly. Returns (count, sum_head, sum_tail, sum_squares); sum_tail is None for
+    non-float64 values.
+    """
+    count = torch.bincount(segment, minlength=num_segments)
+    x = values.to(torch.float64)
+    squares = torch.bincount(segment, weights=x * x, minlength=num_segments)
+    if values.dtype != torch.float64:
+        return count, torch.bincount(segment, weights=x, minlength=num_segments), None, squares
+    head = values.to(torch.float32).to(torch.float64)
+    tail = x - head  # exact
+    return (count, torch.bincount(segment, weights=head, minlength=num_segments),
+            torch.bincount(segment, weights=tail, minlength=num_segments), squares)  # fmt: skip
+
+
+def _mean(count: torch.Tensor, head: torch.Tensor, tail: torch.Tensor | None) -> torch.Tensor:
+    n = count.clamp(min=1).to(torch.float64)
+    return head / n if tail is None else head / n + tail / n
+
+
+def _std(squares: torch.Tensor, mean: torch.Tensor, count: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
+    """Population std from the float64 sums, in `dtype` (0 for empty segments). The variance is
+    taken in float64 (it is a difference of sums); its root only needs the rewards' precision."""
+    n = count.clamp(min=1).to(torch.float64)
+    return (squares / n).addcmul_(mean, mean, value=-1).clamp_(min=0).to(dtype).sqrt_()
+
+
+def _scale(std: torch.Tensor, eps: float) -> torch.Tensor:
+    """1 / (std + eps), and 0 where that is 1 / 0 (std 0 with eps 0). A segment of one gets
+    1 / eps: its only member's deviation is exactly 0, so its advantage is 0 all the same."""
+    return (std + eps).reciprocal_().nan_to_num_(posinf=0.0)
+
+
 def segment_stats(
     values: torch.Tensor, segment: torch.Tensor, num_segments: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Count, mean and population std of `values` per dense segment id (two-pass for accuracy).
-
-    A segment whose values are all equal gets its mean set to that value exactly, so its centred
-    rewards are exactly 0: otherwise sum/n rounding leaves ~1e-8 residues in float32 that a small
-    std + eps would blow up into spurious advantages of ~0.01.
-    """
-    count = torch.bincount(segment, minlength=num_segments)
-    zeros = torch.zeros(num_segments, dtype=values.dtype, device=values.device)
-    total = zeros.clone().index_add_(0, segment, values)
-    mean = total / count.to(values.dtype)
-    lo = zeros.clone().scatter_reduce_(0, segment, values, "amin", include_self=False)
-    hi = zeros.clone().scatter_reduce_(0, segment, values, "amax", include_self=False)
-    mean = torch.where(lo == hi, lo, mean)
-    centered = values - mean[segment]
-    sq = zeros.clone().index_add_(0, segment, centered * centered)
-    std = torch.sqrt(sq / count.to(values.dtype))
-    return count, mean, std
+    """Count, mean and population std of `values` per dense segment id, in the values' dtype
+    (an all-equal segment's mean is its value exactly; empty segments get zeros)."""
+    count, head, tail, squares = _sums(values, segment, num_segments)
+    mean = _mean(count, head, tail)
+    return count, mean.to(values.dtype), _std(squares, mean, count, values.dtype)
 
 
 def _dense_ids(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,21 +110,12 @@ def _dense_ids(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     if values.numel() == 0:
         return values.clone(), values.new_empty(0)
-    lo, hi = int(values.min()), int(values.max())  # Python ints: no int64 overflow in hi - lo
+    lo, hi = (int(v) for v in torch.aminmax(values))  # Python ints: no int64 overflow in hi - lo
     if hi - lo < 2 * values.numel() + 64:
-        return values - lo, torch.arange(lo, hi + 1, dtype=torch.int64, device=values.device)
+        dense = values if lo == 0 else values - lo
+        return dense, torch.arange(lo, hi + 1, dtype=torch.int64, device=values.device)
     unique, inverse = torch.unique(values, return_inverse=True)
     return inverse, unique
-
-
-def _normalise(
-    centered: torch.Tensor, std: torch.Tensor, count: torch.Tensor, eps: float
-) -> torch.Tensor:
-    """centered / (std + eps); 0 for singleton segments and for a zero denominator (eps = 0)."""
-    denom = std + eps
-    safe = torch.where(denom > 0, denom, torch.ones_like(denom))
-    out = centered / safe
-    return torch.where((count > 1) & (denom > 0), out, torch.zeros_like(out))
 
 
 def _check_inputs(rewards: torch.Tensor, group_ids: torch.Tensor, strata: torch.Tensor) -> None:
@@ -107,6 +135,84 @@ def _check_inputs(rewards: torch.Tensor, group_ids: torch.Tensor, strata: torch.
         raise ValueError("group_ids and strata must be integer tensors")
 
 
+@dataclass(frozen=True)
+class _Blend:
+    """One batch's ids and per-cell tables (float64; [C] over cells, [G] over groups)."""
+
+    c: torch.Tensor  # [N] dense cell id of each trajectory
+    group_values: torch.Tensor  # [G] the caller's id of each dense group
+    stratum_values: torch.Tensor  # [S] the caller's stratum of each dense stratum
+    cell_keys: torch.Tensor  # [C] g * S + s of each cell
+    to_cells: Callable[[torch.Tensor], torch.Tensor]  # [G] -> [C]: each cell's group's value
+    cell_count: torch.Tensor  # [C] int64
+    cell_mean: torch.Tensor  # float64
+    cell_std: torch.Tensor  # the rewards' dtype, as are the scales
+    cell_scale: torch.Tensor  # 1 / (std_{g,k} + eps)
+    group_count: torch.Tensor  # [G] int64
+    group_mean: torch.Tensor  # float64
+    group_std: torch.Tensor
+    group_scale: torch.Tensor  # 1 / (std_g + eps)
+    between: torch.Tensor  # [C] mean_{g,k} - mean_g, float64
+
+
+def _blend(rewards, group_ids, strata, alpha: float, eps: float) -> _Blend:
+    _check_inputs(rewards, group_ids, strata)
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    device = rewards.device
+    g, group_values = _dense_ids(group_ids.to(device=device, dtype=torch.int64))
+    s, stratum_values = _dense_ids(strata.to(device=device, dtype=torch.int64))
+    num_groups, num_strata = len(group_values), len(stratum_values)
+    cell = torch.add(s, g, alpha=num_strata)
+    # Cells over all G * S slots when that is small (no sort; empty slots have count 0 and are
+    # never read), else over the (g, s) pairs that occur.
+    slotted = 0 < num_groups * num_strata <= 2 * len(rewards) + 1024
+    if slotted:
+        cell_keys, c = torch.arange(num_groups * num_strata, device=device), cell
+    else:
+        cell_keys, c = torch.unique(cell, return_inverse=True)
+    if not slotted:
+        cell_group = cell_keys // max(num_strata, 1)
+
+    def to_groups(v: torch.Tensor) -> torch.Tensor:  # sum over each group's cells
+        if slotted:
+            return v.view(num_groups, num_strata).sum(1)
+        return torch.zeros(num_groups, dtype=v.dtype, device=device).index_add_(0, cell_group, v)
+
+    def to_cells(v: torch.Tensor) -> torch.Tensor:  # each cell's group's value
+        if slotted:
+            return v.view(num_groups, 1).expand(num_groups, num_strata).reshape(-1)
+        return v.index_select(0, cell_group)
+
+    cell_count, cell_head, cell_tail, cell_squares = _sums(rewards, c, len(cell_keys))
+    cell_mean = _mean(cell_count, cell_head, cell_tail)
+    group_count = to_groups(cell_count)
+    group_tail = None if cell_tail is None else to_groups(cell_tail)
+    group_mean = _mean(group_count, to_groups(cell_head), group_tail)
+    cell_std = _std(cell_squares, cell_mean, cell_count, rewards.dtype)
+    group_std = _std(to_groups(cell_squares), group_mean, group_count, rewards.dtype)
+    return _Blend(
+        c=c, group_values=group_values, stratum_values=stratum_values, cell_keys=cell_keys,
+        to_cells=to_cells, cell_count=cell_count, cell_mean=cell_mean, cell_std=cell_std,
+        cell_scale=_scale(cell_std, eps), group_count=group_count, group_mean=group_mean,
+        group_std=group_std, group_scale=_scale(group_std, eps),
+        between=cell_mean - to_cells(group_mean),
+    )  # fmt: skip
+
+
+def _blended(b: _Blend, alpha: float, rewards: torch.Tensor) -> torch.Tensor:
+    """alpha * SAN + (1 - alpha) * GN, per trajectory, in the rewards' dtype: with d = R - mean_{g,k},
+    A = d * (alpha * cell_scale + (1 - alpha) * group_scale) + (1 - alpha) * between * group_scale.
+    For an all-equal cell d is exactly 0 (its mean is exact, also in the rewards' dtype)."""
+    group_scale = b.to_cells(b.group_scale * (1.0 - alpha))
+    slope = torch.add(group_scale, b.cell_scale, alpha=alpha)
+    offset = b.between.to(rewards.dtype).mul_(group_scale)
+    mean = b.cell_mean.to(rewards.dtype)
+    return torch.addcmul(offset.index_select(0, b.c), rewards - mean.index_select(0, b.c), slope.index_select(0, b.c))  # fmt: skip
+
+
 def stratified_advantages_with_stats(
     rewards: torch.Tensor,
     group_ids: torch.Tensor,
@@ -118,62 +224,37 @@ def stratified_advantages_with_stats(
 
     `group_ids` and `strata` may hold any integer values in any order; only equality matters.
     """
-    _check_inputs(rewards, group_ids, strata)
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
-    if eps < 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
-    device = rewards.device
-    group_ids = group_ids.to(device=device, dtype=torch.int64)
-    strata = strata.to(device=device, dtype=torch.int64)
-
-    # Dense ids: group g in [0, G), stratum s in [0, S), cell c = (g, s) over G*S slots when that
-    # is small, else over the (g, s) pairs that occur. Unused slots have count 0 and are never read.
-    g, group_values = _dense_ids(group_ids)
-    s, stratum_values = _dense_ids(strata)
-    num_strata = len(stratum_values)
-    cell = g * num_strata + s
-    if len(group_values) * num_strata <= 8 * len(rewards) + 1024:
-        cell_keys = torch.arange(len(group_values) * num_strata, device=device)
-        c = cell
-    else:
-        cell_keys, c = torch.unique(cell, return_inverse=True)
-
-    g_count, g_mean, g_std = segment_stats(rewards, g, len(group_values))
-    c_count, c_mean, c_std = segment_stats(rewards, c, len(cell_keys))
-
-    global_centered = rewards - g_mean[g]
-    stratified_centered = rewards - c_mean[c]
-    gn = _normalise(global_centered, g_std[g], g_count[g], eps)
-    san = _normalise(stratified_centered, c_std[c], c_count[c], eps)
-    advantages = alpha * san + (1.0 - alpha) * gn
-
-    used_groups = g_count > 0
+    b = _blend(rewards, group_ids, strata, alpha, eps)
+    dtype = rewards.dtype
+    deviation = rewards - b.cell_mean.to(dtype)[b.c]
+    global_centered = deviation + b.between.to(dtype)[b.c]
+    used_groups = b.group_count > 0
     groups = SegmentStats(
-        group_id=group_values[used_groups],
-        stratum=torch.full_like(group_values[used_groups], -1),
-        count=g_count[used_groups],
-        mean=g_mean[used_groups],
-        std=g_std[used_groups],
+        group_id=b.group_values[used_groups],
+        stratum=torch.full_like(b.group_values[used_groups], -1),
+        count=b.group_count[used_groups],
+        mean=b.group_mean[used_groups].to(dtype),
+        std=b.group_std[used_groups],
     )
-    used_cells = c_count > 0
-    keys = cell_keys[used_cells]
+    used_cells = b.cell_count > 0
+    keys = b.cell_keys[used_cells]
+    num_strata = len(b.stratum_values)
     cells = SegmentStats(
-        group_id=group_values[keys // num_strata],
-        stratum=stratum_values[keys % num_strata],
-        count=c_count[used_cells],
-        mean=c_mean[used_cells],
-        std=c_std[used_cells],
+        group_id=b.group_values[keys // num_strata],
+        stratum=b.stratum_values[keys % num_strata],
+        count=b.cell_count[used_cells],
+        mean=b.cell_mean[used_cells].to(dtype),
+        std=b.cell_std[used_cells],
     )
     return StratifiedAdvantages(
-        advantages=advantages,
-        san=san,
-        gn=gn,
-        stratified_centered=stratified_centered,
+        advantages=_blended(b, alpha, rewards),
+        san=deviation * b.cell_scale[b.c],
+        gn=global_centered * b.to_cells(b.group_scale)[b.c],
+        stratified_centered=deviation,
         global_centered=global_centered,
         groups=groups,
         cells=cells,
-        cell_index=(torch.cumsum(used_cells, 0) - 1)[c],
+        cell_index=(torch.cumsum(used_cells, 0) - 1)[b.c],
     )
 
 
@@ -188,4 +269,4 @@ def stratified_advantages(
 
     alpha = 0 is standard GRPO; alpha = 1 is pure SAN. A stratum of one trajectory has A_SAN = 0.
     """
-    return stratified_advantages_with_stats(rewards, group_ids, strata, alpha, eps).advantages
+    return _blended(_blend(rewards, group_ids, strata, alpha, eps), alpha, rewards)
