@@ -253,3 +253,21 @@ def test_every_id_layout_gives_the_papers_result(layout):
     assert (
         set(zip(stats.cells.group_id.tolist(), stats.cells.stratum.tolist(), strict=True)) == pairs
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_all_equal_cells_and_groups_are_exactly_zero_in_any_dtype(dtype):
+    # 0.1 has no exact binary form: n * 0.1 / n rounds unless the sums are exact (float64 rewards
+    # are summed as a float32 head and a tail). With eps = 0 a residue would become +-1.
+    rewards = torch.tensor([0.1] * 8 + [0.1] * 6 + [0.9, 0.5], dtype=dtype)
+    groups = ids([0] * 8 + [1] * 8)
+    strata = ids([0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1])
+    stats = stratified_advantages_with_stats(rewards, groups, strata, alpha=0.6, eps=0.0)
+    assert stats.advantages[:8].abs().max().item() == 0.0  # an all-equal group
+    assert stats.san[8:14].abs().max().item() == 0.0  # an all-equal cell in a mixed group
+    assert stats.stratified_centered[8:14].abs().max().item() == 0.0
+    # The all-equal cell keeps its GN part (the paper's loop, in float64, leaves a residue there).
+    mixed = rewards[8:].to(torch.float64)
+    gn = (mixed - mixed.mean()) / mixed.std(unbiased=False)
+    expected = 0.4 * gn + 0.6 * t([0.0] * 6 + [1.0, -1.0])
+    torch.testing.assert_close(stats.advantages[8:], expected.to(dtype))
