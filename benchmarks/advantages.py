@@ -14,12 +14,20 @@ contenders interleaved so that a busy machine slows them alike:
 
     python benchmarks/advantages.py [--n 1000000] [--group-size 8] [--repeats 7] [--no-loop]
 
+Fresh megabyte-sized temporaries come from mmap and are unmapped on free, so every call pays the
+kernel's first-touch page faults, which on a small VM swing the ratios 2x from run to run. The
+peer and the blend are first timed that way (glibc's defaults), then with glibc keeping freed
+memory in its heap (`mallopt` mmap and trim thresholds of 1 GiB, as a long-running learner's heap
+settles): the table and the last line are the latter, the arithmetic rather than the page faults.
+
 The last line is the blend against the peer (target <= 2x; it does twice the peer's normalisations).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import statistics
 import sys
 import time
@@ -107,6 +115,15 @@ def interleaved(
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def keep_heap_warm() -> bool:
+    """glibc: serve large allocations from the heap and keep freed memory there (see above)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    mallopt = getattr(libc, "mallopt", None)
+    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3  # glibc's malloc.h
+    settings = ((m_mmap_threshold, 1 << 30), (m_trim_threshold, 1 << 30), (m_top_pad, 64 << 20))
+    return mallopt is not None and all(mallopt(k, v) == 1 for k, v in settings)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=1_000_000)
@@ -129,6 +146,8 @@ def main() -> None:
     if gap > 1e-4:
         raise SystemExit(f"the peer and grpo disagree: max |difference| {gap:.3g}")
 
+    cold = interleaved({k: contenders[k] for k in ("peer", "stratified dense")}, args.repeats)
+    warm = keep_heap_warm()
     bandwidth = copy_bandwidth(args.repeats)
     seconds = interleaved(contenders, args.repeats)
     # The least any of them must move: rewards (4 B) and strata (8 B) in, advantages (4 B) out, and
@@ -137,6 +156,10 @@ def main() -> None:
     print(f"advantages of {args.n:,} trajectories, groups of {args.group_size}, 5 strata, float32, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads; copy bandwidth "
           f"{bandwidth / 1e9:.1f} GB/s; median of {args.repeats}, interleaved")  # fmt: skip
+    print(f"  glibc's default heap (page faults on every fresh temporary): peer "
+          f"{cold['peer'] * 1e3:.2f} ms, stratified dense {cold['stratified dense'] * 1e3:.2f} ms, "
+          f"{cold['stratified dense'] / cold['peer']:.2f}x")  # fmt: skip
+    print("  heap kept warm (mallopt):" if warm else "  (not glibc: the heap is as the C library keeps it)")  # fmt: skip
     print(f"  {'':<20} {'ms':>8} {'vs peer':>8} {'memory floor':>13}")
     for name, s in seconds.items():
         floor = floor_bytes.get(name, args.n * 24) / bandwidth
