@@ -175,6 +175,14 @@ class GroupBuffer:
             and admitted_at + self.max_staleness <= current_version
         )
 
+    def _due_before(self, current_version: int) -> bool:
+        """Whether any admitted group is due at `current_version` (see `_due`)."""
+        return (
+            self.due_first
+            and bool(self._places)
+            and min(self._places.values()) + self.max_staleness <= current_version
+        )
+
     # ------------------------------------------------------------------------------ producers
 
     async def put(self, trajectory: Trajectory) -> None:
@@ -280,14 +288,22 @@ class GroupBuffer:
             if not self._ready:  # nothing to take: wait for a completion
                 await _park(self._group_waiters, timeout=self._until_next_deadline())
                 continue
-            due_open = sum(self._due(p, current_version) for p in self._open)
-            order = sorted(self._ready, key=lambda g: not self._due(g.prompt_id, current_version))
+            # The oldest admission decides whether any group is due (one pass in C); usually
+            # none is, and the groups go first complete, first out without a look at each.
+            any_due = self._due_before(current_version)
+            due_open = sum(self._due(p, current_version) for p in self._open) if any_due else 0
+            order = (
+                sorted(self._ready, key=lambda g: not self._due(g.prompt_id, current_version))
+                if any_due
+                else list(self._ready)
+            )
             for group in order:  # sorted() is stable: first complete, first out within each
                 if len(chosen) == count:
                     break
                 if (
-                    not self._due(group.prompt_id, current_version)
+                    due_open
                     and len(chosen) + due_open >= count
+                    and not self._due(group.prompt_id, current_version)
                 ):
                     break  # the rest of the step is kept for due groups still generating
                 self._ready.remove(group)
