@@ -19,22 +19,35 @@ all ranks, and multiplied by N because DeepSpeed averages gradients over ranks, 
 that of one rank on the whole batch. Ranks with fewer micro-batches run empty ones (a zero loss
 through the model) so every rank makes the same collective calls.
 
-Rendezvous: a `FileStore` in a private temporary directory (no listening socket) and gloo bound to
-the loopback interface (GLOO_SOCKET_IFNAME=lo unless set) on CPU; NCCL on GPUs. Ranks on other
-machines (Ray placement groups) are not wired yet: the local runtime starts every rank on this
-machine.
+Where the ranks run and how they meet:
+- processes (the local runtime): ranks 1..N-1 are processes rank 0 starts on its machine, told
+  what to do over pipes; they meet through a `FileStore` in a private temporary directory (no
+  listening socket).
+- Ray actors (the ray runtime): rank r is an actor on bundle r of the learner's placement group
+  (rank 0 is the learner's actor, on bundle 0), so ranks may sit on other machines; commands are
+  actor calls. They meet through a `TCPStore` that rank 0 serves from a socket it binds itself on
+  `runtime.learner_rendezvous_host` (default: its node's Ray address, 127.0.0.1 on a private
+  cluster): torch's own would listen on every interface.
+Gloo is bound to the loopback interface (GLOO_SOCKET_IFNAME=lo unless set) when the ranks meet
+on loopback; across machines it takes the interface of the machine's host name unless
+GLOO_SOCKET_IFNAME says otherwise. NCCL on GPUs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import multiprocessing as mp
 import os
 import shutil
+import socket
 import sys
 import tempfile
+import threading
 import traceback
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -60,25 +73,48 @@ def split_by_tokens(tokens: list[int], ranks: int) -> list[list[int]]:
     return [sorted(share) for share in shares]
 
 
-def init_rank_group(rank: int, world: int, store_path: str) -> None:
-    """Join the learner's process group: gloo over loopback on CPU, NCCL on GPUs."""
+@dataclass(frozen=True)
+class TcpRendezvous:
+    """A `TCPStore` at host:port, served by rank 0 from `listen_fd`, a socket it bound itself
+    (None in what the other ranks are given)."""
+
+    host: str
+    port: int
+    listen_fd: int | None = None
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return host == "localhost"
+
+
+def init_rank_group(rank: int, world: int, where: str | TcpRendezvous) -> None:
+    """Join the learner's process group at `where` (a FileStore path, or a TcpRendezvous): gloo
+    on CPU, NCCL on GPUs."""
     import deepspeed
     import torch.distributed as dist
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's pairs connect over loopback only
+    if not isinstance(where, TcpRendezvous) or _is_loopback(where.host):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's pairs connect over loopback only
     for name, value in (("RANK", rank), ("LOCAL_RANK", rank), ("WORLD_SIZE", world)):
         os.environ[name] = str(value)
     if torch.cuda.is_available():
         torch.cuda.set_device(rank % torch.cuda.device_count())
-    store = dist.FileStore(store_path, world)
+    if isinstance(where, TcpRendezvous):
+        store = dist.TCPStore(where.host, where.port, world, rank == 0, timeout=timedelta(minutes=10),
+                              wait_for_workers=False, master_listen_fd=where.listen_fd)  # fmt: skip
+    else:
+        store = dist.FileStore(where, world)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world)
     deepspeed.init_distributed(dist_backend=backend, verbose=False)
 
 
 @dataclass(frozen=True)
 class RankSpec:
-    """What a rank process needs to build its `Learner` (all picklable)."""
+    """What a rank needs to build its `Learner` (all picklable)."""
 
     model_path: str
     config: Any  # the learner config section
@@ -86,16 +122,35 @@ class RankSpec:
     threads: int
 
 
+@dataclass(frozen=True)
+class RayPlacement:
+    """Ranks as Ray actors: rank r on bundle r of `placement_group` (None: wherever Ray puts
+    them), each reserving `num_cpus` and `num_gpus`; they meet at `host` (None: rank 0's node
+    address) on `port` (0: a free one)."""
+
+    placement_group: Any = None
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    host: str | None = None
+    port: int = 0
+
+
 def ranked_learner(
-    model_path: str | os.PathLike[str], config: Any, world: int, threads: int, **kwargs
-):
+    model_path: str | os.PathLike[str], config: Any, world: int, threads: int,
+    placement: RayPlacement | None = None, **kwargs,
+):  # fmt: skip
     """Rank 0 of a learner of `world` ranks, in this process (which must not be in a process
-    group yet), with ranks 1..world-1 started as processes; `learner.peers.close()` stops them."""
+    group yet), with ranks 1..world-1 started as processes, or as Ray actors with `placement`;
+    `learner.peers.close()` stops them."""
     from learner.trainer import Learner
 
-    peers, store = RankPeers.start(world, RankSpec(str(model_path), config, kwargs, threads))
+    spec = RankSpec(str(model_path), config, kwargs, threads)
+    if placement is None:
+        peers, where = ProcessPeers.start(world, spec)
+    else:
+        peers, where = RayPeers.start(world, spec, placement)
     try:
-        learner = Learner(model_path, config, rank=(0, world, store), peers=peers,
+        learner = Learner(model_path, config, rank=(0, world, where), peers=peers,
                           before_join=lambda: peers.gather("model load"), **kwargs)  # fmt: skip
         peers.gather("start")
     except BaseException:
@@ -104,9 +159,31 @@ def ranked_learner(
     return learner
 
 
+def _execute(learner, command: str, payload: Any) -> Any:
+    """What rank 0 asks of another rank, carried out there."""
+    from learner.checkpoint import load_checkpoint, save_rank_part
+
+    if command == "train":
+        return learner.train_rows(*payload)
+    if command == "state_dict":  # ZeRO-3: the gather is collective
+        learner.state_dict()
+        return None
+    if command == "save":
+        save_rank_part(learner, Path(payload))
+        return None
+    if command == "load":
+        load_checkpoint(learner, payload)
+        return learner.version
+    raise ValueError(f"unknown command {command!r}")
+
+
+def _first_line(exc: BaseException) -> str:
+    line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+
+
 def _rank_main(rank: int, world: int, store_path: str, spec: RankSpec, conn) -> None:
     """A rank process: build the learner, then serve rank 0's commands until told to stop."""
-    from learner.checkpoint import load_checkpoint, save_rank_part
     from learner.trainer import Learner
 
     torch.set_num_threads(spec.threads)
@@ -126,20 +203,7 @@ def _rank_main(rank: int, world: int, store_path: str, spec: RankSpec, conn) -> 
             conn.send(("ok", None))
             return
         try:
-            if command == "train":
-                result = learner.train_rows(*payload)
-            elif command == "state_dict":  # ZeRO-3: the gather is collective
-                learner.state_dict()
-                result = None
-            elif command == "save":
-                save_rank_part(learner, Path(payload))
-                result = None
-            elif command == "load":
-                load_checkpoint(learner, payload)
-                result = learner.version
-            else:
-                raise ValueError(f"unknown command {command!r}")
-            conn.send(("ok", result))
+            conn.send(("ok", _execute(learner, command, payload)))
         except BaseException as exc:
             _report(conn, rank, exc)
             return
@@ -148,22 +212,97 @@ def _rank_main(rank: int, world: int, store_path: str, spec: RankSpec, conn) -> 
 def _report(conn, rank: int, exc: BaseException) -> None:
     """A rank's failure: its traceback on its stderr, one line to rank 0."""
     print(f"strata: learner rank {rank}:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
-    line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     with contextlib.suppress(OSError):
-        conn.send(("error", f"{type(exc).__name__}: {line}" if line else type(exc).__name__))
+        conn.send(("error", _first_line(exc)))
 
 
 class RankPeers:
     """Ranks 1..N-1 of the learner, seen from rank 0: started together, told the same command,
-    answered in rank order. A rank that dies or fails ends the call with `RankError`."""
+    answered in rank order. A rank that dies or fails ends the call with `RankError`.
+    `ProcessPeers` and `RayPeers` say how a command gets there and how a death shows."""
 
-    def __init__(self, world: int, store_dir: str, processes: list, conns: list) -> None:
-        self.world, self.store_dir = world, store_dir
-        self.processes, self.conns = processes, conns
+    def __init__(self, world: int) -> None:
+        self.world = world
         self.broken: RankError | None = None  # the first failure; every later call raises it
 
+    def _post(self, rank: int, command: str, payload: Any) -> bool:
+        """Hand `command` to `rank`; False if it is gone."""
+        raise NotImplementedError
+
+    def _answer(self, rank: int) -> tuple[str, Any]:
+        """The rank's answer to its oldest command: ("ok", result), ("error", one line) or
+        ("dead", None)."""
+        raise NotImplementedError
+
+    def _dead(self, rank: int, wait_s: float) -> bool:
+        """Whether the rank is gone, looking for up to `wait_s` seconds."""
+        raise NotImplementedError
+
+    def _how(self, rank: int) -> str:
+        """How a dead rank ended, in a few words."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def send(self, command: str, payloads: list) -> None:
+        """`payloads[i]` goes to rank i + 1."""
+        self._check()
+        if len(payloads) != self.world - 1:
+            raise ValueError(f"{len(payloads)} payloads for {self.world - 1} ranks")
+        for rank, payload in enumerate(payloads, start=1):
+            if not self._post(rank, command, payload):
+                raise self._fail(f"learner rank {rank} died before {command}: {self._how(rank)}")
+
+    def broadcast(self, command: str, payload: Any = None) -> None:
+        self.send(command, [payload] * (self.world - 1))
+
+    def gather(self, command: str) -> list:
+        """Every rank's answer to `command`, in rank order."""
+        self._check()
+        results = []
+        for rank in range(1, self.world):
+            status, result = self._answer(rank)
+            if status == "dead":
+                raise self._fail(f"learner rank {rank} died during {command}: {self._how(rank)}")
+            if status == "error":  # the rank printed its traceback to its stderr
+                raise self._fail(f"learner rank {rank} failed during {command}: {result}")
+            results.append(result)
+        return results
+
+    def failure(self, during: str, exc: BaseException) -> RankError:
+        """The error for a step whose collectives failed: which rank is gone (gloo's own error
+        for that is pages long), else the first line of what was raised. Every later call
+        raises the same error: the ranks are out of step and only a resume mends them."""
+        if self.broken is None:
+            for rank in range(1, self.world):
+                if self._dead(rank, wait_s=2.0):  # its socket can close before its exit shows
+                    return self._fail(f"learner rank {rank} died during {during}: {self._how(rank)}")  # fmt: skip
+            if isinstance(exc, RankError):
+                return self._fail(str(exc))
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            return self._fail(f"the learner's ranks failed during {during}: {first}")
+        return self.broken
+
+    def _fail(self, message: str) -> RankError:
+        if self.broken is None:
+            self.broken = RankError(message)
+        return self.broken
+
+    def _check(self) -> None:
+        if self.broken is not None:
+            raise self.broken
+
+
+class ProcessPeers(RankPeers):
+    """Ranks 1..N-1 as processes on this machine, commands over pipes."""
+
+    def __init__(self, world: int, store_dir: str, processes: list, conns: list) -> None:
+        super().__init__(world)
+        self.store_dir, self.processes, self.conns = store_dir, processes, conns
+
     @classmethod
-    def start(cls, world: int, spec: RankSpec) -> tuple[RankPeers, str]:
+    def start(cls, world: int, spec: RankSpec) -> tuple[ProcessPeers, str]:
         """Start ranks 1..world-1; returns the peers and the store rank 0 joins with."""
         store_dir = tempfile.mkdtemp(prefix="strata-ranks-")
         store_path = os.path.join(store_dir, "store")
@@ -179,59 +318,23 @@ class RankPeers:
             conns.append(here)
         return cls(world, store_dir, processes, conns), store_path
 
-    def send(self, command: str, payloads: list) -> None:
-        """`payloads[i]` goes to rank i + 1."""
-        self._check()
-        for rank, (conn, payload) in enumerate(zip(self.conns, payloads, strict=True), start=1):
-            try:
-                conn.send((command, payload))
-            except OSError:  # a broken pipe: the rank is gone
-                raise self._fail(f"learner rank {rank} died before {command}: {self._how(rank)}") from None  # fmt: skip
+    def _post(self, rank: int, command: str, payload: Any) -> bool:
+        try:
+            self.conns[rank - 1].send((command, payload))
+            return True
+        except OSError:  # a broken pipe: the rank is gone
+            return False
 
-    def broadcast(self, command: str, payload: Any = None) -> None:
-        self.send(command, [payload] * len(self.conns))
+    def _answer(self, rank: int) -> tuple[str, Any]:
+        try:
+            return self.conns[rank - 1].recv()
+        except (EOFError, OSError):
+            return "dead", None
 
-    def gather(self, command: str) -> list:
-        """Every rank's answer to `command`, in rank order."""
-        self._check()
-        results = []
-        for rank, conn in enumerate(self.conns, start=1):
-            try:
-                status, result = conn.recv()
-            except (EOFError, OSError):
-                raise self._fail(f"learner rank {rank} died during {command}: {self._how(rank)}") from None  # fmt: skip
-            if status == "error":  # the rank printed its traceback to its stderr
-                raise self._fail(f"learner rank {rank} failed during {command}: {result}")
-            results.append(result)
-        return results
-
-    def failure(self, during: str, exc: BaseException) -> RankError:
-        """The error for a step whose collectives failed: which rank is gone (gloo's own error
-        for that is pages long), else the first line of what was raised. Every later call
-        raises the same error: the ranks are out of step and only a resume mends them."""
-        if self.broken is None:
-            for rank in range(1, self.world):
-                self.processes[rank - 1].join(
-                    timeout=2
-                )  # its socket can close before its exit shows
-                if not self.processes[rank - 1].is_alive():
-                    return self._fail(
-                        f"learner rank {rank} died during {during}: {self._how(rank)}"
-                    )
-            if isinstance(exc, RankError):
-                return self._fail(str(exc))
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            return self._fail(f"the learner's ranks failed during {during}: {first}")
-        return self.broken
-
-    def _fail(self, message: str) -> RankError:
-        if self.broken is None:
-            self.broken = RankError(message)
-        return self.broken
-
-    def _check(self) -> None:
-        if self.broken is not None:
-            raise self.broken
+    def _dead(self, rank: int, wait_s: float) -> bool:
+        process = self.processes[rank - 1]
+        process.join(timeout=wait_s)
+        return not process.is_alive()
 
     def _how(self, rank: int) -> str:
         process = self.processes[rank - 1]
@@ -251,3 +354,145 @@ class RankPeers:
         for conn in self.conns:
             conn.close()
         shutil.rmtree(self.store_dir, ignore_errors=True)
+
+
+class RankActor:
+    """Rank r >= 1 as a Ray actor (`RayPeers`). Its `Learner` is built on a thread of its own so
+    that `loaded` can answer once the model is loaded, while the rank waits at the rendezvous,
+    and `started` once it has joined; `run` then carries out rank 0's commands. Every method
+    answers ("ok", result) or ("error", one line), as a rank process does over its pipe."""
+
+    def __init__(self, rank: int, world: int, where: TcpRendezvous, spec: RankSpec) -> None:
+        torch.set_num_threads(spec.threads)
+        self.rank, self.learner = rank, None
+        self.error: str | None = None
+        self._loaded, self._started = threading.Event(), threading.Event()
+
+        def build() -> None:
+            from learner.trainer import Learner
+
+            try:
+                self.learner = Learner(spec.model_path, spec.config, rank=(rank, world, where),
+                                       before_join=self._loaded.set, **spec.kwargs)  # fmt: skip
+            except BaseException as exc:
+                self._failed(exc)
+            self._loaded.set()
+            self._started.set()
+
+        threading.Thread(target=build, name=f"strata-rank-{rank}-build", daemon=True).start()
+
+    def _failed(self, exc: BaseException) -> tuple[str, str]:
+        print(f"strata: learner rank {self.rank}:\n{traceback.format_exc()}", file=sys.stderr, flush=True)  # fmt: skip
+        self.error = self.error or _first_line(exc)
+        return "error", self.error
+
+    def loaded(self) -> tuple[str, Any]:
+        self._loaded.wait()
+        return ("error", self.error) if self.error else ("ok", None)
+
+    def started(self) -> tuple[str, Any]:
+        self._started.wait()
+        return ("error", self.error) if self.error else ("ok", None)
+
+    def node(self) -> str:
+        """The Ray node this rank runs on."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def run(self, command: str, payload: Any) -> tuple[str, Any]:
+        if self.error:
+            return "error", self.error
+        try:
+            return "ok", _execute(self.learner, command, payload)
+        except BaseException as exc:
+            return self._failed(exc)
+
+
+class RayPeers(RankPeers):
+    """Ranks 1..N-1 as Ray actors (`RankActor`) on bundles 1..N-1 of the learner's placement
+    group; a command is an actor call, answered in the order given (the actors run one call at
+    a time)."""
+
+    def __init__(self, world: int, actors: list, listener: socket.socket) -> None:
+        super().__init__(world)
+        self.actors, self.listener = actors, listener
+        self.pending: list[deque] = [deque() for _ in actors]
+
+    @classmethod
+    def start(cls, world: int, spec: RankSpec, placement: RayPlacement) -> tuple[RayPeers, TcpRendezvous]:  # fmt: skip
+        """Bind the rendezvous socket, start ranks 1..world-1; returns the peers and the
+        rendezvous rank 0 joins with (the one with the socket)."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        host = placement.host or ray.util.get_node_ip_address()
+        try:
+            listener = socket.create_server(
+                (host, placement.port), family=_family(host), backlog=128
+            )
+        except OSError as exc:
+            raise RankError(f"the learner's rendezvous cannot listen on {host}:{placement.port}: "
+                            f"{exc.strerror or exc}: set runtime.learner_rendezvous_host/port") from None  # fmt: skip
+        where = TcpRendezvous(host, listener.getsockname()[1])
+        actors = []
+        remote = ray.remote(RankActor)
+        for rank in range(1, world):
+            options: dict[str, Any] = dict(num_cpus=placement.num_cpus, num_gpus=placement.num_gpus,
+                                           name=f"strata-learner-rank-{rank}", max_restarts=0)  # fmt: skip
+            if placement.placement_group is not None:
+                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                    placement.placement_group, placement_group_bundle_index=rank
+                )
+            actors.append(remote.options(**options).remote(rank, world, where, spec))
+        peers = cls(world, actors, listener)
+        for queue, actor in zip(peers.pending, actors, strict=True):
+            queue.extend((actor.loaded.remote(), actor.started.remote()))
+        return peers, replace(where, listen_fd=listener.fileno())
+
+    def _post(self, rank: int, command: str, payload: Any) -> bool:
+        self.pending[rank - 1].append(self.actors[rank - 1].run.remote(command, payload))
+        return True  # a dead actor shows in its answer
+
+    def _answer(self, rank: int) -> tuple[str, Any]:
+        import ray
+
+        try:
+            return ray.get(self.pending[rank - 1].popleft())
+        except ray.exceptions.RayActorError:
+            return "dead", None
+
+    def _dead(self, rank: int, wait_s: float) -> bool:
+        import ray
+
+        try:  # a live rank stuck in a failed collective answers late: alive
+            ray.get(self.actors[rank - 1].node.remote(), timeout=wait_s)
+        except ray.exceptions.RayActorError:
+            return True
+        except ray.exceptions.GetTimeoutError:
+            pass
+        return False
+
+    def _how(self, rank: int) -> str:
+        return "its Ray actor is gone" if self._dead(rank, wait_s=1.0) else "still running"
+
+    def nodes(self) -> list[str]:
+        """The Ray node of each rank 1..N-1."""
+        import ray
+
+        return ray.get([actor.node.remote() for actor in self.actors])
+
+    def close(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            with contextlib.suppress(Exception):  # already gone
+                ray.kill(actor, no_restart=True)
+        self.listener.close()
+
+
+def _family(host: str) -> socket.AddressFamily:
+    try:
+        return socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:  # a host name
+        return socket.AF_INET

@@ -27,7 +27,7 @@ from learner.advantages import stratified_advantages_with_stats
 from learner.batch import InvalidGroup, TrainBatch, build_batch, response_logprobs, validate_group
 from learner.estimators import Estimate, estimate
 from learner.losses import kept_by_importance, kl_penalty, policy_loss
-from learner.ranks import RankError, RankPeers, init_rank_group, split_by_tokens
+from learner.ranks import RankError, RankPeers, TcpRendezvous, init_rank_group, split_by_tokens
 from learner.schedule import step_schedule
 from learner.telemetry import stratum_summary, theorem1_terms
 
@@ -68,11 +68,11 @@ class Learner:
 
     def __init__(self, model_path: str | os.PathLike[str], config: Any, *, group_size: int,
                  temperature: float = 1.0, version: int = 0, dtype: str | None = None,
-                 gradient_checkpointing: bool = False, rank: tuple[int, int, str] | None = None,
+                 gradient_checkpointing: bool = False, rank: tuple[int, int, str | TcpRendezvous] | None = None,
                  peers: RankPeers | None = None, before_join: Callable[[], None] | None = None) -> None:  # fmt: skip
         """`dtype` (float32, bfloat16, float16): the parameters' dtype, None: bfloat16 on CUDA,
         else float32. `gradient_checkpointing`: recompute activations in the backward pass.
-        `rank`: (rank, world size, store path) of a learner of several ranks (learner/ranks.py);
+        `rank`: (rank, world size, where they meet) of a learner of several ranks (learner/ranks.py);
         `peers`: on rank 0, the other ranks, told what to do at every step. `before_join`: called
         once the model is loaded, before the process group forms (the ranks report a failed load
         there instead of leaving the others waiting at the rendezvous)."""

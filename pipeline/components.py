@@ -14,13 +14,14 @@ from actors.tools import PythonTool, SearchTool, Tool
 from buffers.group_buffer import GroupBuffer
 from buffers.spill import ParquetSpill
 from buffers.strata import make_stratifier
-from learner.ranks import ranked_learner
+from learner.ranks import RayPlacement, ranked_learner
 from learner.trainer import Learner
 from learner.weight_sync import CheckpointSync, InProcessSync, NcclSync, Publisher, RaySync
 from pipeline.config import (
     ActorsConfig,
     BufferConfig,
     PretrainedModel,
+    RayRuntime,
     RetrievalConfig,
     StrataConfig,
     StratifierConfig,
@@ -70,15 +71,25 @@ def make_publisher(config: StrataConfig, targets: list, run_dir: str | os.PathLi
 
 def make_learner(config: StrataConfig, policy_dir: str | os.PathLike[str]):
     """The DeepSpeed learner of `config`, starting from the HF model at `policy_dir`: rank 0 in
-    this process and, with learner.num_ranks N > 1, ranks 1..N-1 as processes it starts
-    (learner/ranks.py; `close_learner` stops them)."""
+    this process and, with learner.num_ranks N > 1, ranks 1..N-1 as processes it starts, or
+    under Ray as actors on bundles 1..N-1 of this actor's placement group (learner/ranks.py;
+    `close_learner` stops them)."""
     pretrained = isinstance(config.model, PretrainedModel)
     kwargs = dict(group_size=config.buffer.group_size, temperature=config.actors.temperature,
                   dtype=model_dtype(config) if pretrained else None,
                   gradient_checkpointing=pretrained and config.model.gradient_checkpointing)  # fmt: skip
     if config.learner.num_ranks == 1:
         return Learner(policy_dir, config.learner, **kwargs)
-    return ranked_learner(policy_dir, config.learner, config.learner.num_ranks, torch.get_num_threads(), **kwargs)  # fmt: skip
+    placement = None
+    runtime = config.runtime
+    if isinstance(runtime, RayRuntime):  # in the learner's actor, on bundle 0 of its group
+        import ray
+
+        placement = RayPlacement(ray.util.get_current_placement_group(), runtime.learner_num_cpus,
+                                 runtime.learner_num_gpus, runtime.learner_rendezvous_host,
+                                 runtime.learner_rendezvous_port)  # fmt: skip
+    return ranked_learner(policy_dir, config.learner, config.learner.num_ranks, torch.get_num_threads(),
+                          placement, **kwargs)  # fmt: skip
 
 
 def close_learner(learner) -> None:

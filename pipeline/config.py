@@ -246,9 +246,10 @@ class LearnerConfig(Section):
     num_ranks: int = Field(1, ge=1, le=1024)
     """DeepSpeed ranks the learner trains with (data parallel, one torch.distributed group; gloo
     over loopback on CPU, NCCL on GPUs). Each step's groups are dealt to the ranks by tokens,
-    whole; the update equals one rank's on the whole step. Ranks 1..N-1 are processes on the
-    learner's machine (local: the launcher's; ray: the learner actor's node, which reserves N x
-    runtime.learner_num_cpus/gpus)."""
+    whole; the update equals one rank's on the whole step. Local runtime: ranks 1..N-1 are
+    processes the launcher starts. Ray: every rank is an actor on a bundle of the learner's
+    placement group (runtime.learner_num_cpus/gpus each, runtime.learner_placement), so ranks
+    may run on several machines."""
     checkpoint_every: int = Field(50, ge=0)
     """Save a checkpoint every this many steps, and at the end; 0: only at the end (a run killed
     outright then has nothing to resume from)."""
@@ -340,9 +341,20 @@ class RayRuntime(RuntimeBase):
     actor_num_gpus: float = Field(0.0, ge=0)
     """GPUs reserved per actor pool."""
     learner_num_cpus: float = Field(1.0, ge=0)
-    """CPUs reserved for the learner."""
+    """CPUs reserved for the learner (per rank with learner.num_ranks > 1)."""
     learner_num_gpus: float = Field(0.0, ge=0)
-    """GPUs reserved for the learner."""
+    """GPUs reserved for the learner (per rank with learner.num_ranks > 1)."""
+    learner_placement: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    """With learner.num_ranks > 1: the strategy of the placement group whose bundle r (learner_num_cpus
+    and learner_num_gpus) holds rank r: PACK fills as few nodes as it can, STRICT_SPREAD puts
+    every rank on a node of its own."""
+    learner_rendezvous_host: str | None = None
+    """With learner.num_ranks > 1: the address rank 0 serves the ranks' rendezvous on (a TCPStore
+    bound to it alone); null: rank 0's node address as Ray knows it (127.0.0.1 on a private
+    cluster). Ranks on other machines must reach it; set GLOO_SOCKET_IFNAME or
+    NCCL_SOCKET_IFNAME for the interface their traffic takes."""
+    learner_rendezvous_port: int = Field(0, ge=0, le=65535)
+    """With learner.num_ranks > 1: the rendezvous port (0: any free one)."""
     retrieval_num_cpus: float = Field(0.0, ge=0)
     """CPUs reserved for the retrieval server (0: it shares them; it mostly waits on requests)."""
 
@@ -413,3 +425,15 @@ class StrataConfig(Section):
     """Prometheus endpoint and progress output."""
     eval: EvalConfig = Field(default_factory=EvalConfig)
     """Held-out evaluation."""
+
+    @model_validator(mode="after")
+    def _rank_placement_acts(self) -> StrataConfig:
+        runtime = self.runtime
+        if not isinstance(runtime, RayRuntime) or self.learner.num_ranks > 1:
+            return self
+        for key in ("learner_placement", "learner_rendezvous_host", "learner_rendezvous_port"):
+            if getattr(runtime, key) != RayRuntime.model_fields[key].default:
+                raise ValueError(
+                    f"runtime.{key} places the learner's ranks: it acts with learner.num_ranks > 1 only"
+                )
+        return self

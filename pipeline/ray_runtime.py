@@ -5,8 +5,9 @@
 Each actor pool's generation side (an engine, its tools and the agent loop) is one Ray actor
 (`GenerationWorker`, `runtime.actor_num_cpus/gpus` each, `actors.num_pools` of them, each running
 up to `actors.concurrency` agent loops); the learner is another (`LearnerWorker`,
-`runtime.learner_num_cpus/gpus`; with `learner.num_ranks` N it reserves N times that and starts
-ranks 1..N-1 as processes on its own node, learner/ranks.py), and so is the retrieval server.
+`runtime.learner_num_cpus/gpus`; with `learner.num_ranks` N it is rank 0, on bundle 0 of a
+placement group of N such bundles, and ranks 1..N-1 are actors on the others, on whichever nodes
+`runtime.learner_placement` puts them: learner/ranks.py), and so is the retrieval server.
 Pools and learner scale independently: more pools add generation, the learner is untouched.
 
 The driver (this process) keeps what is cheap and central: the group buffer with its spill, the
@@ -71,6 +72,7 @@ from pipeline.streaming import (
     CURSOR_KEY,
     ActorStats,
     RunSummary,
+    RuntimeUnavailable,
     question_stream,
     stream,
 )
@@ -214,8 +216,15 @@ class LearnerWorker:
     def load(self, directory: str) -> dict:
         return load_checkpoint(self.learner, directory)
 
+    def nodes(self) -> list[str]:
+        """The Ray node id of each rank, rank 0 first."""
+        import ray
+
+        peers = getattr(self.learner, "peers", None)
+        return [ray.get_runtime_context().get_node_id()] + (peers.nodes() if peers is not None else [])  # fmt: skip
+
     def close(self) -> None:
-        """Stop the learner's other ranks (learner.num_ranks > 1), processes of this actor."""
+        """Stop the learner's other ranks (learner.num_ranks > 1)."""
         close_learner(self.learner)
 
 
@@ -362,7 +371,7 @@ async def run_ray(
     ray = import_ray(runtime.node_ip)  # first: Ray decides what it listens on when imported
     summary = summary if summary is not None else RunSummary()
     pools_n = config.actors.num_pools
-    ranks = config.learner.num_ranks  # the learner's actor starts its other ranks on its node
+    ranks = config.learner.num_ranks
     needed = {
         "CPU": pools_n * runtime.actor_num_cpus + ranks * runtime.learner_num_cpus + runtime.retrieval_num_cpus,
         "GPU": pools_n * runtime.actor_num_gpus + ranks * runtime.learner_num_gpus,
@@ -393,9 +402,10 @@ async def run_ray(
             retrieval_watch = asyncio.create_task(
                 watch_retrieval(retrieval, index_dir, host, port, summary)
             )
+        placement = await learner_placement(runtime, ranks)
         learner = ray.remote(LearnerWorker).options(
-            num_cpus=ranks * runtime.learner_num_cpus, num_gpus=ranks * runtime.learner_num_gpus,
-            name="strata-learner",
+            num_cpus=runtime.learner_num_cpus, num_gpus=runtime.learner_num_gpus,
+            name="strata-learner", **placement,
         ).remote(plain, policy, _threads(runtime.learner_num_cpus, runtime.threads))  # fmt: skip
         generation = ray.remote(GenerationWorker)
         threads = _threads(runtime.actor_num_cpus, runtime.threads)
@@ -455,6 +465,31 @@ async def run_ray(
         if servers is not None:
             servers.stop()
         ray.shutdown()
+
+
+async def learner_placement(runtime: RayRuntime, ranks: int, timeout_s: float = 120.0) -> dict:
+    """The learner actor's scheduling options: with several ranks, bundle 0 of a placement group
+    of one bundle per rank (runtime.learner_num_cpus/gpus each, runtime.learner_placement), whose
+    other bundles its ranks take (learner/ranks.py). Ray would wait forever for bundles it cannot
+    place: after `timeout_s` that is one line instead."""
+    if ranks == 1:
+        return {}
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    bundle = {"CPU": runtime.learner_num_cpus, "GPU": runtime.learner_num_gpus}
+    bundle = {k: v for k, v in bundle.items() if v > 0} or {"CPU": 0.01}  # a bundle is never empty
+    group = placement_group([bundle] * ranks, strategy=runtime.learner_placement)
+    try:
+        await asyncio.wait_for(group.ready(), timeout_s)
+    except TimeoutError:
+        remove_placement_group(group)
+        raise RuntimeUnavailable(
+            f"the Ray cluster cannot place the learner's {ranks} ranks ({runtime.learner_placement}, "
+            f"{bundle} each) within {timeout_s:g} s: add nodes, lower runtime.learner_num_cpus/gpus "
+            "or learner.num_ranks, or use runtime.learner_placement PACK"
+        ) from None
+    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)}  # fmt: skip
 
 
 def make_evaluator(config: StrataConfig, learner: Any, worker: Any, run_dir: Path, run_metrics):
