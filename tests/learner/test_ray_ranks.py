@@ -4,13 +4,14 @@ The cluster is two Ray nodes on this machine (a head and a second raylet, both o
 and the placement group is STRICT_SPREAD, so rank 0 (the runtime's `LearnerWorker`, on bundle
 0) and rank 1 (an actor on bundle 1) run on different nodes and can meet only through the TCP
 rendezvous, which must listen on loopback alone. A ZeRO-2 checkpoint the two ranks take resumes
-on two new ranks.
+on two new ranks, and a killed rank stops the next step with one line naming it.
 """
 
 import asyncio
 
 import pytest
 
+from learner.ranks import RankError
 from learner.trainer import Learner
 from pipeline.config import LearnerConfig, StrataConfig
 from pipeline.ray_cluster import import_ray
@@ -86,4 +87,9 @@ def test_two_ranks_on_two_ray_nodes_train_like_one(two_nodes, policy, tmp_path):
     third = ray.get(again.step.remote(batches[2]), timeout=300)
     assert third["loss"] == pytest.approx(one.step(batches[2])["loss"], rel=1e-4, abs=1e-6)
     assert_same(ray.get(again.state_dict.remote()), one.state_dict())
+
+    ray.kill(ray.get_actor("strata-learner-rank-1"))  # a dead rank stops the step in one line
+    with pytest.raises(RankError) as stopped:
+        ray.get(again.step.remote(batches[0]), timeout=300)
+    assert str(stopped.value.cause).startswith("learner rank 1 died during step 4"), stopped.value
     ray.get(again.close.remote())

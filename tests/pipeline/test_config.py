@@ -155,6 +155,12 @@ def test_yaml_reads_exponent_floats(tmp_path):
             "{p}: actors.engine: gpus [0, 1, 2] must name 4 different GPUs (num_servers 2 x "
             "tp_size 2), or be left empty",
         ),
+        (
+            "runtime: {type: ray, learner_rendezvous_port: 29500}\n",
+            [],
+            "{p}: runtime.learner_rendezvous_port places the learner's ranks: it acts with "
+            "learner.num_ranks > 1 only",
+        ),
         ("model:\n  heads: 3\n", [], "{p}: model: hidden_size 128 must be divisible by heads 3"),
         ("learner:\n  eps: .nan\n", [], "learner.eps = nan: input should be a finite number"),
         ("learner: [1\n", [], "{p}:2:1: invalid YAML"),

@@ -235,21 +235,27 @@ def test_ray_pools_on_vllm_servers_and_a_killed_server_comes_back_on_the_latest_
     assert_accounting(run_dir)
 
 
-def test_ray_runtime_with_two_learner_ranks(tmp_path, run_cache):
-    """learner.num_ranks 2 under Ray: the learner's actor starts rank 1 on its node; every step
-    is trained by both ranks, and the ranks end with the run."""
+def test_ray_runtime_with_two_learner_ranks_resumes_on_two(tmp_path, run_cache):
+    """learner.num_ranks 2 under Ray: rank 1 is an actor on the learner's placement group, every
+    step is trained by both ranks, the ranks end with the run, and `--resume` on two ranks
+    carries the run on from the checkpoint both took."""
     run_dir = tmp_path / "run"
-    proc = launch(run_dir, run_cache, *RAY, "--set", "learner.num_ranks=2", "--set", "learner.max_steps=3",
-                  "--set", "runtime.learner_num_cpus=0.25")  # fmt: skip
+    sets = [*RAY, "--set", "learner.num_ranks=2", "--set", "runtime.learner_num_cpus=0.25"]
+    proc = launch(run_dir, run_cache, *sets, "--set", "learner.max_steps=2")
     seen: list[str] = []
     wait_for_step(proc, 1, seen)
-    ranks = generation_workers(proc.pid, "multiprocessing.spawn")
+    ranks = generation_workers(proc.pid, "RankActor")
+    assert len(ranks) == 1, "rank 1 runs as a Ray actor"
+    assert_loopback_listeners(proc.pid)  # the ranks' rendezvous too
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
-    assert len(ranks) == 1, "rank 1 runs as a process of the learner's actor"
+    time.sleep(1.0)
+    assert not ranks[0].is_running() or ranks[0].status() == psutil.STATUS_ZOMBIE
+
+    again = launch(run_dir, run_cache, *sets, "--set", "learner.max_steps=3", "--resume")
+    _, err = again.communicate(timeout=600)
+    assert again.returncode == 0, err[-3000:]
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [s["version"] for s in steps] == [1.0, 2.0, 3.0]
     assert all(s["rank_count"] == 2.0 and s["rank/1/tokens"] > 0 for s in steps)
-    time.sleep(1.0)
-    assert not ranks[0].is_running() or ranks[0].status() == psutil.STATUS_ZOMBIE
     assert_accounting(run_dir)
