@@ -202,8 +202,7 @@ class Learner:
             except (RuntimeError, RankError) as exc:  # gloo's error for a peer gone is pages long
                 raise self.peers.failure(f"step {self.version + 1}", exc) from exc
         metrics.update(self._telemetry(result, rewards, strata, trajectories, sums, start))
-        if self.world > 1:
-            metrics.update(rank_metrics(self.rank_stats))
+        metrics.update(rank_metrics(self.rank_stats))  # one rank too: the same series either way
         return metrics
 
     def train_rows(self, trajectories: list, advantages: torch.Tensor, keep: torch.Tensor) -> Counter[str]:  # fmt: skip

@@ -91,6 +91,18 @@ class RunMetrics:
             "per stratum; trained below generated: staleness starves the stratum",
             ["stratum", "kind"], registry=r,
         )  # fmt: skip
+        self.rank_seconds = Counter(
+            "strata_learner_rank_seconds_total", "Seconds each learner rank spent on its own "
+            "micro-batches", ["rank"], registry=r,
+        )  # fmt: skip
+        self.rank_idle = Counter(
+            "strata_learner_rank_idle_seconds_total", "Seconds each learner rank waited for the "
+            "slowest rank at a step's reductions", ["rank"], registry=r,
+        )  # fmt: skip
+        self.rank_tokens = Counter(
+            "strata_learner_rank_tokens_total", "Response tokens each learner rank trained",
+            ["rank"], registry=r,
+        )  # fmt: skip
         self._seen: dict[str, float] = {}
         for status in ("released", "dropped_stale", "abandoned", "rejected"):
             self.trajectories.labels(status=status)  # every series exists from the first scrape
@@ -134,6 +146,11 @@ class RunMetrics:
         for key, value in metrics.items():
             if key.startswith("stratum/") and key.endswith("/reward"):
                 self.reward.labels(stratum=key.split("/")[1]).set(value)
+            elif key.startswith("rank/"):
+                _, rank, measure = key.split("/")
+                counter = {"seconds": self.rank_seconds, "idle_seconds": self.rank_idle,
+                           "tokens": self.rank_tokens}[measure]  # fmt: skip
+                counter.labels(rank=rank).inc(max(0.0, value))
             elif key.startswith("stratum/") and key.endswith("_share"):
                 _, stratum, kind = key.split("/")
                 self.stratum_share.labels(stratum=stratum, kind=kind.removesuffix("_share")).set(

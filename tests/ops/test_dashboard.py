@@ -28,7 +28,8 @@ def test_dashboard_is_valid_and_covers_the_design_metrics():
     for name in ["strata_generated_tokens_total", "strata_trajectories_total", "strata_learner_steps_total",
                  "strata_staleness", "strata_buffer_groups", "strata_reward", "strata_tool_calls_per_trajectory",
                  "strata_learner_step_seconds", "strata_learner_idle_seconds_total", "strata_weight_sync_seconds",
-                 "strata_tool_call_seconds", "strata_tool_errors_total", "strata_eval_accuracy"]:  # fmt: skip
+                 "strata_tool_call_seconds", "strata_tool_errors_total", "strata_eval_accuracy",
+                 "strata_learner_rank_seconds_total", "strata_learner_rank_idle_seconds_total", "strata_learner_rank_tokens_total"]:  # fmt: skip
         assert name in exprs, name
 
 
