@@ -83,7 +83,8 @@ class TcpRendezvous:
     listen_fd: int | None = None
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address, or localhost) is this machine's loopback."""
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:  # a host name
@@ -97,7 +98,7 @@ def init_rank_group(rank: int, world: int, where: str | TcpRendezvous) -> None:
     import torch.distributed as dist
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if not isinstance(where, TcpRendezvous) or _is_loopback(where.host):
+    if not isinstance(where, TcpRendezvous) or is_loopback(where.host):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's pairs connect over loopback only
     for name, value in (("RANK", rank), ("LOCAL_RANK", rank), ("WORLD_SIZE", world)):
         os.environ[name] = str(value)

@@ -7,12 +7,12 @@ cluster has (Ray would wait for them forever).
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import signal
 import sys
 from collections.abc import Mapping
 
+from learner.ranks import is_loopback
 from pipeline.config import RayRuntime
 from pipeline.streaming import RuntimeUnavailable
 
@@ -26,7 +26,7 @@ interfaces (`::`, 0.0.0.0) and the runtime-env agent on the machine's address, w
 def import_ray(node_ip: str = "127.0.0.1"):
     """`import ray`, with Ray kept on loopback when `node_ip` is a loopback address: the only
     way any module of ours may import ray before starting or joining a cluster."""
-    if _is_loopback(node_ip) and os.environ.get(LOOPBACK_ONLY) != "1":
+    if is_loopback(node_ip) and os.environ.get(LOOPBACK_ONLY) != "1":
         os.environ[LOOPBACK_ONLY] = "0"  # read by the processes the cluster starts, too
         if "ray" in sys.modules:  # imported by someone else first: its constant is already read
             from ray._private import ray_constants
@@ -35,13 +35,6 @@ def import_ray(node_ip: str = "127.0.0.1"):
     import ray
 
     return ray
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name
-        return host == "localhost"
 
 
 def start_ray(runtime: RayRuntime, needed: dict[str, float], reserved_gpus: int = 0) -> None:

@@ -4,7 +4,7 @@
 
 Each actor pool's generation side (an engine, its tools and the agent loop) is one Ray actor
 (`GenerationWorker`, `runtime.actor_num_cpus/gpus` each, `actors.num_pools` of them, each running
-up to `actors.concurrency` agent loops); the learner is another (`LearnerWorker`,
+up to `actors.concurrency` agent loops); the learner is another (`LearnerWorker`, ray_learner.py,
 `runtime.learner_num_cpus/gpus`; with `learner.num_ranks` N it is rank 0, on bundle 0 of a
 placement group of N such bundles, and ranks 1..N-1 are actors on the others, on whichever nodes
 `runtime.learner_placement` puts them: learner/ranks.py), and so is the retrieval server.
@@ -48,15 +48,11 @@ from actors.remote import RemoteEngine
 from actors.servers import ServerWatch
 from actors.tools import ToolStats
 from buffers.records import InvalidTrajectory, Trajectory
-from learner.checkpoint import load_checkpoint, save_checkpoint
-from learner.weight_sync import write_checkpoint
 from pipeline.acting import open_acting, start_servers
 from pipeline.assets import Assets
 from pipeline.components import (
-    close_learner,
     make_buffer,
     make_engine,
-    make_learner,
     make_publisher,
     pool_urls,
 )
@@ -66,13 +62,13 @@ from pipeline.config import SGLangEngine as SGLangEngineConfig
 from pipeline.evaluate import eval_settings, periodic_eval, with_and_without_tools
 from pipeline.metrics import start_metrics
 from pipeline.ray_cluster import import_ray, start_ray
+from pipeline.ray_learner import LearnerWorker, learner_placement
 from pipeline.ray_retrieval import RetrievalWorker, watch_retrieval
 from pipeline.recovery import resume_run_dir
 from pipeline.streaming import (
     CURSOR_KEY,
     ActorStats,
     RunSummary,
-    RuntimeUnavailable,
     question_stream,
     stream,
 )
@@ -184,48 +180,6 @@ class GenerationWorker:
             await self.eval_engine.close()
         if self.agent is not None:
             await self.acting.close()
-
-
-class LearnerWorker:
-    """The learner (DeepSpeed) in its own process; weights leave it as CPU tensors."""
-
-    def __init__(self, config: dict, policy_dir: str, threads: int) -> None:
-        torch.set_num_threads(threads)
-        self.learner = make_learner(StrataConfig.model_validate(config), policy_dir)
-
-    def version(self) -> int:
-        return self.learner.version
-
-    def step(self, groups: list) -> dict:
-        return self.learner.step(groups)
-
-    def state_dict(self) -> dict:
-        return {name: t.detach().cpu() for name, t in self.learner.state_dict().items()}
-
-    def save_weights(self, directory: str) -> str:
-        """The current weights as an HF checkpoint `directory/vNNNNNN` for inference servers to
-        load (on storage they can read); the driver's CheckpointSync prunes old ones."""
-        learner = self.learner
-        path = write_checkpoint(directory, learner.version, learner.state_dict(), learner.model,
-                                learner.tokenizer)  # fmt: skip
-        return str(path)
-
-    def save(self, directory: str, extra: dict) -> str:
-        return str(save_checkpoint(self.learner, directory, extra))
-
-    def load(self, directory: str) -> dict:
-        return load_checkpoint(self.learner, directory)
-
-    def nodes(self) -> list[str]:
-        """The Ray node id of each rank, rank 0 first."""
-        import ray
-
-        peers = getattr(self.learner, "peers", None)
-        return [ray.get_runtime_context().get_node_id()] + (peers.nodes() if peers is not None else [])  # fmt: skip
-
-    def close(self) -> None:
-        """Stop the learner's other ranks (learner.num_ranks > 1)."""
-        close_learner(self.learner)
 
 
 def _ray_errors() -> tuple[type[BaseException], ...]:
@@ -465,31 +419,6 @@ async def run_ray(
         if servers is not None:
             servers.stop()
         ray.shutdown()
-
-
-async def learner_placement(runtime: RayRuntime, ranks: int, timeout_s: float = 120.0) -> dict:
-    """The learner actor's scheduling options: with several ranks, bundle 0 of a placement group
-    of one bundle per rank (runtime.learner_num_cpus/gpus each, runtime.learner_placement), whose
-    other bundles its ranks take (learner/ranks.py). Ray would wait forever for bundles it cannot
-    place: after `timeout_s` that is one line instead."""
-    if ranks == 1:
-        return {}
-    from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    bundle = {"CPU": runtime.learner_num_cpus, "GPU": runtime.learner_num_gpus}
-    bundle = {k: v for k, v in bundle.items() if v > 0} or {"CPU": 0.01}  # a bundle is never empty
-    group = placement_group([bundle] * ranks, strategy=runtime.learner_placement)
-    try:
-        await asyncio.wait_for(group.ready(), timeout_s)
-    except TimeoutError:
-        remove_placement_group(group)
-        raise RuntimeUnavailable(
-            f"the Ray cluster cannot place the learner's {ranks} ranks ({runtime.learner_placement}, "
-            f"{bundle} each) within {timeout_s:g} s: add nodes, lower runtime.learner_num_cpus/gpus "
-            "or learner.num_ranks, or use runtime.learner_placement PACK"
-        ) from None
-    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)}  # fmt: skip
 
 
 def make_evaluator(config: StrataConfig, learner: Any, worker: Any, run_dir: Path, run_metrics):

@@ -46,7 +46,7 @@ def test_two_ranks_on_two_ray_nodes_train_like_one(two_nodes, policy, tmp_path):
 
     from ray.util.placement_group import remove_placement_group
 
-    from pipeline.ray_runtime import LearnerWorker, learner_placement
+    from pipeline.ray_learner import LearnerWorker, learner_placement
 
     ray = two_nodes
     opts = options(zero_stage=2)
