@@ -3,6 +3,7 @@ mid-run it stops with one line naming the checkpoint; `--resume` on 2 ranks fini
 the books balance."""
 
 import json
+import re
 import time
 
 import psutil
@@ -34,9 +35,9 @@ def test_a_killed_learner_rank_stops_the_run_in_one_line_and_it_resumes_on_two_r
     _, err = first.communicate(timeout=300)
     assert first.returncode == 1, err[-3000:]
     line = [x for x in err.splitlines() if x.startswith("strata: error:")]
-    assert len(line) == 1 and "learner rank 1 died during " in line[0], err[
-        -3000:
-    ]  # a step or a save
+    # during a step or a save, or before one (killed between two, the next send finds it gone)
+    died = re.search(r"learner rank 1 died (during|before) (step \d+|train|save): exit code -9", line[0] if line else "")  # fmt: skip
+    assert len(line) == 1 and died, err[-3000:]
     assert f"--resume --run-dir {run_dir}" in line[0] and "checkpoints/step-" in line[0]
     assert "Traceback" not in err
 
