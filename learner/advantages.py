@@ -24,7 +24,6 @@ which matters only for rewards with a huge common offset.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -146,11 +145,11 @@ def _check_inputs(rewards: torch.Tensor, group_ids: torch.Tensor, strata: torch.
 class _Blend:
     """One batch's ids and per-cell tables (float64; [C] over cells, [G] over groups)."""
 
-    c: torch.Tensor  # [N] dense cell id of each trajectory
+    c: torch.Tensor  # [N] dense cell id of each trajectory (int32 when C fits)
     group_values: torch.Tensor  # [G] the caller's id of each dense group
     stratum_values: torch.Tensor  # [S] the caller's stratum of each dense stratum
-    cell_keys: torch.Tensor  # [C] g * S + s of each cell
-    to_cells: Callable[..., torch.Tensor]  # [G] -> [C]: each cell's group's value (out= optional)
+    slotted: bool  # cells are all G * S slots g * S + s (else the (g, s) pairs that occur)
+    occurring: torch.Tensor | None  # [C] g * S + s of each cell when not slotted
     cell_count: torch.Tensor  # [C] int64
     cell_mean: torch.Tensor  # float64
     cell_std: torch.Tensor  # the rewards' dtype, as are the scales
@@ -159,7 +158,24 @@ class _Blend:
     group_mean: torch.Tensor  # float64
     group_std: torch.Tensor
     group_scale: torch.Tensor  # 1 / (std_g + eps)
-    between: torch.Tensor  # [C] mean_{g,k} - mean_g, float64
+
+    @property
+    def cell_keys(self) -> torch.Tensor:
+        """g * S + s of each cell (made on demand: the advantages alone never need it)."""
+        if self.occurring is not None:
+            return self.occurring
+        return torch.arange(len(self.cell_count), device=self.c.device)
+
+    def to_cells(self, v: torch.Tensor) -> torch.Tensor:
+        """[G] -> [C]: each cell's group's value."""
+        if self.slotted:
+            return v.view(-1, 1).expand(-1, len(self.stratum_values)).reshape(-1)
+        return v.index_select(0, self.cell_keys // len(self.stratum_values))
+
+    @property
+    def between(self) -> torch.Tensor:
+        """[C] mean_{g,k} - mean_g, float64."""
+        return self.cell_mean - self.to_cells(self.group_mean)
 
 
 def _blend(rewards, group_ids, strata, alpha: float, eps: float) -> _Blend:
@@ -172,43 +188,35 @@ def _blend(rewards, group_ids, strata, alpha: float, eps: float) -> _Blend:
     g, group_values = _dense_ids(group_ids.to(device=device, dtype=torch.int64))
     s, stratum_values = _dense_ids(strata.to(device=device, dtype=torch.int64))
     num_groups, num_strata = len(group_values), len(stratum_values)
-    cell = torch.add(s, g, alpha=num_strata)
+    slots = num_groups * num_strata
     # Cells over all G * S slots when that is small (no sort; empty slots have count 0 and are
-    # never read), else over the (g, s) pairs that occur.
-    slotted = 0 < num_groups * num_strata <= 2 * len(rewards) + 1024
-    if slotted:
-        cell_keys, c = torch.arange(num_groups * num_strata, device=device), cell
+    # never read), else over the (g, s) pairs that occur. int32 ids when they fit: bincount and
+    # the gather read half the bytes.
+    slotted = 0 < slots <= 2 * len(rewards) + 1024
+    if slotted and slots < 2**31:
+        c, occurring = torch.add(s.to(torch.int32), g.to(torch.int32), alpha=num_strata), None
+    elif slotted:
+        c, occurring = torch.add(s, g, alpha=num_strata), None
     else:
-        cell_keys, c = torch.unique(cell, return_inverse=True)
-    if not slotted:
-        cell_group = cell_keys // max(num_strata, 1)
+        occurring, c = torch.unique(torch.add(s, g, alpha=num_strata), return_inverse=True)
+    num_cells = slots if slotted else len(occurring)
 
     def to_groups(v: torch.Tensor) -> torch.Tensor:  # sum over each group's cells
         if slotted:
             return v.view(num_groups, num_strata).sum(1)
-        return torch.zeros(num_groups, dtype=v.dtype, device=device).index_add_(0, cell_group, v)
+        owner = occurring // num_strata
+        return torch.zeros(num_groups, dtype=v.dtype, device=device).index_add_(0, owner, v)
 
-    def to_cells(v: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Each cell's group's value, written into `out` (a [C] view) when given."""
-        if out is None:
-            out = torch.empty(len(cell_keys), dtype=v.dtype, device=device)
-        if slotted:
-            out.view(num_groups, num_strata).copy_(v.view(num_groups, 1).expand(-1, num_strata))
-        else:
-            out.copy_(v.index_select(0, cell_group))
-        return out
-
-    cell_count, cell_head, cell_tail, cell_squares = _sums(rewards, c, len(cell_keys))
+    cell_count, cell_head, cell_tail, cell_squares = _sums(rewards, c, num_cells)
     group_count, group_head, group_squares = (to_groups(v) for v in (cell_count, cell_head, cell_squares))  # fmt: skip
     group_tail = None if cell_tail is None else to_groups(cell_tail)
     cell_mean, cell_std = _moments(cell_count, cell_head, cell_tail, cell_squares, rewards.dtype)
     group_mean, group_std = _moments(group_count, group_head, group_tail, group_squares, rewards.dtype)  # fmt: skip
-    between = to_cells(group_mean).neg_().add_(cell_mean)  # mean_{g,k} - mean_g
     return _Blend(
-        c=c, group_values=group_values, stratum_values=stratum_values, cell_keys=cell_keys,
-        to_cells=to_cells, cell_count=cell_count, cell_mean=cell_mean, cell_std=cell_std,
+        c=c, group_values=group_values, stratum_values=stratum_values, slotted=slotted,
+        occurring=occurring, cell_count=cell_count, cell_mean=cell_mean, cell_std=cell_std,
         cell_scale=_scale(cell_std, eps), group_count=group_count, group_mean=group_mean,
-        group_std=group_std, group_scale=_scale(group_std, eps), between=between,
+        group_std=group_std, group_scale=_scale(group_std, eps),
     )  # fmt: skip
 
 
@@ -217,13 +225,19 @@ def _blended(b: _Blend, alpha: float, rewards: torch.Tensor) -> torch.Tensor:
     A = d * (alpha * cell_scale + (1 - alpha) * group_scale) + (1 - alpha) * between * group_scale.
     For an all-equal cell d is exactly 0 (its mean is exact, also in the rewards' dtype).
     A cell's slope, offset and mean sit side by side in one row, so each trajectory reads its
-    cell's three numbers with one gather (one cache line) instead of three."""
-    table = torch.empty(len(b.cell_keys), 3, dtype=rewards.dtype, device=rewards.device)
-    slope, offset = table[:, 0], table[:, 1]
-    b.to_cells(b.group_scale * (1.0 - alpha), out=offset)  # (1 - alpha) * group_scale, for now
-    torch.add(offset, b.cell_scale, alpha=alpha, out=slope)
-    offset.mul_(b.between)
-    table[:, 2] = b.cell_mean
+    cell's three numbers with one gather (one cache line) instead of three. With slot cells the
+    row is built on the [G, S] grid, each group's numbers broadcast over its S slots."""
+    table = torch.empty(len(b.cell_count), 3, dtype=rewards.dtype, device=rewards.device)
+    weighted = b.group_scale * (1.0 - alpha)  # (1 - alpha) * group_scale
+    if b.slotted:  # [G, S] grids: a group's numbers broadcast over its S slots, no copies
+        grid, shape = table.view(len(b.group_values), -1, 3), (len(b.group_values), -1)
+        cell_mean, weighted = b.cell_mean.view(shape), weighted.view(-1, 1)
+        between = cell_mean - b.group_mean.view(-1, 1)
+    else:
+        grid, cell_mean, weighted, between = table, b.cell_mean, b.to_cells(weighted), b.between
+    grid[..., 0] = torch.add(weighted, b.cell_scale.view(cell_mean.shape), alpha=alpha)
+    grid[..., 1] = between.to(rewards.dtype).mul_(weighted)
+    grid[..., 2] = cell_mean
     row = table.index_select(0, b.c)
     return torch.addcmul(row[:, 1], rewards - row[:, 2], row[:, 0])
 
