@@ -136,7 +136,8 @@ def main() -> None:
     rewards, dense, strata = make_batch(args.n, args.group_size)
     hashed = dense * 2_654_435_761 + 97  # hash-like prompt ids: no small range, so they are sorted
     contenders: dict[str, Callable[[], torch.Tensor]] = {"peer": lambda: peer_grpo(rewards, dense)}
-    order = torch.argsort(dense, stable=True)  # each group's members side by side, as the learner's batches
+    # each group's members side by side, as in the learner's batches
+    order = torch.argsort(dense, stable=True)
     grouped = rewards[order], dense[order], strata[order]
     contenders["peer grouped"] = lambda: peer_grpo(grouped[0], grouped[1])
     contenders["stratified grouped"] = lambda: estimate("stratified", *grouped).advantages
