@@ -15,10 +15,13 @@ directory gets what a run's does (the Parquet spill, metrics.jsonl, accounting.j
 from __future__ import annotations
 
 import asyncio
+import signal
+import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from actors.agent import CORRECTION, PYTHON_INSTRUCTION, SEARCH_INSTRUCTION, AgentLoop
 from actors.pool import ActorPool
@@ -123,6 +126,7 @@ class SimResult:
     per_stratum: dict[int, dict[str, int]]
     real_seconds: float
     settings: dict = field(default_factory=dict)
+    interrupted: bool = False  # stopped by SIGTERM (books and checkpoint written on the way out)
 
     @property
     def learner_idle_fraction(self) -> float:
@@ -140,7 +144,9 @@ def steady_throughput(metrics: list[dict]) -> float:
     return trained / max(b["elapsed_s"] - a["elapsed_s"], 1e-9)
 
 
-async def _simulate(config: StrataConfig, run_dir: Path) -> SimResult:
+async def _simulate(
+    config: StrataConfig, run_dir: Path, run_metrics: Any = None, stop_on_sigterm: bool = False
+) -> SimResult:
     sim = config.actors.engine
     assert isinstance(sim, SimulatedConfig)
     tokenizer = sim_tokenizer()
@@ -161,11 +167,27 @@ async def _simulate(config: StrataConfig, run_dir: Path) -> SimResult:
     roles = SimulatedRoles(sim, engine, agents)
     summary = RunSummary()
     began = time.perf_counter()
+    loop, task, stopping = asyncio.get_running_loop(), asyncio.current_task(), []
+
+    def stop() -> None:  # SIGTERM: cancel the stream at its next await, once, as a real run does
+        if not stopping:
+            stopping.append(True)
+            task.cancel()
+
+    if stop_on_sigterm:
+        loop.add_signal_handler(signal.SIGTERM, stop)
     try:
-        await asyncio.wait_for(stream(config, roles, buffer, pools, run_dir, summary), sim.time_limit_s)  # fmt: skip
+        await asyncio.wait_for(stream(config, roles, buffer, pools, run_dir, summary, run_metrics=run_metrics),
+                               sim.time_limit_s)  # fmt: skip
     except TimeoutError:
         pass  # the simulated time limit: the books are written on the way out
+    except asyncio.CancelledError:
+        if not stopping:
+            raise
+        task.uncancel()  # stopped on purpose: the stream wrote its books and checkpoint
     finally:
+        if stop_on_sigterm:
+            loop.remove_signal_handler(signal.SIGTERM)
         await engine.close()
     total = max(summary.seconds, 1e-9)
     per_server = len(servers) * total
@@ -180,34 +202,57 @@ async def _simulate(config: StrataConfig, run_dir: Path) -> SimResult:
         staleness=dict(sorted(roles.staleness.items())),
         per_stratum={int(k): v for k, v in summary.accounting.get("per_stratum", {}).items()},
         real_seconds=time.perf_counter() - began,
-        settings=sim.model_dump(mode="json"),
+        settings=sim.model_dump(mode="json"), interrupted=bool(stopping),
     )  # fmt: skip
 
 
-def simulate(config: StrataConfig, run_dir: str | Path) -> SimResult:
+def simulate(
+    config: StrataConfig, run_dir: str | Path, run_metrics: Any = None, stop_on_sigterm: bool = False
+) -> SimResult:
     """Run `config` (actors.engine.type simulated) to learner.max_steps on the virtual clock;
-    writes run_dir/simulation.json and returns its figures."""
+    writes run_dir/simulation.json and returns its figures. `run_metrics` (a
+    pipeline.metrics.RunMetrics) is fed after every step, in simulated seconds; with
+    `stop_on_sigterm` a SIGTERM stops the run as it stops a real one (books, checkpoint)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    result = virtual_time.run(_simulate(config, run_dir))
+    result = virtual_time.run(_simulate(config, run_dir, run_metrics, stop_on_sigterm))
     write_json(run_dir / "simulation.json", asdict(result))
     return result
 
 
-NOT_SIMULATED = ("model", "data (but num_questions, seed, shuffle)", "retrieval", "eval", "metrics",
+NOT_SIMULATED = ("model", "data (but num_questions, seed, shuffle)", "retrieval", "eval",
                  "learner.lr", "learner.alpha", "learner.advantage",
                  "learner.importance", "learner.kl_coef", "learner.zero_stage", "learner.num_ranks")  # fmt: skip
 
 
 def run_simulated(config: StrataConfig, run_dir: Path) -> int:
     """`python -m pipeline.launch` with actors.engine.type simulated: one line on what does not
-    act, the simulation, one line of results."""
+    act, the simulation (Prometheus metrics as in a real run, when enabled; SIGTERM stops it
+    cleanly), one line of results."""
+    from pipeline.metrics import start_metrics
+
     print(f"strata: simulated run (actors.engine.type simulated): no model is trained, so "
           f"{', '.join(NOT_SIMULATED)} do not act; timings are simulated seconds", flush=True)  # fmt: skip
-    r = simulate(config, run_dir)
+    run_metrics = None
+    try:
+        if config.metrics.enabled:
+            run_metrics = start_metrics(config, run_dir, list(config.actors.tools))
+        r = simulate(config, run_dir, run_metrics, stop_on_sigterm=True)
+    except OSError as exc:  # e.g. the metrics port is taken
+        print(f"strata: error: {exc} (set metrics.port, or metrics.enabled=false)", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # SIGTERM or Ctrl-C before the stream began: nothing to write
+        print("strata: interrupted before the simulation began", file=sys.stderr)
+        return 130
+    finally:
+        if run_metrics is not None:
+            run_metrics.close()
     stale = ", ".join(f"{k}: {v}" for k, v in r.staleness.items())
     print(f"strata: simulated {r.steps} steps, {r.trajectories} trajectories in {r.seconds:.0f} s "
           f"({r.real_seconds:.0f} s real): {r.trajectories_per_s:.2f} trajectories/s after warm-up, "
           f"learner idle {r.learner_idle_fraction:.0%}, servers busy {r.server_busy_fraction:.0%}; "
           f"staleness {{{stale}}}; {run_dir / 'simulation.json'}", flush=True)  # fmt: skip
+    if r.interrupted:
+        print("strata: interrupted: the books and a checkpoint of the steps so far are written", file=sys.stderr)  # fmt: skip
+        return 130
     return 0 if r.steps else 1

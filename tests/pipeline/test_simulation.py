@@ -48,3 +48,60 @@ def test_a_simulated_run_under_ray_is_refused_in_one_line(tmp_path):
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300, env=child_env())  # fmt: skip
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].endswith("runs on the local runtime only: use --set runtime.type=local")  # fmt: skip
+
+
+def test_a_simulated_run_feeds_the_prometheus_metrics_in_simulated_seconds(tmp_path):
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from pipeline.metrics import RunMetrics
+
+    metrics = RunMetrics()
+    config = load_config("configs/local.yaml", [*SIM, "learner.max_steps=5"])
+    result = simulate(config, tmp_path / "run", run_metrics=metrics)
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+               for s in family.samples}  # fmt: skip
+    assert samples["strata_learner_steps_total", ()] == result.steps == 5
+    books = assert_accounting(tmp_path / "run")
+    assert samples["strata_trajectories_total", (("status", "released"),)] == books["total"]["trained"] == 5 * 16  # fmt: skip
+    assert samples["strata_staleness_count", ()] == 5 * 16  # one observation per trained trajectory
+    assert samples["strata_generated_tokens_total", ()] > 0
+    # step durations are the simulated learner's, not this machine's
+    assert abs(samples["strata_learner_step_seconds_sum", ()] - result.learner_busy_s) < 1e-6
+
+
+def test_sigterm_stops_a_simulated_launch_with_its_books_and_a_checkpoint(tmp_path):
+    import os
+    import signal
+    import time
+    import urllib.request
+
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "pipeline.launch", "configs/local.yaml", "--run-dir", str(run_dir),
+            *(a for s in [*SIM, "learner.max_steps=1000000", "metrics.enabled=true"] for a in ("--set", s))]  # fmt: skip
+    child = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        steps = run_dir / "metrics.jsonl"
+        while not (steps.exists() and len(steps.read_text().splitlines()) >= 3):
+            assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+            time.sleep(0.2)
+        url = (run_dir / "metrics_url").read_text().strip()
+        assert url.startswith("http://127.0.0.1:")
+        scraped = urllib.request.urlopen(url, timeout=10).read().decode()
+        steps_seen = [float(line.split()[-1]) for line in scraped.splitlines() if line.startswith("strata_learner_steps_total ")]  # fmt: skip
+        assert steps_seen and steps_seen[0] >= 3  # the endpoint follows the run while it runs
+        os.kill(child.pid, signal.SIGTERM)
+        out, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 130, err[-3000:]
+    assert "strata: interrupted: the books and a checkpoint" in err
+    result = json.loads((run_dir / "simulation.json").read_text())
+    assert result["interrupted"] and 3 <= result["steps"] < 1000000
+    assert (run_dir / "checkpoints" / f"step-{result['steps']:06d}.json").is_file()  # the last step's
+    books = assert_accounting(run_dir)
+    # the books count as trained what the learner took: the step the stop cut short is in them
+    assert result["trajectories"] <= books["total"]["trained"] <= result["trajectories"] + 16
