@@ -207,7 +207,10 @@ async def _simulate(
 
 
 def simulate(
-    config: StrataConfig, run_dir: str | Path, run_metrics: Any = None, stop_on_sigterm: bool = False
+    config: StrataConfig,
+    run_dir: str | Path,
+    run_metrics: Any = None,
+    stop_on_sigterm: bool = False,
 ) -> SimResult:
     """Run `config` (actors.engine.type simulated) to learner.max_steps on the virtual clock;
     writes run_dir/simulation.json and returns its figures. `run_metrics` (a

@@ -93,7 +93,7 @@ def test_sigterm_stops_a_simulated_launch_with_its_books_and_a_checkpoint(tmp_pa
         steps_seen = [float(line.split()[-1]) for line in scraped.splitlines() if line.startswith("strata_learner_steps_total ")]  # fmt: skip
         assert steps_seen and steps_seen[0] >= 3  # the endpoint follows the run while it runs
         os.kill(child.pid, signal.SIGTERM)
-        out, err = child.communicate(timeout=120)
+        _, err = child.communicate(timeout=120)
     finally:
         if child.poll() is None:
             child.kill()
@@ -101,7 +101,7 @@ def test_sigterm_stops_a_simulated_launch_with_its_books_and_a_checkpoint(tmp_pa
     assert "strata: interrupted: the books and a checkpoint" in err
     result = json.loads((run_dir / "simulation.json").read_text())
     assert result["interrupted"] and 3 <= result["steps"] < 1000000
-    assert (run_dir / "checkpoints" / f"step-{result['steps']:06d}.json").is_file()  # the last step's
+    assert (run_dir / "checkpoints" / f"step-{result['steps']:06d}.json").is_file()
     books = assert_accounting(run_dir)
     # the books count as trained what the learner took: the step the stop cut short is in them
     assert result["trajectories"] <= books["total"]["trained"] <= result["trajectories"] + 16
