@@ -9,9 +9,10 @@ published: generate a batch, then train); streaming is η > 0.
 The workload is a long-tailed agentic one: 0-6 tool calls per trajectory (a geometric number,
 P(call) = 0.6 a turn), log-normal turn lengths (median 200 tokens), tool latency log-uniform in
 0.2-2 s, 512-token observations; servers as an 8B model on H100-class GPUs (10 ms decode step +
-0.3 ms per running sequence, 64 sequences a server, 10k tokens/s prefill); the learner at 3.3e-4 s
-per trained token on one rank (6 x 8e9 FLOPs at ~150 TFLOP/s) divided among its ranks, plus 1 s
-a step; weights (16 GB) broadcast at 25 GB/s. Tokens are coarse: one simulated token stands for
+0.3 ms per running sequence, 64 sequences a server, 10k tokens/s prefill); the learner at 2e-4 s
+per trained token on one rank (10 x 8e9 FLOPs: forward and backward plus configs/gaia.yaml's
+proximal and reference forwards, at 40% of an H100's 989 dense bf16 TFLOP/s) divided among its
+ranks, plus 1 s a step; weights (16 GB) broadcast at 25 GB/s. Tokens are coarse: one simulated token stands for
 TOKEN_SCALE real ones (lengths divided, per-token times multiplied), which leaves every timing as
 it is and divides the Python work per trajectory.
 
@@ -22,7 +23,7 @@ time on the servers alone (the synchronous run's learner wait per step), T_train
 (+ publish); the ideal streaming step takes max(T_gen, T_train), the synchronous one T_gen +
 T_train, so the overlap bound on the speed-up is (T_gen + T_train) / max(T_gen, T_train).
 
-    python benchmarks/cluster_sim.py [--quick] [--doc docs/results/throughput.md]
+    python benchmarks/cluster_sim.py [--quick] [--doc docs/results/throughput.md [--notes NOTES.md]]
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class Case:
             f"actors.engine.turn_tokens_median={200 / s}", "actors.engine.turn_tokens_sigma=0.8",
             "actors.engine.tool_call_p=0.6", "actors.engine.tool_latency_s=[0.2,2.0]",
             f"actors.engine.partial_rollouts={str(self.partial).lower()}",
-            f"actors.engine.train_s_per_token={3.3e-4 * s}", "actors.engine.train_step_s=1.0",
+            f"actors.engine.train_s_per_token={2e-4 * s}", "actors.engine.train_step_s=1.0",
             f"actors.engine.learner_ranks={self.ranks}", "actors.engine.params_b=8",
             "actors.engine.sync_gb_per_s=25", "actors.tools=[search]", "actors.max_turns=6",
             f"actors.max_new_tokens_per_turn={2048 // s}", f"actors.max_response_tokens={16384 // s}",
@@ -103,15 +104,19 @@ def share_gap(result: SimResult) -> float:
 
 
 def grid(quick: bool) -> list[Case]:
-    """Synchronous and streaming at each cluster size; at 32 servers also η 1 and 4 and no
-    partial rollouts; and 8 servers for 8 learner ranks (generation the bottleneck), with and
-    without partial rollouts. 128 servers run fewer steps (each has 4096 trajectories)."""
+    """η 0 (synchronous), 1, 2 and 4 at 8, 32 and 128 servers (2, 8, 8 learner ranks), at 32
+    also η 2 without partial rollouts; learner ranks 1, 2 and 4 at 32 servers (the learner from
+    the bottleneck towards balance), synchronous and η 2; and 8 servers for 8 ranks (generation
+    the bottleneck), with and without partial rollouts. 128 servers run fewer steps (each has
+    4096 trajectories). `quick`: 8 and 32 servers, 8 ranks only."""
     cases = []
     for servers, ranks in [(8, 2), (32, 8)] + ([] if quick else [(128, 8)]):
         steps = 6 if servers == 128 else 12
-        cases += [Case(servers, ranks, 0, steps=steps), Case(servers, ranks, 2, steps=steps)]
+        cases += [Case(servers, ranks, eta, steps=steps) for eta in (0, 1, 2, 4)]
         if servers == 32:
-            cases += [Case(32, ranks, 1), Case(32, ranks, 4), Case(32, ranks, 2, partial=False)]
+            cases.append(Case(32, ranks, 2, partial=False))
+    for ranks in [] if quick else [1, 2, 4]:
+        cases += [Case(32, ranks, 0), Case(32, ranks, 2)]
     cases += [Case(8, 8, 0), Case(8, 8, 2), Case(8, 8, 2, partial=False)]
     return cases
 
@@ -124,47 +129,85 @@ def mode(case: Case) -> str:
     )
 
 
+def bound(sync: SimResult) -> float:
+    """The overlap bound (T_gen + T_train) / max(T_gen, T_train) of a synchronous run."""
+    t_gen, t_train = per_step(sync)
+    return (t_gen + t_train) / max(t_gen, t_train, 1e-9)
+
+
 def row(case: Case, r: SimResult, sync: SimResult | None) -> list[str]:
     stale = "/".join(str(r.staleness.get(k, 0)) for k in range(max(r.staleness, default=0) + 1))
-    speedup = f"{r.trajectories_per_s / sync.trajectories_per_s:.2f}x" if sync and case.eta else "–"
-    return [str(case.servers), str(case.ranks), mode(case), f"{r.trajectories_per_s:.2f}", speedup,
+    gain = r.trajectories_per_s / sync.trajectories_per_s if sync and case.eta else None
+    return [str(case.servers), str(case.ranks), mode(case), f"{r.trajectories_per_s:.2f}",
+            "–" if gain is None else f"{gain:.2f}x", "–" if gain is None else f"{gain / bound(sync):.0%}",
             f"{r.learner_idle_fraction:.0%}", f"{r.server_busy_fraction:.0%}",
             f"{r.server_draining_fraction:.0%}", stale, f"{share_gap(r):.1f}", f"{r.real_seconds:.0f}"]  # fmt: skip
 
 
-HEAD = ["servers", "learner ranks", "mode", "trajectories/s", "vs sync", "learner idle",
+HEAD = ["servers", "learner ranks", "mode", "trajectories/s", "vs sync", "of overlap bound", "learner idle",
         "servers busy", "servers draining", "staleness 0/1/2/..", "worst stratum gap (pp)", "real s"]  # fmt: skip
 
 
 def plot(results: list[tuple[Case, SimResult]], path: Path) -> None:
-    """Trajectories/s of each case (horizontal bars), and the staleness the learner saw at 32
-    servers."""
+    """Four panels: trajectories/s of each case; the speed-up over synchronous against η at each
+    cluster size; against learner ranks at 32 servers (with the learner's idle fraction); the
+    staleness the learner saw at 32 servers."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw={"width_ratios": [3, 2]})
+    fig, ((bars, stale), (by_eta, by_ranks)) = plt.subplots(2, 2, figsize=(13, 10), gridspec_kw={"width_ratios": [3, 2]})  # fmt: skip
     ys = list(range(len(results)))[::-1]
     colours = ["tab:grey" if c.eta == 0 else ("tab:orange" if not c.partial else "tab:blue") for c, _ in results]  # fmt: skip
-    left.barh(ys, [r.trajectories_per_s for _, r in results], color=colours)
-    left.set_yticks(ys, [f"{c.servers} servers, {c.ranks} ranks, {mode(c)}" for c, _ in results], fontsize=8)  # fmt: skip
-    left.set_xlabel("trajectories/s (simulated time)")
-    left.set_title("grey: synchronous; blue: streaming; orange: no partial rollouts", fontsize=9)
+    bars.barh(ys, [r.trajectories_per_s for _, r in results], color=colours)
+    bars.set_yticks(ys, [f"{c.servers} servers, {c.ranks} ranks, {mode(c)}" for c, _ in results], fontsize=7)  # fmt: skip
+    bars.set_xlabel("trajectories/s (simulated time)")
+    bars.set_title("grey: synchronous; blue: streaming; orange: no partial rollouts", fontsize=9)
     for y, (_, r) in zip(ys, results, strict=True):
-        left.text(r.trajectories_per_s, y, f" {r.trajectories_per_s:.2f}", va="center", fontsize=7)
-    shown = [(c, r) for c, r in results if c.servers == 32 and c.eta > 0]
+        bars.text(r.trajectories_per_s, y, f" {r.trajectories_per_s:.2f}", va="center", fontsize=6)
+    sync = {(c.servers, c.ranks): r for c, r in results if c.eta == 0}
+
+    def speedup(c: Case, r: SimResult) -> float:
+        return r.trajectories_per_s / sync[c.servers, c.ranks].trajectories_per_s
+
+    for servers, ranks in sorted({(c.servers, c.ranks) for c, _ in results if c.eta > 1}):
+        line = sorted((c.eta, speedup(c, r)) for c, r in results if (c.servers, c.ranks) == (servers, ranks) and c.eta and c.partial)  # fmt: skip
+        if len(line) > 1:
+            by_eta.plot(
+                *zip(*line, strict=True), marker="o", label=f"{servers} servers, {ranks} ranks"
+            )
+    by_eta.axhline(2.5, color="grey", linestyle=":", label="target 2.5x")
+    by_eta.set_xlabel("η (max staleness)")
+    by_eta.set_ylabel("trajectories/s over synchronous")
+    by_eta.set_xticks([1, 2, 4])
+    by_eta.legend(fontsize=8)
+    scan = sorted((c.ranks, speedup(c, r), r.learner_idle_fraction, bound(sync[c.servers, c.ranks])) for c, r in results if c.servers == 32 and c.eta == 2 and c.partial)  # fmt: skip
+    if scan:
+        ranks_, gains, idle, bounds = zip(*scan, strict=True)
+        by_ranks.plot(ranks_, gains, marker="o", label="streaming η=2 over synchronous")
+        by_ranks.plot(ranks_, bounds, linestyle="--", color="tab:blue", label="overlap bound")
+        by_ranks.set_xscale("log", base=2)
+        by_ranks.set_xticks(ranks_, [str(k) for k in ranks_])
+        by_ranks.set_xlabel("learner ranks (32 servers)")
+        by_ranks.set_ylabel("speed-up")
+        twin = by_ranks.twinx()
+        twin.plot(ranks_, [100 * i for i in idle], marker="s", color="tab:red", label="learner idle (streaming)")  # fmt: skip
+        twin.set_ylabel("learner idle %", color="tab:red")
+        by_ranks.legend(loc="upper left", fontsize=8)
+        twin.legend(loc="lower right", fontsize=8)
+    shown = [(c, r) for c, r in results if c.servers == 32 and c.ranks == 8 and c.eta > 0]
     width = 0.8 / max(len(shown), 1)
     for i, (case, r) in enumerate(shown):
         total = sum(r.staleness.values())
         ks = sorted(r.staleness)
-        right.bar([k + (i - (len(shown) - 1) / 2) * width for k in ks],
+        stale.bar([k + (i - (len(shown) - 1) / 2) * width for k in ks],
                   [r.staleness[k] / total for k in ks], width, label=mode(case))  # fmt: skip
-    right.set_xticks(range(max((max(r.staleness, default=0) for _, r in shown), default=0) + 1))
-    right.set_xlabel("staleness (learner version - oldest token version)")
-    right.set_ylabel("share of trained trajectories")
-    right.set_title("staleness at 32 servers, 8 ranks", fontsize=9)
-    right.legend(fontsize=8)
+    stale.set_xticks(range(max((max(r.staleness, default=0) for _, r in shown), default=0) + 1))
+    stale.set_xlabel("staleness (learner version - oldest token version)")
+    stale.set_ylabel("share of trained trajectories")
+    stale.set_title("staleness at 32 servers, 8 ranks", fontsize=9)
+    stale.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -174,6 +217,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="8 and 32 servers only")
     parser.add_argument("--doc", help="also write the table to this markdown file")
+    parser.add_argument(
+        "--notes", help="a hand-written reading (markdown) put into --doc after the figures"
+    )
     args = parser.parse_args()
     began = time.perf_counter()
     results: list[tuple[Case, SimResult]] = []
@@ -192,11 +238,10 @@ def main() -> None:
     sync = syncs[32, 8]
     stream = next(r for c, r in results if (c.servers, c.eta, c.partial) == (32, 2, True))
     t_gen, t_train = per_step(sync)
-    bound = (t_gen + t_train) / max(t_gen, t_train)
     speedup = stream.trajectories_per_s / sync.trajectories_per_s
     print(f"32 servers, synchronous: T_gen {t_gen:.1f} s (learner waiting), T_train {t_train:.1f} s "
-          f"(step + publish) per step; overlap bound {bound:.2f}x; {time.perf_counter() - began:.0f} s in all")  # fmt: skip
-    last = f"streaming vs sync at eta=2: {speedup:.2f}x, {speedup / bound:.0%} of the overlap bound"
+          f"(step + publish) per step; overlap bound {bound(sync):.2f}x; {time.perf_counter() - began:.0f} s in all")  # fmt: skip
+    last = f"streaming vs sync at eta=2: {speedup:.2f}x, {speedup / bound(sync):.0%} of the overlap bound"
     if args.doc:
         doc = Path(args.doc)
         doc.parent.mkdir(parents=True, exist_ok=True)
@@ -210,10 +255,12 @@ def main() -> None:
                 "stratum's share of the trained trajectories falls below its share of those generated.",
                 "", *lines, "", f"![throughput]({doc.with_suffix('.png').name})", "",
                 f"32 servers, synchronous: T_gen {t_gen:.1f} s, T_train {t_train:.1f} s per step; "
-                f"overlap bound {bound:.2f}x.", "", f"`{last}`", "",
+                f"overlap bound {bound(sync):.2f}x.", "", f"`{last}`", "",
+                *([Path(args.notes).read_text().strip(), ""] if args.notes else []),
                 f"Every run's figures: `{json_path.name}`. Regenerate (about "
                 f"{time.perf_counter() - began:.0f} s on 2 cores):", "", "```bash",
-                f"python benchmarks/cluster_sim.py --doc {args.doc}", "```", ""]  # fmt: skip
+                f"python benchmarks/cluster_sim.py --doc {args.doc}" + (f" --notes {args.notes}" if args.notes else ""),
+                "```", ""]  # fmt: skip
         doc.write_text("\n".join(text))
     print(last)
 
