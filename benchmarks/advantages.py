@@ -1,9 +1,10 @@
 """Advantage estimators against a plain bincount GRPO, a Python loop and the memory bandwidth, in one run.
 
 1,000,000 trajectories in groups of 8 with up to 5 strata (tool-call counts 0-4), float32 rewards,
-prompt ids in arrival order (not sorted; the `grouped` rows put each group's members side by side,
-as the learner's batches do, which keeps the scatters and gathers in cache). Timed side by side, each a median of `--repeats`, the
-contenders interleaved so that a busy machine slows them alike:
+prompt ids in arrival order (not sorted; the `grouped` rows put each group's members side by
+side, as the learner's batches do, which keeps the scatters and gathers in cache). Timed side by
+side, each a median of `--repeats`, the contenders interleaved so that a busy machine slows them
+alike:
 - `peer`: one-normalisation GRPO written here the way the fastest vectorised GRPO code does it
   (three `bincount`s over dense group ids: count, sum, sum of squares). It does half the blend's work.
 - `stratified` (the blend, learner/advantages.py) and every other estimator of learner/estimators.py,

@@ -126,7 +126,9 @@ class SimResult:
     per_stratum: dict[int, dict[str, int]]
     real_seconds: float
     settings: dict = field(default_factory=dict)
-    interrupted: bool = False  # stopped by SIGTERM (books and checkpoint written on the way out)
+    interrupted: bool = (
+        False  # stopped by SIGTERM or Ctrl-C (books and checkpoint written on the way out)
+    )
 
     @property
     def learner_idle_fraction(self) -> float:
@@ -145,7 +147,7 @@ def steady_throughput(metrics: list[dict]) -> float:
 
 
 async def _simulate(
-    config: StrataConfig, run_dir: Path, run_metrics: Any = None, stop_on_sigterm: bool = False
+    config: StrataConfig, run_dir: Path, run_metrics: Any = None, stop_on_signal: bool = False
 ) -> SimResult:
     sim = config.actors.engine
     assert isinstance(sim, SimulatedConfig)
@@ -169,13 +171,16 @@ async def _simulate(
     began = time.perf_counter()
     loop, task, stopping = asyncio.get_running_loop(), asyncio.current_task(), []
 
-    def stop() -> None:  # SIGTERM: cancel the stream at its next await, once, as a real run does
+    def stop() -> (
+        None
+    ):  # SIGTERM, Ctrl-C: cancel the stream at its next await, once, as a real run does
         if not stopping:
             stopping.append(True)
             task.cancel()
 
-    if stop_on_sigterm:
-        loop.add_signal_handler(signal.SIGTERM, stop)
+    signals = (signal.SIGTERM, signal.SIGINT) if stop_on_signal else ()
+    for number in signals:
+        loop.add_signal_handler(number, stop)
     try:
         await asyncio.wait_for(stream(config, roles, buffer, pools, run_dir, summary, run_metrics=run_metrics),
                                sim.time_limit_s)  # fmt: skip
@@ -186,8 +191,8 @@ async def _simulate(
             raise
         task.uncancel()  # stopped on purpose: the stream wrote its books and checkpoint
     finally:
-        if stop_on_sigterm:
-            loop.remove_signal_handler(signal.SIGTERM)
+        for number in signals:
+            loop.remove_signal_handler(number)
         await engine.close()
     total = max(summary.seconds, 1e-9)
     per_server = len(servers) * total
@@ -210,15 +215,15 @@ def simulate(
     config: StrataConfig,
     run_dir: str | Path,
     run_metrics: Any = None,
-    stop_on_sigterm: bool = False,
+    stop_on_signal: bool = False,
 ) -> SimResult:
     """Run `config` (actors.engine.type simulated) to learner.max_steps on the virtual clock;
     writes run_dir/simulation.json and returns its figures. `run_metrics` (a
     pipeline.metrics.RunMetrics) is fed after every step, in simulated seconds; with
-    `stop_on_sigterm` a SIGTERM stops the run as it stops a real one (books, checkpoint)."""
+    `stop_on_signal` SIGTERM or Ctrl-C stops the run as it stops a real one (books, checkpoint)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    result = virtual_time.run(_simulate(config, run_dir, run_metrics, stop_on_sigterm))
+    result = virtual_time.run(_simulate(config, run_dir, run_metrics, stop_on_signal))
     write_json(run_dir / "simulation.json", asdict(result))
     return result
 
@@ -230,8 +235,8 @@ NOT_SIMULATED = ("model", "data (but num_questions, seed, shuffle)", "retrieval"
 
 def run_simulated(config: StrataConfig, run_dir: Path) -> int:
     """`python -m pipeline.launch` with actors.engine.type simulated: one line on what does not
-    act, the simulation (Prometheus metrics as in a real run, when enabled; SIGTERM stops it
-    cleanly), one line of results."""
+    act, the simulation (Prometheus metrics as in a real run, when enabled; SIGTERM or Ctrl-C
+    stops it cleanly), one line of results."""
     from pipeline.metrics import start_metrics
 
     print(f"strata: simulated run (actors.engine.type simulated): no model is trained, so "
@@ -240,7 +245,7 @@ def run_simulated(config: StrataConfig, run_dir: Path) -> int:
     try:
         if config.metrics.enabled:
             run_metrics = start_metrics(config, run_dir, list(config.actors.tools))
-        r = simulate(config, run_dir, run_metrics, stop_on_sigterm=True)
+        r = simulate(config, run_dir, run_metrics, stop_on_signal=True)
     except OSError as exc:  # e.g. the metrics port is taken
         print(f"strata: error: {exc} (set metrics.port, or metrics.enabled=false)", file=sys.stderr)
         return 2

@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from pipeline.config_loader import load_config
 from pipeline.simulation import simulate
 from tests.conftest import assert_accounting, child_env
@@ -71,7 +73,8 @@ def test_a_simulated_run_feeds_the_prometheus_metrics_in_simulated_seconds(tmp_p
     assert abs(samples["strata_learner_step_seconds_sum", ()] - result.learner_busy_s) < 1e-6
 
 
-def test_sigterm_stops_a_simulated_launch_with_its_books_and_a_checkpoint(tmp_path):
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT"])
+def test_sigterm_stops_a_simulated_launch_with_its_books_and_a_checkpoint(tmp_path, stop):
     import os
     import signal
     import time
@@ -92,7 +95,7 @@ def test_sigterm_stops_a_simulated_launch_with_its_books_and_a_checkpoint(tmp_pa
         scraped = urllib.request.urlopen(url, timeout=10).read().decode()
         steps_seen = [float(line.split()[-1]) for line in scraped.splitlines() if line.startswith("strata_learner_steps_total ")]  # fmt: skip
         assert steps_seen and steps_seen[0] >= 3  # the endpoint follows the run while it runs
-        os.kill(child.pid, signal.SIGTERM)
+        os.kill(child.pid, getattr(signal, stop))  # SIGINT: Ctrl-C
         _, err = child.communicate(timeout=120)
     finally:
         if child.poll() is None:
