@@ -126,9 +126,7 @@ class SimResult:
     per_stratum: dict[int, dict[str, int]]
     real_seconds: float
     settings: dict = field(default_factory=dict)
-    interrupted: bool = (
-        False  # stopped by SIGTERM or Ctrl-C (books and checkpoint written on the way out)
-    )
+    interrupted: bool = False  # stopped by SIGTERM or Ctrl-C (books and checkpoint written)
 
     @property
     def learner_idle_fraction(self) -> float:
@@ -171,9 +169,7 @@ async def _simulate(
     began = time.perf_counter()
     loop, task, stopping = asyncio.get_running_loop(), asyncio.current_task(), []
 
-    def stop() -> (
-        None
-    ):  # SIGTERM, Ctrl-C: cancel the stream at its next await, once, as a real run does
+    def stop() -> None:  # SIGTERM, Ctrl-C: cancel the stream at its next await, once
         if not stopping:
             stopping.append(True)
             task.cancel()
