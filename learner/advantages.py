@@ -200,11 +200,11 @@ def _blend(rewards, group_ids, strata, alpha: float, eps: float) -> _Blend:
     else:
         occurring, c = torch.unique(torch.add(s, g, alpha=num_strata), return_inverse=True)
     num_cells = slots if slotted else len(occurring)
+    owner = None if slotted else occurring // num_strata  # each occurring cell's group
 
     def to_groups(v: torch.Tensor) -> torch.Tensor:  # sum over each group's cells
-        if slotted:
+        if owner is None:
             return v.view(num_groups, num_strata).sum(1)
-        owner = occurring // num_strata
         return torch.zeros(num_groups, dtype=v.dtype, device=device).index_add_(0, owner, v)
 
     cell_count, cell_head, cell_tail, cell_squares = _sums(rewards, c, num_cells)

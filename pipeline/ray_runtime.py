@@ -50,12 +50,7 @@ from actors.tools import ToolStats
 from buffers.records import InvalidTrajectory, Trajectory
 from pipeline.acting import open_acting, start_servers
 from pipeline.assets import Assets
-from pipeline.components import (
-    make_buffer,
-    make_engine,
-    make_publisher,
-    pool_urls,
-)
+from pipeline.components import make_buffer, make_engine, make_publisher, pool_urls
 from pipeline.config import EmbeddedEngine as EmbeddedEngineConfig
 from pipeline.config import RayRuntime, StrataConfig
 from pipeline.config import SGLangEngine as SGLangEngineConfig
