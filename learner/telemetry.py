@@ -28,7 +28,26 @@ def theorem1_terms(result: StratifiedAdvantages) -> dict[str, float]:
         "theorem1_global_var": (global_c * global_c).mean().item(),
         "theorem1_in_stratum": (strat_c * strat_c).mean().item(),
         "theorem1_cross_stratum": ((global_c - strat_c) ** 2).mean().item(),
+        "theorem1_cross_stratum_chance": cross_stratum_chance(result),
     }
+
+
+def cross_stratum_chance(result: StratifiedAdvantages) -> float:
+    """The cross-stratum term expected if each group's stratum labels were shuffled among its
+    trajectories (same cell sizes): what strata that say nothing about the reward give.
+
+    Drawing n_k of a group's n rewards at random, E[n_k (mean_k - mean)^2] = S^2 (1 - n_k / n)
+    with S^2 = SS / (n - 1), so the K cells of a group add up to SS (K - 1) / (n - 1), SS being
+    the group's sum of squares about its mean. Averaged over trajectories like the other terms.
+    """
+    groups, cells = result.groups, result.cells
+    order = torch.argsort(groups.group_id)
+    row = order[torch.searchsorted(groups.group_id[order], cells.group_id)]
+    k = torch.bincount(row, minlength=len(groups.count)).to(torch.float64)
+    n = groups.count.to(torch.float64)
+    ss = n * groups.std.to(torch.float64) ** 2
+    expected = torch.where(n > 1, ss * (k - 1) / (n - 1).clamp(min=1), torch.zeros_like(ss))
+    return (expected.sum() / n.sum()).item() if n.sum() > 0 else 0.0
 
 
 def stratum_summary(

@@ -266,17 +266,26 @@ def theorem1_finding(groups: Groups) -> str:
     for v, rs in groups.items():
         cross = spread([_run_mean(r, "theorem1_cross_stratum") for r in rs])
         total = spread([_run_mean(r, "theorem1_global_var") for r in rs])
+        chance = spread([_run_mean(r, "theorem1_cross_stratum_chance") for r in rs])
         if cross is not None:
-            share = (
-                f" ({cross.mean / total.mean:.0%} of Var[A_G])" if total and total.mean > 0 else ""
-            )
+            share = ""
+            if total and total.mean > 0:
+                # chance: the same strata's labels shuffled within each group (same cell sizes)
+                against = f"; by chance {chance.mean / total.mean:.0%}" if chance else ""
+                share = f" ({cross.mean / total.mean:.0%} of Var[A_G]{against})"
             means.append(f"{v} {cross.mean:.4f}{share}")
     if not means:
         return (
             "The runs' metrics.jsonl hold no Theorem 1 terms (theorem1_cross_stratum, "
             "theorem1_in_stratum): their figure is left out."
         )
-    return _listed("Theorem 1's cross-stratum term, mean over steps and seeds", means) or ""
+    head = "Theorem 1's cross-stratum term, mean over steps and seeds"
+    if any("by chance" in m for m in means):
+        head += (
+            " (by chance: what the same strata give with their labels shuffled within each group,"
+            " so above it the strata tell rewards apart)"
+        )
+    return _listed(head, means) or ""
 
 
 def findings(groups: Groups, baseline: str | None, window: int) -> list[str]:

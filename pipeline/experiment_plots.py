@@ -23,6 +23,7 @@ THEOREM1 = {
     "theorem1_global_var": "Var[A_G]: group-centred rewards",
     "theorem1_in_stratum": "Var[A_S]: (group, stratum)-centred rewards",
     "theorem1_cross_stratum": "cross-stratum term = Var[A_G] − Var[A_S]",
+    "theorem1_cross_stratum_chance": "cross-stratum term by chance (labels shuffled)",
 }
 
 
@@ -142,7 +143,8 @@ def theorem1_plot(groups, colors, out: Path, stem: str, smooth: int) -> Figure |
     _save(fig, list(axes[0]), out / name)
     return name, (
         "Theorem 1 per learner step (" + ", ".join(f"`{k}`" for k in keys) + " in metrics.jsonl): "
-        "Var[A_G] − Var[A_S] is the cross-stratum term, the variance the group-wide baseline adds. "
+        "Var[A_G] − Var[A_S] is the cross-stratum term, the variance the group-wide baseline adds; "
+        "by chance is its expectation with each group's stratum labels shuffled (same cell sizes). "
         f"Trailing moving average over {smooth} steps; line = seed mean, band = lowest to highest seed."
     )
 

@@ -43,3 +43,31 @@ def test_theorem1_terms_hand_computed_and_they_add_up():
     assert math.isclose(
         terms["theorem1_global_var"], terms["theorem1_in_stratum"] + terms["theorem1_cross_stratum"]
     )
+
+
+def test_cross_stratum_chance_is_the_mean_over_shuffled_labels():
+    # The closed form against the average over every relabelling of small groups' strata.
+    import itertools
+
+    rewards = torch.tensor([0.0, 1.0, 1.0, 0.0, 0.5, 3.0, 2.0, 2.0, 2.0], dtype=torch.float64)
+    groups = torch.tensor([7, 7, 7, 7, 7, 2, 2, 2, 2])  # not dense, not sorted by id
+    strata = torch.tensor([0, 0, 1, 2, 2, 5, 5, 5, 4])
+    result = stratified_advantages_with_stats(rewards, groups, strata, 0.6, 1e-6)
+    chance = theorem1_terms(result)["theorem1_cross_stratum_chance"]
+    totals = []
+    for left in itertools.permutations(range(5)):
+        for right in itertools.permutations(range(4)):
+            shuffled = torch.cat([strata[:5][list(left)], strata[5:][list(right)]])
+            again = stratified_advantages_with_stats(rewards, groups, shuffled, 0.6, 1e-6)
+            totals.append(theorem1_terms(again)["theorem1_cross_stratum"])
+    assert math.isclose(chance, sum(totals) / len(totals), rel_tol=1e-12)
+    assert chance > 0
+    # Strata that are the rewards take all the variance, above chance; one stratum gives 0.
+    exact = theorem1_terms(
+        stratified_advantages_with_stats(rewards, groups, (rewards * 2).long(), 0.6, 1e-6)
+    )
+    assert math.isclose(exact["theorem1_cross_stratum"], exact["theorem1_global_var"])
+    assert exact["theorem1_cross_stratum"] > exact["theorem1_cross_stratum_chance"] > 0
+    zeros = torch.zeros(9, dtype=torch.long)
+    one = stratified_advantages_with_stats(rewards, groups, zeros, 0.6, 1e-6)
+    assert theorem1_terms(one)["theorem1_cross_stratum_chance"] == 0.0

@@ -285,7 +285,8 @@ def write_synthetic_experiment(out: Path, theorem1: bool = True, evals: bool = T
                 m = {"step": step, "reward_mean": 0.1 * step + alpha, "tool_calls_mean": 1.0 + seed,
                      "stratum/0/count": 4.0, "stratum/1/count": 12.0, "stratum/1/in_stratum_adv_var": float("nan")}  # fmt: skip
                 if theorem1:
-                    m |= {"theorem1_global_var": 0.2, "theorem1_in_stratum": 0.15, "theorem1_cross_stratum": 0.05}  # fmt: skip
+                    m |= {"theorem1_global_var": 0.2, "theorem1_in_stratum": 0.15, "theorem1_cross_stratum": 0.05,
+                          "theorem1_cross_stratum_chance": 0.02}  # fmt: skip
                 metrics.append(m)
             (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
             if evals:
@@ -344,7 +345,8 @@ def test_the_report_tables_figures_and_findings(tmp_path, capsys):
     assert "trained 6 learner steps" in says
     assert f"highest L2+L3 accuracy (seed mean) is blend's, {spread_text(blend_l23)}" in says
     assert "GRPO (grpo) has" in says and "do not overlap" in says
-    assert "cross-stratum term, mean over steps and seeds: grpo 0.0500 (25% of Var[A_G])" in says
+    assert "grpo 0.0500 (25% of Var[A_G]; by chance 10%)" in says
+    assert "labels shuffled within each group" in says
     for name in ("accuracy", "reward-mean", "tool-calls-mean", "theorem1", "strata"):
         png = doc.parent / f"ablation-{name}.png"
         assert png.is_file() and png.read_bytes()[:4] == b"\x89PNG" and f"]({png.name})" in text
