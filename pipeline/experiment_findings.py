@@ -272,6 +272,8 @@ def theorem1_finding(groups: Groups) -> str:
             if total and total.mean > 0:
                 # chance: the same strata's labels shuffled within each group (same cell sizes)
                 against = f"; by chance {chance.mean / total.mean:.0%}" if chance else ""
+                if chance and chance.n < cross.n:  # runs from before the chance term existed
+                    against += f" in {chance.n} of {cross.n} runs"
                 share = f" ({cross.mean / total.mean:.0%} of Var[A_G]{against})"
             means.append(f"{v} {cross.mean:.4f}{share}")
     if not means:

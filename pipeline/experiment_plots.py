@@ -139,6 +139,14 @@ def theorem1_plot(groups, colors, out: Path, stem: str, smooth: int) -> Figure |
         _lines(ax, groups, points, colors)
         ax.set_title(THEOREM1[key], fontsize=9)
         ax.set_ylabel("per-trajectory variance")
+    if "theorem1_cross_stratum" in keys and "theorem1_cross_stratum_chance" in keys:
+        # the term and its chance level on one scale, to be compared by eye
+        term, chance = (
+            keys.index("theorem1_cross_stratum"),
+            keys.index("theorem1_cross_stratum_chance"),
+        )
+        axes[0][chance].sharey(axes[0][term])
+        axes[0][term].autoscale()
     name = f"{stem}-theorem1.png"
     _save(fig, list(axes[0]), out / name)
     return name, (
