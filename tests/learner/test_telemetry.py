@@ -1,3 +1,4 @@
+import itertools
 import math
 
 import torch
@@ -47,8 +48,6 @@ def test_theorem1_terms_hand_computed_and_they_add_up():
 
 def test_cross_stratum_chance_is_the_mean_over_shuffled_labels():
     # The closed form against the average over every relabelling of small groups' strata.
-    import itertools
-
     rewards = torch.tensor([0.0, 1.0, 1.0, 0.0, 0.5, 3.0, 2.0, 2.0, 2.0], dtype=torch.float64)
     groups = torch.tensor([7, 7, 7, 7, 7, 2, 2, 2, 2])  # not dense, not sorted by id
     strata = torch.tensor([0, 0, 1, 2, 2, 5, 5, 5, 4])
