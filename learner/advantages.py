@@ -148,8 +148,8 @@ class _Blend:
     c: torch.Tensor  # [N] dense cell id of each trajectory (int32 when C fits)
     group_values: torch.Tensor  # [G] the caller's id of each dense group
     stratum_values: torch.Tensor  # [S] the caller's stratum of each dense stratum
-    slotted: bool  # cells are all G * S slots g * S + s (else the (g, s) pairs that occur)
-    occurring: torch.Tensor | None  # [C] g * S + s of each cell when not slotted
+    occurring: torch.Tensor | None  # [C] g * S + s of each cell; None: cells are all G * S slots
+    owner: torch.Tensor | None  # [C] each occurring cell's dense group (None with slots)
     cell_count: torch.Tensor  # [C] int64
     cell_mean: torch.Tensor  # float64
     cell_std: torch.Tensor  # the rewards' dtype, as are the scales
@@ -160,6 +160,10 @@ class _Blend:
     group_scale: torch.Tensor  # 1 / (std_g + eps)
 
     @property
+    def slotted(self) -> bool:
+        return self.occurring is None
+
+    @property
     def cell_keys(self) -> torch.Tensor:
         """g * S + s of each cell (made on demand: the advantages alone never need it)."""
         if self.occurring is not None:
@@ -168,9 +172,9 @@ class _Blend:
 
     def to_cells(self, v: torch.Tensor) -> torch.Tensor:
         """[G] -> [C]: each cell's group's value."""
-        if self.slotted:
+        if self.owner is None:
             return v.view(-1, 1).expand(-1, len(self.stratum_values)).reshape(-1)
-        return v.index_select(0, self.cell_keys // len(self.stratum_values))
+        return v.index_select(0, self.owner)
 
     @property
     def between(self) -> torch.Tensor:
@@ -192,15 +196,13 @@ def _blend(rewards, group_ids, strata, alpha: float, eps: float) -> _Blend:
     # Cells over all G * S slots when that is small (no sort; empty slots have count 0 and are
     # never read), else over the (g, s) pairs that occur. int32 ids when they fit: bincount and
     # the gather read half the bytes.
-    slotted = 0 < slots <= 2 * len(rewards) + 1024
-    if slotted and slots < 2**31:
-        c, occurring = torch.add(s.to(torch.int32), g.to(torch.int32), alpha=num_strata), None
-    elif slotted:
-        c, occurring = torch.add(s, g, alpha=num_strata), None
+    if 0 < slots <= 2 * len(rewards) + 1024:
+        ids = torch.int32 if slots < 2**31 else torch.int64
+        c, occurring, owner = torch.add(s.to(ids), g.to(ids), alpha=num_strata), None, None
     else:
         occurring, c = torch.unique(torch.add(s, g, alpha=num_strata), return_inverse=True)
-    num_cells = slots if slotted else len(occurring)
-    owner = None if slotted else occurring // num_strata  # each occurring cell's group
+        owner = occurring // num_strata  # each occurring cell's group
+    num_cells = slots if occurring is None else len(occurring)
 
     def to_groups(v: torch.Tensor) -> torch.Tensor:  # sum over each group's cells
         if owner is None:
@@ -213,8 +215,8 @@ def _blend(rewards, group_ids, strata, alpha: float, eps: float) -> _Blend:
     cell_mean, cell_std = _moments(cell_count, cell_head, cell_tail, cell_squares, rewards.dtype)
     group_mean, group_std = _moments(group_count, group_head, group_tail, group_squares, rewards.dtype)  # fmt: skip
     return _Blend(
-        c=c, group_values=group_values, stratum_values=stratum_values, slotted=slotted,
-        occurring=occurring, cell_count=cell_count, cell_mean=cell_mean, cell_std=cell_std,
+        c=c, group_values=group_values, stratum_values=stratum_values, occurring=occurring,
+        owner=owner, cell_count=cell_count, cell_mean=cell_mean, cell_std=cell_std,
         cell_scale=_scale(cell_std, eps), group_count=group_count, group_mean=group_mean,
         group_std=group_std, group_scale=_scale(group_std, eps),
     )  # fmt: skip

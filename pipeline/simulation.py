@@ -238,13 +238,14 @@ def run_simulated(config: StrataConfig, run_dir: Path) -> int:
     print(f"strata: simulated run (actors.engine.type simulated): no model is trained, so "
           f"{', '.join(NOT_SIMULATED)} do not act; timings are simulated seconds", flush=True)  # fmt: skip
     run_metrics = None
-    try:
-        if config.metrics.enabled:
+    if config.metrics.enabled:
+        try:
             run_metrics = start_metrics(config, run_dir, list(config.actors.tools))
+        except OSError as exc:  # e.g. the metrics port is taken
+            print(f"strata: error: {exc} (set metrics.port, or metrics.enabled=false)", file=sys.stderr)  # fmt: skip
+            return 2
+    try:
         r = simulate(config, run_dir, run_metrics, stop_on_signal=True)
-    except OSError as exc:  # e.g. the metrics port is taken
-        print(f"strata: error: {exc} (set metrics.port, or metrics.enabled=false)", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:  # SIGTERM or Ctrl-C before the stream began: nothing to write
         print("strata: interrupted before the simulation began", file=sys.stderr)
         return 130

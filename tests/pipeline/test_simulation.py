@@ -74,7 +74,7 @@ def test_a_simulated_run_feeds_the_prometheus_metrics_in_simulated_seconds(tmp_p
 
 
 @pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT"])
-def test_sigterm_stops_a_simulated_launch_with_its_books_and_a_checkpoint(tmp_path, stop):
+def test_a_signal_stops_a_simulated_launch_with_its_books_and_a_checkpoint(tmp_path, stop):
     import os
     import signal
     import time
