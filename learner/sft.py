@@ -1,8 +1,10 @@
 """Supervised fine-tuning on demonstrations (the warm start's training), beside the RL learner.
 
 Cross-entropy on the generated tokens of each example (observation tokens are context only),
-AdamW, warm-up then cosine decay over the time budget (`learner.schedule`, shared with the RL
-learner), until the budget, a loss plateau or `max_epochs`. Sequences of similar length are
+AdamW, warm-up then cosine decay over `max_epochs` counted in steps (`learner.schedule`, shared
+with the RL learner), until a loss plateau, `max_epochs` or the time budget. The schedule counts
+steps, not seconds, so the same data and seed give the same weights on a fast or a busy machine;
+the budget only cuts training short (and says so in the result). Sequences of similar length are
 batched together; the prompt prefix every example shares runs once per step.
 """
 
@@ -28,7 +30,7 @@ class Training:
     max_epochs: int = 30
     warmup_steps: int = 10
     final_lr: float = 0.1
-    """The learning rate decays (cosine, over the time budget) to this fraction of `lr`."""
+    """The learning rate decays (cosine, over `max_epochs` of steps) to this fraction of `lr`."""
     plateau: float = 0.02
     """Stop when an epoch lowers the mean loss by less than this fraction of the previous one."""
 
@@ -115,8 +117,8 @@ def sft_loss(model, batch: Sequence[SftExample], prefix: Sequence[int], pad: int
 
 
 def learning_rate(training: Training, step: int, progress: float) -> float:
-    """Linear warmup, then cosine decay to `final_lr` as `progress` (share of the time budget
-    spent) goes from 0 to 1: the budget, not an epoch count, says when training ends."""
+    """Linear warmup, then cosine decay to `final_lr` as `progress` (share of the planned steps
+    taken) goes from 0 to 1."""
     return (
         training.lr
         * warmup(step, training.warmup_steps)
@@ -132,21 +134,23 @@ def train_sft(model, examples: Sequence[SftExample] | Callable[[int], Sequence[S
     """
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=training.lr, betas=(0.9, 0.95), weight_decay=0.0)  # fmt: skip
-    rng, origin = random.Random(seed), time.monotonic()
-    step, step_s, epochs, losses, stopped = 0, 0.0, [], [], "max_epochs"
+    rng = random.Random(seed)
+    step, step_s, epochs, losses, stopped, planned = 0, 0.0, [], [], "max_epochs", 0
     model.train()
     for epoch in range(1, training.max_epochs + 1):
         drawn = examples(epoch) if callable(examples) else examples
         prefix = shared_prefix(drawn)
         start, total, tokens, generated = time.monotonic(), 0.0, 0, 0
-        for batch in length_batches(drawn, training.batch_tokens, rng):
+        batches = length_batches(drawn, training.batch_tokens, rng)
+        planned = planned or training.max_epochs * len(batches)  # the first epoch's count, fixed
+        for batch in batches:
             began = time.monotonic()
             if began + 1.5 * step_s > deadline:
                 stopped = "time_budget"
                 break
             loss, n, attended = sft_loss(model, [drawn[i] for i in batch], prefix, pad)
             for group in optimizer.param_groups:
-                group["lr"] = learning_rate(training, step, (began - origin) / max(1e-6, deadline - origin))  # fmt: skip
+                group["lr"] = learning_rate(training, step, min(1.0, step / planned))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -12,7 +12,9 @@ Every epoch renames the demos' entities afresh (`NameSwap`, from the world's nam
 that memorised a few hundred demos would answer training questions from memory and held-out ones
 not at all; renamed, it has to copy names and facts from the question and the passages.
 
-Training stops at the time budget (tokenizer included) or when the epoch loss plateaus; the HF
+Training stops when the epoch loss plateaus, at `max_epochs` or at the time budget (tokenizer
+included); the learning rate follows the steps taken, so a build is the same on any machine that
+finishes it within the budget. The HF
 directory is written atomically with a `warm_start.json` whose key makes a second call free.
 `format_rate` runs the real agent loop, search server and sandbox on held-out test questions.
 """
@@ -41,7 +43,7 @@ from pipeline.format_rate import LOCAL_AGENT, format_rate
 from pipeline.name_swap import NameSwap
 
 DEFAULT_TRAINING = Training()
-CODE_VERSION = 3
+CODE_VERSION = 4
 """Bump when the data layout or the training changes: every cached warm start is then rebuilt."""
 CACHE_FILE = "warm_start.json"
 ARCHITECTURE = ("layers", "hidden_size", "heads", "kv_heads", "intermediate_size", "vocab_size",

@@ -13,7 +13,7 @@ import pytest
 from actors.agent import AgentLoop
 from actors.engine import Generation
 from actors.tools import PythonTool, SearchTool
-from learner.sft import Training, learning_rate, sft_loss, shared_prefix
+from learner.sft import Training, learning_rate, sft_loss, shared_prefix, train_sft
 from pipeline.config import TinyModel
 from pipeline.warm_start import (
     CACHE_FILE,
@@ -125,7 +125,7 @@ def test_a_demo_is_the_sequence_the_agent_loop_produces(world, tokenizer, strate
         assert max(len(tokenizer.encode(b)) for b in bodies) > ROOMY.max_observation_tokens
 
 
-def test_the_learning_rate_warms_up_then_decays_over_the_budget():
+def test_the_learning_rate_warms_up_then_decays_over_the_planned_steps():
     t = Training(lr=1.0, warmup_steps=10, final_lr=0.1)
     assert learning_rate(t, 0, 0.0) == pytest.approx(0.1)
     assert learning_rate(t, 9, 0.0) == pytest.approx(1.0)
@@ -151,6 +151,25 @@ def test_the_shared_prefix_changes_nothing_in_the_loss(world, warm, tokenizer):
             total += out.loss.item() * sum(e.loss_mask)
     assert n == sum(sum(e.loss_mask) for e in batch)
     assert fast.item() == pytest.approx(total / n, rel=1e-4)
+
+
+def test_the_weights_follow_the_steps_not_the_clock(world, warm, tokenizer):
+    """Same data and seed, a time budget 100x longer: the same weights (the schedule counts steps;
+    it once followed the share of the budget spent, so machine load changed the warm start)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    agent = layout_agent(tokenizer, TOOLS, LOCAL_AGENT)
+    batch = [demo_example(d, agent) for d in demos(world)[:24]]
+    training = Training(batch_tokens=1024, max_epochs=2, warmup_steps=2, plateau=0.0)
+    trained = []
+    for budget_s in (600.0, 60_000.0):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(warm[0], local_files_only=True, dtype=torch.float32)  # fmt: skip
+        result = train_sft(model, batch, tokenizer.pad_token_id, training, time.monotonic() + budget_s, seed=0, progress=False)  # fmt: skip
+        assert result["stopped"] == "max_epochs" and result["steps"] >= 4
+        trained.append(model.state_dict())
+    assert all(torch.equal(trained[0][k], trained[1][k]) for k in trained[0])
 
 
 # -------------------------------------------------------------------------------- warm start
