@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from retrieval.corpus import format_passages, read_corpus
-from retrieval.world import SEARCH_R1_SCHEMA, build_world, main, write_world
+from retrieval.world import SEARCH_R1_SCHEMA, VERSION, build_world, main, write_world
 
 FILES = ["corpus.jsonl", "demos.jsonl", "metadata.jsonl", "test.parquet", "train.parquet", "world.json"]  # fmt: skip
 TAGS = ("think", "search", "information", "python", "output", "answer")
@@ -64,7 +64,7 @@ def test_same_seed_writes_the_same_bytes_and_another_seed_does_not(tmp_path):
 
 def test_sizes_and_manifest(world_dir, corpus, questions, demos):
     manifest = json.loads((world_dir / "world.json").read_text())
-    assert manifest["version"] == 3 and manifest["seed"] == 7 and manifest["size"] == "small"
+    assert manifest["version"] == VERSION and manifest["seed"] == 7 and manifest["size"] == "small"
     counts = manifest["counts"]
     assert 400 <= len(corpus) == counts["passages"] <= 800
     assert 300 <= len(questions) == counts["questions"] <= 600
@@ -148,13 +148,13 @@ def test_held_out_names_are_new_combinations_of_words_seen_in_training():
 
 def test_skewed_priors_make_a_guess_right_sometimes():
     """The most frequent training answer of a kind is right on a share of the held-out questions
-    of that kind: about a third for countries, next to nothing for years."""
+    of that kind: about a fifth for countries, next to nothing for years."""
     world = build_world(7, "small")
     by_kind: dict[str, Counter] = {}
     for q in world.split("train"):
         by_kind.setdefault(q.answer_kind, Counter())[q.answer[0]] += 1
     share = {k: c.most_common(1)[0][1] / sum(c.values()) for k, c in by_kind.items()}
-    assert share["country"] > 0.25 and share["city"] > 0.1 and share["profession"] > 0.1
+    assert share["country"] > 0.15 and share["city"] > 0.08 and share["profession"] > 0.1
     assert share["year"] < 0.1 and share["number"] < 0.1
 
 
