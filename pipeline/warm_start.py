@@ -14,8 +14,8 @@ not at all; renamed, it has to copy names and facts from the question and the pa
 
 Training stops when the epoch loss plateaus, at `max_epochs` or at the time budget (tokenizer
 included); the learning rate follows the steps taken, so a build is the same on any machine that
-finishes it within the budget. The HF
-directory is written atomically with a `warm_start.json` whose key makes a second call free.
+finishes it within the budget. The HF directory is written atomically with a `warm_start.json`
+whose key makes a second call free.
 `format_rate` runs the real agent loop, search server and sandbox on held-out test questions.
 """
 

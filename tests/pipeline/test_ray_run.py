@@ -22,8 +22,9 @@ from pipeline.streaming import RuntimeUnavailable
 from tests.conftest import assert_accounting, assert_loopback_listeners, assert_no_secret
 from tests.pipeline.test_local_run import REQUIRED_METRICS, ROOT, launch
 
-# The pools share (η + 1) * groups_per_step = 4 group places, so each always has a group
-# generating (concurrency 4 = one group): killing one always kills work in flight.
+# The pools share (η + 1) * groups_per_step = 4 group places (concurrency 4 = one group a pool).
+# A pool can still be idle for a moment (its groups done and waiting for the learner), so the
+# test kills a worker it has just seen computing: that one has work in flight.
 RAY = ["--set", "runtime.type=ray", "--set", "actors.num_pools=2", "--set", "runtime.actor_num_cpus=0.5",
        "--set", "runtime.learner_num_cpus=1", "--set", "actors.concurrency=4",
        "--set", "buffer.max_staleness=1", "--set", "learner.groups_per_step=2"]  # fmt: skip
@@ -42,6 +43,20 @@ def generation_workers(pid: int, kind: str = "GenerationWorker") -> list[psutil.
         except psutil.Error:
             continue
     return found
+
+
+def busy(workers: list[psutil.Process], timeout_s: float = 120.0) -> psutil.Process:
+    """The worker that used the most CPU over the last half second, once one used a fifth of a core."""
+    began = time.monotonic()
+    while time.monotonic() - began < timeout_s:
+        for w in workers:
+            w.cpu_percent(None)
+        time.sleep(0.5)
+        used = [(w.cpu_percent(None), w) for w in workers]
+        share, worker = max(used, key=lambda u: u[0])
+        if share > 20.0:
+            return worker
+    raise AssertionError(f"no generation worker computed for {timeout_s:.0f}s")
 
 
 def wait_for_step(proc, step: int, seen: list[str]) -> None:
@@ -75,7 +90,8 @@ def test_ray_runtime_survives_a_killed_actor_and_stops_cleanly(tmp_path, run_cac
         wait_for_step(proc, 1, seen)
         workers = generation_workers(proc.pid)
         assert len(workers) == 2, [p.cmdline() for p in descendants(proc.pid)]
-        workers[0].kill()  # a crash: its in-flight trajectories fail, Ray restarts the actor
+        killed = busy(workers)
+        killed.kill()  # a crash: its in-flight trajectories fail, Ray restarts the actor
         (retrieval,) = generation_workers(proc.pid, "RetrievalWorker")
         retrieval.kill()  # searches fail meanwhile (counted tool errors); restarted on its port
         wait_for_line(proc, r"strata: the retrieval server died; restarted on port \d+", seen)
@@ -104,7 +120,7 @@ def test_ray_runtime_survives_a_killed_actor_and_stops_cleanly(tmp_path, run_cac
     record = json.loads((run_dir / "eval.jsonl").read_text().splitlines()[0])
     assert record["step"] % 2 == 0 and [r["name"] for r in record["rows"]][-1] == "all"
 
-    assert len(restarted) == 2 and workers[0].pid not in {p.pid for p in restarted}
+    assert len(restarted) == 2 and killed.pid not in {p.pid for p in restarted}
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [s["version"] for s in steps] == [float(i) for i in range(1, len(steps) + 1)]
     assert steps[-1]["aborted"] >= 1 and steps[-1]["abandoned_groups"] >= 1  # counted, not lost
