@@ -42,10 +42,12 @@ def eval_spreads(
     return spreads, [e["step"] for e in records]
 
 
-def held_out_tool_calls(runs: list[RunData]) -> Spread | None:
-    """Tool calls per held-out question (the `all` row, with tools) at each run's last evaluation."""
+def held_out_last(runs: list[RunData], key: str) -> Spread | None:
+    """`key` of the held-out `all` row (with tools) at each run's last evaluation, e.g.
+    `tool_calls` per question or `format_errors` (the share of malformed answers; evaluations
+    written before that column existed have none)."""
     rows = [eval_row(r.evals[-1]) for r in runs if r.evals]
-    return spread([row["tool_calls"] for row in rows if row is not None])
+    return spread([row[key] for row in rows if row is not None and key in row])
 
 
 def grpo_variant(groups: Groups, named: str | None) -> str | None:
@@ -243,7 +245,7 @@ def stratum_variance_finding(groups: Groups) -> str | None:
 def tool_call_finding(groups: Groups, window: int) -> str | None:
     calls = []
     for v, rs in groups.items():
-        held = held_out_tool_calls(rs)
+        held = held_out_last(rs, "tool_calls")
         train = spread([last_window(r.metrics, "tool_calls_mean", window) for r in rs if r.metrics])
         parts = [f"{held.mean:.2f} held-out"] if held else []
         parts += [f"{train.mean:.2f} in training"] if train else []

@@ -32,7 +32,7 @@ from pipeline.experiment_findings import (
     eval_spreads,
     findings,
     grpo_variant,
-    held_out_tool_calls,
+    held_out_last,
     step_range,
 )
 from pipeline.experiment_plots import all_figures
@@ -66,6 +66,7 @@ def end_table(groups: Groups, window: int) -> list[str]:
         f"training reward (last {window} steps)",
         f"tool calls per trajectory, training (last {window} steps)",
         "tool calls per question, held-out (last evaluation)",
+        "malformed answers, held-out (last evaluation)",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for variant, runs in groups.items():
@@ -78,7 +79,8 @@ def end_table(groups: Groups, window: int) -> list[str]:
                 _text(spread([last_window(r.metrics, k, window) for r in done]))
                 for k in ("reward_mean", "tool_calls_mean")
             ),
-            _text(held_out_tool_calls(runs), 2),
+            _text(held_out_last(runs, "tool_calls"), 2),
+            _text(held_out_last(runs, "format_errors"), 2),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines

@@ -264,14 +264,16 @@ LAST = {  # accuracy per level at the last evaluation, one entry per seed
 }
 
 
-def eval_record(step: int, accuracy: dict[str, float], tool_calls: float) -> dict:
+def eval_record(
+    step: int, accuracy: dict[str, float], tool_calls: float, malformed: float = 0.0
+) -> dict:
     rows = []
     for tools, scale in ((True, 1.0), (False, 0.5)):  # without tools: half the accuracy
         total = sum(accuracy[s] * q for s, q in QUESTIONS.items()) / sum(QUESTIONS.values())
         for name, acc, q in [*((s, accuracy[s], q) for s, q in QUESTIONS.items()), ("all", total, 20)]:  # fmt: skip
             rows.append({"name": name, "tools": tools, "questions": q, "samples": 1, "accuracy": acc * scale,
                          "pass_at_k": None, "tool_calls": tool_calls if tools else 0.0,
-                         "response_tokens": 50.0, "format_errors": 0.0})  # fmt: skip
+                         "response_tokens": 50.0, "format_errors": malformed})  # fmt: skip
     return {"step": step, "version": step, "samples": 1, "seconds": 1.0, "rows": rows}
 
 
@@ -293,7 +295,9 @@ def write_synthetic_experiment(out: Path, theorem1: bool = True, evals: bool = T
             (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
             if evals:
                 first = eval_record(0, dict.fromkeys(QUESTIONS, 0.1), 1.0)
-                last = eval_record(6, {s: LAST[variant][s][seed] for s in QUESTIONS}, 2.0 + seed)
+                last = eval_record(
+                    6, {s: LAST[variant][s][seed] for s in QUESTIONS}, 2.0 + seed, 0.1 * seed
+                )
                 (run_dir / "eval.jsonl").write_text(json.dumps(first) + "\n" + json.dumps(last) + "\n")  # fmt: skip
             per_stratum = {
                 "0": {"generated": 30},
@@ -340,9 +344,8 @@ def test_the_report_tables_figures_and_findings(tmp_path, capsys):
     first = table_rows(text, "Held-out accuracy, first evaluation")
     assert first["grpo", "yes"][3] == "0" and first["grpo", "yes"][7] == "0.100 ± 0.000 (0.100–0.100)"  # fmt: skip
     end = table_rows(text, "End of training")["grpo",]
-    assert (
-        end[2] == "6" and end[5] == "3.00 ± 1.00 (2.00–4.00)"
-    )  # held-out tool calls, seeds 2, 3, 4
+    assert end[2] == "6" and end[5] == "3.00 ± 1.00 (2.00–4.00)"  # held-out tool calls: 2, 3, 4
+    assert end[6] == "0.10 ± 0.10 (0.00–0.20)"  # malformed held-out answers: 0, 0.1, 0.2
     says = text.split("## What the numbers say")[1].split("\n## ")[0]
     assert "trained 6 learner steps" in says
     assert f"highest L2+L3 accuracy (seed mean) is blend's, {spread_text(blend_l23)}" in says
