@@ -88,6 +88,9 @@ def test_ray_runtime_survives_a_killed_actor_and_stops_cleanly(tmp_path, run_cac
     seen: list[str] = []
     try:
         wait_for_step(proc, 1, seen)
+        # pool-0 also runs the periodic evaluation: right after one ends, a busy worker is busy
+        # generating (a kill during an evaluation had once found no training trajectory in flight)
+        wait_for_line(proc, r"strata: eval at step \d+: accuracy", seen)
         workers = generation_workers(proc.pid)
         assert len(workers) == 2, [p.cmdline() for p in descendants(proc.pid)]
         killed = busy(workers)
