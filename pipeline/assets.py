@@ -33,16 +33,16 @@ def _world_version(world_dir: Path) -> int | None:
 
 
 def prepare_world(config: StrataConfig, quiet: bool = False) -> Path:
-    from retrieval.world import VERSION, build_world, write_world
+    from retrieval.world import SKEW, VERSION, build_world, write_world
 
-    target = (
-        Path(config.runtime.cache_dir) / f"world-{config.data.world_size}-seed{config.data.seed}"
-    )
+    data = config.data
+    # The default world keeps the directory name it had before the skew could be set.
+    skew = "" if data.world_skew == SKEW else f"-skew{data.world_skew:g}"
+    target = Path(config.runtime.cache_dir) / f"world-{data.world_size}-seed{data.seed}{skew}"
     if _world_version(target) != VERSION:  # none yet, or one an earlier Strata wrote
-        _say(f"building the mini-GAIA world ({config.data.world_size}) in {target}", quiet)
-        write_world(
-            build_world(config.data.seed, config.data.world_size), target, force=target.exists()
-        )
+        _say(f"building the mini-GAIA world ({data.world_size}{skew}) in {target}", quiet)
+        world = build_world(data.seed, data.world_size, data.world_skew)
+        write_world(world, target, force=target.exists())
     return target
 
 

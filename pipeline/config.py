@@ -94,11 +94,22 @@ class DataConfig(Section):
     """Seed of the world generator and of the question order."""
     world_size: Literal["small", "medium"] = "small"
     """mini_gaia: how big a world to generate."""
+    world_skew: float = Field(0.6, ge=0, le=4)
+    """mini_gaia: Zipf exponent of the attributes a guess can follow (countries, birthplaces,
+    professions, headquarters). 0.6: on two-hop questions two searches pay more than a guess;
+    1.3: a guess pays about what a warm-started chain of two searches pays (the better strategy
+    starts in the stratum with the lower mean reward). Each value is its own world and warm start."""
 
     @model_validator(mode="after")
     def _files_when_needed(self) -> DataConfig:
         if self.type != "mini_gaia" and not self.train_files:
             raise ValueError(f"data.type {self.type!r} needs data.train_files")
+        # Defaults pass: a dumped config (every key written) must load again.
+        fields = type(self).model_fields
+        worldly = [k for k in ("world_size", "world_skew") if getattr(self, k) != fields[k].default]
+        if self.type != "mini_gaia" and worldly:
+            raise ValueError(f"data.{worldly[0]} shapes the mini_gaia world only; data.type is "
+                             f"{self.type!r}: remove it")  # fmt: skip
         return self
 
 

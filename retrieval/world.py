@@ -12,7 +12,10 @@ What makes it a test bed for stratified advantages:
   fifth of the time for a country, never for a year), so trajectories with 0, 1 and 2 searches
   have different reward means: the cross-stratum bias the paper is about. The priors are kept
   flat enough that two searches pay more than a guess on two-hop questions (at version 3 the
-  most common country answered two thirds of them and the policy unlearnt searching).
+  most common country answered two thirds of them and the policy unlearnt searching). `skew`
+  (`data.world_skew`, `--skew`) steepens them: at 1.3 a guess pays about what a chain of two
+  searches pays a warm-started policy, the regime where the better strategy starts in the
+  stratum with the lower mean reward.
 - Held-out questions are about new entities: the test split's subjects are never the subject or
   the bridge of a training question, so what transfers is how to search, not memorised answers.
   Their names are new combinations of words that training names use too (`NameMaker`), so a
@@ -61,9 +64,9 @@ from retrieval.world_text import (
 )
 
 VERSION = 4  # 2: skewed priors, held-out entities, shuffled order; 3: names composed from pools;
-# 4: flatter priors (ZIPF 0.6, 12 countries in small): a guess had beaten a search on two-hop questions
+# 4: flatter priors (skew 0.6, 12 countries in small): a guess had beaten a search on two-hop questions
 TEST_SHARE = 0.2  # of the core entities of each kind: the held-out subjects
-ZIPF = 0.6  # exponent of the skewed attributes' frequencies (weight of the i-th value: 1 / i**ZIPF)
+SKEW = 0.6  # exponent of the skewed attributes' frequencies (weight of the i-th value: 1 / i**SKEW)
 KINDS = ("person", "city", "film", "company")
 
 
@@ -131,6 +134,7 @@ class World:
     questions: tuple[WorldQuestion, ...]  # training, then test (each shuffled), `split` set
     demos: tuple[dict, ...] = ()
     name_parts: dict[str, list[str]] | None = None  # NameMaker.parts()
+    skew: float = SKEW  # exponent of the skewed attributes' frequencies
 
     def split(self, name: str) -> list[WorldQuestion]:
         return [q for q in self.questions if q.split == name]
@@ -155,21 +159,25 @@ def _rng(seed: int, stream: str) -> random.Random:
     return random.Random(f"mini-gaia/{seed}/{stream}")
 
 
-def _skewed(rng: random.Random, values: list) -> object:
-    """One of `values`, the i-th (from 1) with weight 1 / i**ZIPF: a prior a guess can follow."""
-    return rng.choices(values, [1 / (i + 1) ** ZIPF for i in range(len(values))])[0]
-
-
 def _entities(
-    rng: random.Random, names: NameMaker, size: Size, share: float, countries: list[str]
+    rng: random.Random,
+    names: NameMaker,
+    size: Size,
+    share: float,
+    countries: list[str],
+    skew: float,
 ) -> Entities:
     def n(count: int) -> int:
         return _count(count, share)
 
+    def skewed(values: list) -> object:
+        """One of `values`, the i-th (from 1) with weight 1 / i**skew: a prior a guess can follow."""
+        return rng.choices(values, [1 / (i + 1) ** skew for i in range(len(values))])[0]
+
     cities = [
         City(
             names.city(),
-            _skewed(rng, countries),
+            skewed(countries),
             rng.randint(1000, 1850),
             rng.randrange(8_000, 2_500_000, 500),
         )
@@ -180,8 +188,8 @@ def _entities(
         Person(
             names.person(),
             rng.randint(1890, 1995),
-            _skewed(rng, city_names),
-            _skewed(rng, list(PROFESSIONS)),
+            skewed(city_names),
+            skewed(list(PROFESSIONS)),
         )
         for _ in range(n(size.people))
     ]
@@ -194,7 +202,7 @@ def _entities(
     for _ in range(n(size.companies)):
         founder = rng.choice(people)
         founded = rng.randint(founder.born + 20, min(founder.born + 65, 2023))
-        hq = _skewed(rng, city_names)
+        hq = skewed(city_names)
         companies.append(
             Company(names.company(), founder.name, founded, hq, rng.choice(INDUSTRIES))
         )
@@ -265,8 +273,10 @@ def _expected_names(size: Size) -> dict[str, int]:
     return {k: n + _count(n, size.distractor_share) for k, n in counts.items()}
 
 
-def build_world(seed: int, size: str = "small") -> World:
-    """The world for this seed and size, in memory; `write_world` puts it on disk."""
+def build_world(seed: int, size: str = "small", skew: float = SKEW) -> World:
+    """The world for this seed, size and prior skew, in memory; `write_world` puts it on disk."""
+    if not 0 <= skew <= 4:
+        raise WorldError(f"the world's skew must lie in [0, 4] (got {skew}); the default is {SKEW}")
     if size not in SIZES:
         raise WorldError(f"unknown world size {size!r}; choose one of: {', '.join(SIZES)}")
     if seed < 0:  # random.Random(-s) equals random.Random(s): negative seeds would alias
@@ -274,9 +284,9 @@ def build_world(seed: int, size: str = "small") -> World:
     spec, rng = SIZES[size], _rng(seed, "entities")
     names = NameMaker(rng, _expected_names(spec))
     countries = [names.country() for _ in range(spec.countries)]
-    core = _entities(rng, names, spec, 1.0, countries)
+    core = _entities(rng, names, spec, 1.0, countries, skew)
     # Distractors link only among themselves: no question starts from or passes through one.
-    distractors = _entities(rng, names, spec, spec.distractor_share, countries)
+    distractors = _entities(rng, names, spec, spec.distractor_share, countries, skew)
     passages, kinds, doc = _passages(_rng(seed, "text"), [core, distractors])
     questions = questions_for(_rng(seed, "questions"), core, doc, spec.questions)
     questions = _split(_rng(seed, "split"), core, questions)
@@ -286,7 +296,8 @@ def build_world(seed: int, size: str = "small") -> World:
     for q in train:
         guesses.setdefault(q.answer_kind, []).append(q.answer[0])
     demos = make_demos(train, passages, kinds, guesses, _rng(seed, "demos"), limit=spec.max_demos)
-    return World(seed, size, tuple(passages), kinds, tuple(questions), tuple(demos), names.parts())
+    return World(seed, size, tuple(passages), kinds, tuple(questions), tuple(demos), names.parts(),
+                 skew)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------ files
@@ -338,8 +349,8 @@ def _write_files(world: World, out: Path) -> None:
     ]
     _write_jsonl(out / "metadata.jsonl", gaia)
     _write_jsonl(out / "demos.jsonl", list(world.demos))
-    manifest = {"seed": world.seed, "size": world.size, "counts": world.counts, "version": VERSION,
-                "name_parts": world.name_parts}  # fmt: skip
+    manifest = {"seed": world.seed, "size": world.size, "skew": world.skew, "counts": world.counts,
+                "version": VERSION, "name_parts": world.name_parts}  # fmt: skip
     # Last: a directory holding world.json holds a complete world.
     (out / "world.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 
@@ -403,6 +414,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="directory to write the world into")
     p.add_argument("--seed", type=int, default=0, help="seed of the generator (default 0)")
     p.add_argument("--size", default="small", help=f"one of {', '.join(SIZES)} (default small)")
+    p.add_argument("--skew", type=float, default=SKEW,
+                   help=f"exponent of the skewed priors a guess can follow (default {SKEW})")  # fmt: skip
     p.add_argument("--force", action="store_true", help="replace an earlier world in --out")
     return p
 
@@ -411,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
         start = time.perf_counter()
-        world = build_world(args.seed, args.size)
+        world = build_world(args.seed, args.size, args.skew)
         write_world(world, args.out, force=args.force)
     except WorldError as exc:
         print(f"strata world: error: {exc}", file=sys.stderr)

@@ -1,4 +1,5 @@
 import asyncio
+import json
 
 import pyarrow.parquet as pq
 import pytest
@@ -49,3 +50,20 @@ def test_actor_side_from_config(tmp_path):
     assert agent_settings(ActorsConfig(format_weight=0.2)).format_weight == 0.2
     with pytest.raises(ValueError, match="no retrieval server URL"):
         make_tools(actors, RetrievalConfig(), None)
+
+
+def test_each_world_skew_is_its_own_cached_world(tmp_path):
+    from pipeline.assets import prepare_world
+    from pipeline.config import StrataConfig
+
+    def world(skew=None):
+        data = {"seed": 3} | ({"world_skew": skew} if skew is not None else {})
+        config = StrataConfig.model_validate(
+            {"data": data, "runtime": {"cache_dir": str(tmp_path)}}
+        )
+        return prepare_world(config, quiet=True)
+
+    default, steep = world(), world(1.3)
+    assert (default.name, steep.name) == ("world-small-seed3", "world-small-seed3-skew1.3")
+    assert json.loads((steep / "world.json").read_text())["skew"] == 1.3
+    assert world(0.6) == default  # the default, spelled out, is the same world

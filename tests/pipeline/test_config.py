@@ -166,6 +166,13 @@ def test_yaml_reads_exponent_floats(tmp_path):
         ("learner: [1\n", [], "{p}:2:1: invalid YAML"),
         ("- 1\n", [], "{p}: the top level must be a mapping of sections, got list"),
         ("data:\n  type: gaia\n", [], "{p}: data: data.type 'gaia' needs data.train_files"),
+        (
+            "data: {type: search_r1, train_files: [t.parquet], world_skew: 1.3}\n",
+            [],
+            "{p}: data: data.world_skew shapes the mini_gaia world only; data.type is "
+            "'search_r1': remove it",
+        ),
+        ("", ["data.world_skew=5"], "data.world_skew = 5: input should be less than or equal to 4"),
         ("", ["learner.alpha"], "--set 'learner.alpha': expected dotted.key=value"),
         (
             "",

@@ -158,6 +158,40 @@ def test_skewed_priors_make_a_guess_right_sometimes():
     assert share["year"] < 0.1 and share["number"] < 0.1
 
 
+def guess_rate(world, level):
+    """Expected accuracy on held-out questions of `level` of a guess drawn from the training
+    answers' frequencies of the question's answer kind."""
+    seen: dict[str, Counter] = {}
+    for q in world.split("train"):
+        seen.setdefault(q.answer_kind, Counter())[q.answer[0]] += 1
+    rates = [
+        seen[q.answer_kind][q.answer[0]] / sum(seen[q.answer_kind].values())
+        for q in world.split("test")
+        if q.level == level and q.answer_kind in seen
+    ]
+    return sum(rates) / len(rates)
+
+
+def test_skew_steepens_the_priors_a_guess_follows():
+    flat, steep = build_world(7, "small"), build_world(7, "small", skew=1.3)
+    assert flat.skew == 0.6 and steep.skew == 1.3
+    assert guess_rate(steep, 2) > 1.5 * guess_rate(flat, 2)
+    assert flat.counts["passages"] == steep.counts["passages"]  # same entities, other attributes
+    same = build_world(7, "small", skew=0.6)  # the default is skew 0.6, not another world
+    assert same.passages == flat.passages and same.questions == flat.questions
+    again = build_world(7, "small", skew=1.3)
+    assert again.passages == steep.passages and again.questions == steep.questions
+
+
+def test_skew_is_written_to_the_manifest_and_is_refused_out_of_range(tmp_path, capsys):
+    assert main(["--out", str(tmp_path / "w"), "--skew", "1.3"]) == 0
+    assert json.loads((tmp_path / "w" / "world.json").read_text())["skew"] == 1.3
+    assert main(["--out", str(tmp_path / "v"), "--skew", "9"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "skew must lie in [0, 4] (got 9.0)" in err
+    assert not (tmp_path / "v").exists()
+
+
 def test_parquet_indexes_count_rows_within_the_split(world_dir):
     test = pq.read_table(world_dir / "test.parquet").to_pylist()
     assert [q["extra_info"]["index"] for q in test] == list(range(len(test)))
