@@ -97,8 +97,8 @@ class DataConfig(Section):
     world_skew: float = Field(0.6, ge=0, le=4)
     """mini_gaia: Zipf exponent of the attributes a guess can follow (countries, birthplaces,
     professions, headquarters). 0.6: on two-hop questions two searches pay more than a guess;
-    1.3: a guess pays about what a warm-started chain of two searches pays (the better strategy
-    starts in the stratum with the lower mean reward). Each value is its own world and warm start."""
+    1.3: a guess pays about what a warm-started chain of two searches pays (docs/results/skewed.md).
+    Each value is its own world and warm start."""
 
     @model_validator(mode="after")
     def _files_when_needed(self) -> DataConfig:

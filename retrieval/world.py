@@ -14,8 +14,7 @@ What makes it a test bed for stratified advantages:
   flat enough that two searches pay more than a guess on two-hop questions (at version 3 the
   most common country answered two thirds of them and the policy unlearnt searching). `skew`
   (`data.world_skew`, `--skew`) steepens them: at 1.3 a guess pays about what a chain of two
-  searches pays a warm-started policy, the regime where the better strategy starts in the
-  stratum with the lower mean reward.
+  searches pays a warm-started policy (docs/results/skewed.md).
 - Held-out questions are about new entities: the test split's subjects are never the subject or
   the bridge of a training question, so what transfers is how to search, not memorised answers.
   Their names are new combinations of words that training names use too (`NameMaker`), so a
