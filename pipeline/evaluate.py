@@ -173,10 +173,12 @@ async def run_items(engine, tokenizer, tools: dict, settings, items: Sequence[It
 
 
 def eval_settings(config: StrataConfig, samples: int):
-    """The training agent settings, greedy for one sample, with the outcome reward only."""
+    """The training agent settings, greedy for one sample, with the outcome reward only: no
+    format bonus and no latent reward (`actors.latent_reward` credits wrong answers in training)."""
     settings = agent_settings(config.actors, config.learner.stratifier)
     temperature = 0.0 if samples == 1 else settings.temperature
-    return dataclasses.replace(settings, temperature=temperature, format_weight=0.0)
+    return dataclasses.replace(settings, temperature=temperature, format_weight=0.0,
+                               latent_reward=0.0)  # fmt: skip
 
 
 def generated_text(trajectory, tokenizer) -> str:

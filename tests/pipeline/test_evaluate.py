@@ -11,8 +11,9 @@ import pytest
 
 from actors.rewards import score
 from buffers.records import from_arrow
+from pipeline.config import StrataConfig
 from pipeline.datasets import load_questions
-from pipeline.evaluate import Row, generated_text, main
+from pipeline.evaluate import Row, eval_settings, generated_text, main
 from pipeline.metrics import RunMetrics
 from tests.conftest import assert_accounting, child_env
 from tests.pipeline.test_local_run import ROOT, SHORT, launch
@@ -181,3 +182,14 @@ def test_bad_input_is_one_line_and_writes_nothing(case, expected, trained, tmp_p
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and expected in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_held_out_accuracy_is_the_outcome_reward_only():
+    """A format bonus or a latent reward shapes training; accuracy is the answer's score alone
+    (with actors.latent_reward 0.2 a wrong answer had counted 0.2 at every evaluation)."""
+    config = StrataConfig.model_validate(
+        {"actors": {"latent_reward": 0.2, "format_weight": 0.1, "temperature": 0.7}}
+    )
+    one, many = eval_settings(config, 1), eval_settings(config, 4)
+    assert (one.latent_reward, one.format_weight, one.temperature) == (0.0, 0.0, 0.0)
+    assert (many.latent_reward, many.temperature) == (0.0, 0.7)
