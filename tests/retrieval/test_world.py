@@ -146,13 +146,18 @@ def test_held_out_names_are_new_combinations_of_words_seen_in_training():
     assert len(everywhere) == len(set(everywhere))  # a word belongs to one pool only
 
 
+def answer_counts(world) -> dict[str, Counter]:
+    """How often each training answer occurs, per answer kind: the priors a guess can follow."""
+    counts: dict[str, Counter] = {}
+    for q in world.split("train"):
+        counts.setdefault(q.answer_kind, Counter())[q.answer[0]] += 1
+    return counts
+
+
 def test_skewed_priors_make_a_guess_right_sometimes():
     """The most frequent training answer of a kind is right on a share of the held-out questions
     of that kind: about a fifth for countries, next to nothing for years."""
-    world = build_world(7, "small")
-    by_kind: dict[str, Counter] = {}
-    for q in world.split("train"):
-        by_kind.setdefault(q.answer_kind, Counter())[q.answer[0]] += 1
+    by_kind = answer_counts(build_world(7, "small"))
     share = {k: c.most_common(1)[0][1] / sum(c.values()) for k, c in by_kind.items()}
     assert share["country"] > 0.15 and share["city"] > 0.08 and share["profession"] > 0.1
     assert share["year"] < 0.1 and share["number"] < 0.1
@@ -161,9 +166,7 @@ def test_skewed_priors_make_a_guess_right_sometimes():
 def guess_rate(world, level):
     """Expected accuracy on held-out questions of `level` of a guess drawn from the training
     answers' frequencies of the question's answer kind."""
-    seen: dict[str, Counter] = {}
-    for q in world.split("train"):
-        seen.setdefault(q.answer_kind, Counter())[q.answer[0]] += 1
+    seen = answer_counts(world)
     rates = [
         seen[q.answer_kind][q.answer[0]] / sum(seen[q.answer_kind].values())
         for q in world.split("test")
