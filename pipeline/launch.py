@@ -372,7 +372,7 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
         print("strata: interrupted: checkpointed and flushed what was running", file=sys.stderr)
     if not summary.steps and not interrupted:
         return 1
-    report = write_report(run_dir, config_path, summary)
+    report = write_report(run_dir, config_path, summary, assets.policy_dir)
     first, last = learning_signal(summary.metrics)
     restarts = (
         f"actor restarts {summary.actor_restarts}, retrieval restarts {summary.retrieval_restarts}; "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -111,7 +113,30 @@ def _plots(metrics: list[dict], run_dir: Path) -> list[str]:
     return names
 
 
-def write_report(run_dir: Path, config_path: str, summary) -> Path:
+def initial_policy(policy_dir: Path | None) -> str:
+    """Where the run's policy came from, with a digest of its weights: the same warm-start key
+    gives other weights on another machine's float kernels, so two reports say by this whether
+    their runs started from the same policy."""
+    if policy_dir is None:
+        return "not recorded"
+    line = f"`{policy_dir}`"
+    try:
+        info = json.loads((policy_dir / "warm_start.json").read_text(encoding="utf-8"))
+        line += (f", warm start of {info['steps']} steps ({info['stopped']}), loss "
+                 f"{info['first_loss']:.3f} -> {info['final_loss']:.3f}")  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # not a warm start (model.path), or one without a step: the path says enough
+    weights = policy_dir / "model.safetensors"  # sharded checkpoints have no single file
+    if weights.is_file():
+        digest = hashlib.sha256()
+        with weights.open("rb") as f:
+            while chunk := f.read(1 << 24):
+                digest.update(chunk)
+        line += f", weights sha256 {digest.hexdigest()[:16]}"
+    return line
+
+
+def write_report(run_dir: Path, config_path: str, summary, policy_dir: Path | None = None) -> Path:
     metrics = summary.metrics
     first, last = learning_signal(metrics)
     lines = [
@@ -129,6 +154,7 @@ def write_report(run_dir: Path, config_path: str, summary) -> Path:
         f"| mean reward, last 20% of steps | {last:.3f} |",
         f"| steps with no usable group (nothing trained or published) | {summary.empty_steps} |",
         f"| training questions skipped (prompt over data.max_prompt_tokens) | {summary.skipped_prompts} |",
+        f"| initial policy | {initial_policy(policy_dir)} |",
         f"| final checkpoint | `{summary.checkpoint}` |",
         "",
     ]

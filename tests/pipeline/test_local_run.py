@@ -1,5 +1,6 @@
 """`python -m pipeline.launch` end to end on the embedded default, as a user runs it (subprocess)."""
 
+import hashlib
 import json
 import math
 import os
@@ -87,6 +88,9 @@ def test_a_short_run_streams_trains_and_leaves_a_complete_run_dir(tmp_path, cach
     assert hf.config.model_type == "qwen2"
     report = (run_dir / "report.md").read_text()
     assert "| learner steps | 3 |" in report and (run_dir / "reward.png").is_file()
+    policy = next(line for line in report.splitlines() if line.startswith("| initial policy |"))
+    weights = Path(policy.split("`")[1]) / "model.safetensors"  # the warm start the run used
+    assert hashlib.sha256(weights.read_bytes()).hexdigest()[:16] in policy
     assert yaml_config_is_resolved(run_dir)
     assert_no_secret(run_dir)
     books = assert_accounting(run_dir)

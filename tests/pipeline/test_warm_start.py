@@ -161,7 +161,7 @@ def test_the_weights_follow_the_steps_not_the_clock(world, warm, tokenizer):
 
     agent = layout_agent(tokenizer, TOOLS, LOCAL_AGENT)
     batch = [demo_example(d, agent) for d in demos(world)[:24]]
-    training = Training(batch_tokens=1024, max_epochs=2, warmup_steps=2, plateau=0.0)
+    training = Training(batch_tokens=1024, max_epochs=2, warmup_steps=2)
     trained = []
     for budget_s in (600.0, 60_000.0):
         torch.manual_seed(0)
