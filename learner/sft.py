@@ -31,8 +31,8 @@ class Training:
     batch_tokens: int = 2048
     """Padded tokens per optimiser step (sequences of similar length are batched together)."""
     max_epochs: int = 60
-    """World v4, held-out accuracy of the greedy policy: 0.07-0.08 after 30 epochs (loss 0.11-0.15,
-    four builds), 0.19-0.20 after 60 (loss 0.05); docs/results/warm_start.md."""
+    """World v4, held-out accuracy of the greedy policy: 0.07-0.16 after 30 epochs (loss 0.09-0.17;
+    seeds and float rounding decide), 0.19-0.20 after 60 (loss 0.02-0.05): docs/results/warm_start.md."""
     warmup_steps: int = 10
     final_lr: float = 0.1
     """The learning rate decays (cosine, over `max_epochs` of steps) to this fraction of `lr`."""
