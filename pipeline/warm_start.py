@@ -15,8 +15,8 @@ not at all; renamed, it has to copy names and facts from the question and the pa
 Training runs `max_epochs` or stops at the time budget (tokenizer included); the learning rate
 follows the steps taken, so a build is the same on any machine of one kind that finishes it within
 the budget. Another CPU's float kernels give other weights from the same key: a run's report.md
-names its policy with a digest of the weights, so two runs can tell whether they started alike. The HF directory is written atomically with a `warm_start.json`
-whose key makes a second call free.
+names its policy with a digest of the weights, so two runs can tell whether they started alike.
+The HF directory is written atomically with a `warm_start.json` whose key makes a second call free.
 `format_rate` runs the real agent loop, search server and sandbox on held-out test questions.
 """
 
