@@ -4,8 +4,8 @@
                                            [--out runs/warm-start-spread]
 
 Each build is the default's warm start (configs/local.yaml's world, index and top-k) with the
-given `max_epochs`, model seed and torch thread count (1 vs 2 threads reorders float reductions:
-the same recipe, other rounding, as another CPU would give), run in its own process, then scored
+given `max_epochs`, model seed and torch thread count (another thread count rounds the float
+reductions otherwise: the same recipe, other rounding), run in its own process, then scored
 by `pipeline.evaluate` exactly as a run's step-0 evaluation is: greedy, held-out questions by
 level and 120 training questions. The table is printed and written to OUT/spread.md; the last
 line gives the held-out range per epoch count. About 75 s a 30-epoch build and 130 s a 60-epoch
@@ -60,12 +60,12 @@ def measure(epochs: int, seed: int, threads: int, out: Path) -> dict:
     rows = {
         r["name"]: r["accuracy"] for r in json.loads(evaluation.read_text())["rows"] if r["tools"]
     }
-    from pipeline.report import initial_policy
+    from pipeline.report import weights_digest
 
     return {"epochs": epochs, "seed": seed, "threads": threads, "steps": record["steps"],
             "loss": f"{record['final_loss']:.3f}", "seconds": f"{time.monotonic() - began:.0f}",
             **{k: f"{rows[v]:.3f}" for k, v in SOURCES.items()},
-            "weights": initial_policy(out).rsplit(" ", 1)[-1]}  # fmt: skip
+            "weights": weights_digest(out)}  # fmt: skip
 
 
 def main() -> int:

@@ -5,9 +5,9 @@ AdamW, warm-up then cosine decay over `max_epochs` counted in steps (`learner.sc
 with the RL learner), for `max_epochs` or until the time budget. The schedule counts steps, not
 seconds, so the same data and seed give the same weights on a fast or a busy machine of one kind
 (another CPU's float kernels give other weights); the budget only cuts training short (and says
-so in the result). There is no early stop on a loss plateau: whether an epoch's loss fell by 1.9%
-or 2.1% is float noise, and on world v4 such a stop left one seed's policy at loss 0.77 and held-out
-accuracy 0 where its full schedule reached 0.19. Sequences of similar length are batched
+so in the result). There is no early stop on a loss plateau: on world v4 the same build stopped
+at epoch 27 or ran all 30 depending on float rounding, and one seed's stop left its policy at loss
+0.77 and held-out accuracy 0 where its full schedule reached 0.19. Sequences of similar length are batched
 together; the prompt prefix every example shares runs once per step.
 """
 

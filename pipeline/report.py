@@ -113,6 +113,16 @@ def _plots(metrics: list[dict], run_dir: Path) -> list[str]:
     return names
 
 
+def weights_digest(policy_dir: Path) -> str | None:
+    """The first 16 hex digits of the sha256 of `model.safetensors`; None where there is no such
+    single file (a sharded checkpoint)."""
+    weights = policy_dir / "model.safetensors"
+    if not weights.is_file():
+        return None
+    with weights.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()[:16]
+
+
 def initial_policy(policy_dir: Path | None) -> str:
     """Where the run's policy came from, with a digest of its weights: the same warm-start key
     gives other weights on another machine's float kernels, so two reports say by this whether
@@ -126,13 +136,8 @@ def initial_policy(policy_dir: Path | None) -> str:
                  f"{info['first_loss']:.3f} -> {info['final_loss']:.3f}")  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError):
         pass  # not a warm start (model.path), or one without a step: the path says enough
-    weights = policy_dir / "model.safetensors"  # sharded checkpoints have no single file
-    if weights.is_file():
-        digest = hashlib.sha256()
-        with weights.open("rb") as f:
-            while chunk := f.read(1 << 24):
-                digest.update(chunk)
-        line += f", weights sha256 {digest.hexdigest()[:16]}"
+    if (digest := weights_digest(policy_dir)) is not None:
+        line += f", weights sha256 {digest}"
     return line
 
 
