@@ -82,32 +82,51 @@ def rloo(rewards, group_ids, strata, alpha: float = 0.0, eps: float = 1e-6) -> E
     return Estimate(scale * (rewards - mean[g]), _all(rewards))
 
 
-def _medians(values: torch.Tensor, g: torch.Tensor, count: torch.Tensor):
-    """Per group: the median of `values` (the mean of the two middle ones for an even size) and,
-    per trajectory, whether it is the odd group's middle member in (value, position) order."""
-    order = torch.sort(values, stable=True).indices
-    order = order[torch.sort(g[order], stable=True).indices]  # by group, then value, then position
+def _rows(g: torch.Tensor, count: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The groups as matrices, one per group size n: (group ids [G_n], members [G_n, n]), each
+    row a group's trajectory indices in arrival order. One stable sort by group id (none when the
+    batch already has each group's members side by side, as the learner's batches do), then a
+    gather per distinct size: a batch has few sizes (every group complete, or short by a drop)."""
+    grouped = len(g) < 2 or bool((g[1:] >= g[:-1]).all())
+    order = torch.arange(len(g), device=g.device) if grouped else torch.argsort(g, stable=True)
     start = torch.cumsum(count, 0) - count
-    low = start + (count - 1) // 2
-    high = start + count // 2
-    sorted_values = values[order]
-    valid = count > 0
-    median = torch.zeros(len(count), dtype=values.dtype, device=values.device)
-    median[valid] = (sorted_values[low[valid]] + sorted_values[high[valid]]) / 2
+    by_size = torch.argsort(count, stable=True)
+    sizes, repeats = torch.unique_consecutive(count[by_size], return_counts=True)
+    rows, first = [], 0
+    for n, k in zip(sizes.tolist(), repeats.tolist(), strict=True):
+        groups, first = by_size[first : first + k], first + k
+        if n > 0:
+            offsets = torch.arange(n, device=g.device)
+            rows.append((groups, order[start[groups].view(-1, 1) + offsets]))
+    return rows
+
+
+def _medians(values: torch.Tensor, rows: list[tuple[torch.Tensor, torch.Tensor]], num_groups: int):
+    """Per group: the median of `values` (the mean of the two middle ones for an even size) and,
+    per trajectory, whether it is the odd group's middle member in (value, position) order: each
+    size's rows sorted along the row, stably, so equal values keep their arrival order."""
+    median = torch.zeros(num_groups, dtype=values.dtype, device=values.device)
     pivot = torch.zeros_like(values, dtype=torch.bool)
-    odd = valid & (count % 2 == 1)
-    pivot[order[low[odd]]] = True
+    for groups, members in rows:
+        n = members.shape[1]
+        ordered, position = torch.sort(values[members], dim=1, stable=True)
+        median[groups] = (ordered[:, (n - 1) // 2] + ordered[:, n // 2]) / 2
+        if n % 2 == 1:
+            pivot[members.gather(1, position[:, n // 2, None]).view(-1)] = True
     return median, pivot
 
 
 def mc_grpo(rewards, group_ids, strata, alpha: float = 0.0, eps: float = 1e-6) -> Estimate:
     g, count, _, std = _groups(rewards, group_ids, strata, eps)
-    median, pivot = _medians(rewards, g, count)
+    rows = _rows(g, count)
+    median, pivot = _medians(rewards, rows, len(count))
     centered = rewards - median[g]
-    mad, _ = _medians(centered.abs(), g, count)
-    denom = torch.where(mad[g] > 0, mad[g], std[g]) + eps  # MAD 0: the group's std (module doc)
-    denom = torch.where((mad[g] > 0) | (std[g] > 0), denom, torch.zeros_like(denom))
-    return Estimate(_divide(centered, denom, count[g]), ~pivot)
+    mad, _ = _medians(centered.abs(), rows, len(count))
+    # per group, then one gather: MAD 0 falls back to the std (module doc); no spread, no signal
+    usable = ((mad > 0) | (std > 0)) & (count > 1)
+    denom = torch.where(usable, torch.where(mad > 0, mad, std) + eps, torch.ones_like(mad))
+    advantages = torch.where(usable[g], centered / denom[g], torch.zeros_like(centered))
+    return Estimate(advantages, ~pivot)
 
 
 ESTIMATORS: dict[str, Callable[..., Estimate]] = {

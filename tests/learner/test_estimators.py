@@ -44,6 +44,11 @@ def test_each_estimator_equals_its_loop_reference(name, case):
     got, keep = run(name, rewards, groups, strata)
     want, want_keep = reference(name, rewards, groups, strata)
     assert got == pytest.approx(want, abs=1e-9) and keep == want_keep
+    # each group's members side by side, as in the learner's batches (mc_grpo skips its sort)
+    order = sorted(range(len(groups)), key=lambda i: groups[i])
+    got, keep = run(name, *([x[i] for i in order] for x in (rewards, groups, strata)))
+    want, want_keep = reference(name, [rewards[i] for i in order], [groups[i] for i in order], [])
+    assert got == pytest.approx(want, abs=1e-9) and keep == want_keep
 
 
 @pytest.mark.parametrize("name", LOOPED)
