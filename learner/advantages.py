@@ -270,17 +270,17 @@ def stratified_advantages_with_stats(
 
     `group_ids` and `strata` may hold any integer values in any order; only equality matters.
     """
+    dtype, rewards = rewards.dtype, _working(rewards)
     b = _blend(rewards, group_ids, strata, alpha, eps)
-    dtype = rewards.dtype
-    deviation = rewards - b.cell_mean.to(dtype)[b.c]
-    global_centered = deviation + b.between.to(dtype)[b.c]
+    deviation = rewards - b.cell_mean.to(rewards.dtype)[b.c]
+    global_centered = deviation + b.between.to(rewards.dtype)[b.c]
     used_groups = b.group_count > 0
     groups = SegmentStats(
         group_id=b.group_values[used_groups],
         stratum=torch.full_like(b.group_values[used_groups], -1),
         count=b.group_count[used_groups],
         mean=b.group_mean[used_groups].to(dtype),
-        std=b.group_std[used_groups],
+        std=b.group_std[used_groups].to(dtype),
     )
     used_cells = b.cell_count > 0
     keys = b.cell_keys[used_cells]
@@ -290,14 +290,14 @@ def stratified_advantages_with_stats(
         stratum=b.stratum_values[keys % num_strata],
         count=b.cell_count[used_cells],
         mean=b.cell_mean[used_cells].to(dtype),
-        std=b.cell_std[used_cells],
+        std=b.cell_std[used_cells].to(dtype),
     )
     return StratifiedAdvantages(
-        advantages=_blended(b, alpha, rewards),
-        san=deviation * b.cell_scale[b.c],
-        gn=global_centered * b.to_cells(b.group_scale)[b.c],
-        stratified_centered=deviation,
-        global_centered=global_centered,
+        advantages=_blended(b, alpha, rewards).to(dtype),
+        san=(deviation * b.cell_scale[b.c]).to(dtype),
+        gn=(global_centered * b.to_cells(b.group_scale)[b.c]).to(dtype),
+        stratified_centered=deviation.to(dtype),
+        global_centered=global_centered.to(dtype),
         groups=groups,
         cells=cells,
         cell_index=(torch.cumsum(used_cells, 0) - 1)[b.c],
@@ -315,4 +315,13 @@ def stratified_advantages(
 
     alpha = 0 is standard GRPO; alpha = 1 is pure SAN. A stratum of one trajectory has A_SAN = 0.
     """
-    return _blended(_blend(rewards, group_ids, strata, alpha, eps), alpha, rewards)
+    work = _working(rewards)
+    return _blended(_blend(work, group_ids, strata, alpha, eps), alpha, work).to(rewards.dtype)
+
+
+def _working(rewards: torch.Tensor) -> torch.Tensor:
+    """16-bit rewards are computed in float32 (and the results returned in their dtype): in
+    float16 a zero-spread cell's 1 / (0 + eps) overflows to inf, and 0 * inf is NaN."""
+    if rewards.dtype in (torch.float16, torch.bfloat16):
+        return rewards.float()
+    return rewards

@@ -80,10 +80,13 @@ def test_singleton_stratum_is_zero_not_nan_even_without_eps():
     torch.testing.assert_close(got, t([0.5, -0.5]))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 def test_dtype_is_preserved(dtype):
-    got = stratified_advantages(t([1.0, 0.0], dtype), ids([0, 0]), ids([0, 0]))
+    # 16-bit rewards: a zero-spread cell (stratum 1) gave NaN in float16 (1 / eps overflowed)
+    got = stratified_advantages(t([1.0, 0.0, 1.0, 1.0], dtype), ids([0] * 4), ids([0, 0, 1, 1]))
     assert got.dtype == dtype
+    want = stratified_advantages(t([1.0, 0.0, 1.0, 1.0]), ids([0] * 4), ids([0, 0, 1, 1]))
+    torch.testing.assert_close(got.double(), want, atol=1e-2, rtol=1e-2)
 
 
 def test_empty_batch():
