@@ -159,17 +159,35 @@ def training_items(config: StrataConfig) -> list[Item]:
 # ------------------------------------------------------------------------------------ running
 
 
+# An evaluation trajectory cut off by an engine failure (a server that died mid-request) is run
+# again, up to this many times in all: a server the run restarts is waited for (RemoteEngine holds
+# new requests while every server is down), so one crash does not cost a whole evaluation.
+EVAL_ATTEMPTS = 3
+
+
 async def run_items(engine, tokenizer, tools: dict, settings, items: Sequence[Item], samples: int,
                     concurrency: int, actor_id: str) -> list:  # fmt: skip
-    """One trajectory per (question, sample), `concurrency` agent loops at a time, in input order."""
+    """One trajectory per (question, sample), `concurrency` agent loops at a time, in input order.
+    A trajectory the engine fails is run again (EVAL_ATTEMPTS in all; the last failure raises)."""
     loop = AgentLoop(engine, tokenizer, tools, settings, actor_id=actor_id)
     slots = asyncio.Semaphore(concurrency)
+    again: list[str] = []
 
     async def one(item: Item, k: int):
         async with slots:
-            return await loop.run(item.question, item.key, k)
+            for attempt in range(1, EVAL_ATTEMPTS + 1):
+                try:
+                    return await loop.run(item.question, item.key, k)
+                except EngineError as exc:
+                    if attempt == EVAL_ATTEMPTS:
+                        raise
+                    again.append(str(exc))
 
-    return list(await asyncio.gather(*(one(i, k) for i in items for k in range(samples))))
+    made = list(await asyncio.gather(*(one(i, k) for i in items for k in range(samples))))
+    if again:
+        print(f"strata: {actor_id}: {len(again)} trajectories cut off by the engine were run again "
+              f"(first: {again[0]})", flush=True)  # fmt: skip
+    return made
 
 
 def eval_settings(config: StrataConfig, samples: int):
@@ -340,8 +358,12 @@ class PeriodicEval:
         except EngineError as exc:  # training goes on; this evaluation is reported as failed
             print(f"strata: eval at step {step} failed: {exc}", flush=True)
             return
+        # Servers are evaluated as they serve: the learner may publish while an evaluation runs,
+        # and a trajectory run again after a server restart meets its newer weights.
+        served = [t.policy_version for t in trajectories]
         record = {"step": step, "version": version, "samples": self.samples,
                   "seconds": round(time.perf_counter() - started, 1),
+                  "served_versions": [min(served), max(served)] if served else [],
                   "rows": [dataclasses.asdict(r) for r in rows]}  # fmt: skip
         out = self.run_dir / "eval" / f"step-{step:06d}.json"
         await asyncio.to_thread(write_outputs, out, record, rows, trajectories)

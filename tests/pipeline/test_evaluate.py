@@ -1,6 +1,7 @@
 """Held-out evaluation on the mini-GAIA world with the warm-started tiny policy: periodically
 inside a launched run, then standalone on that run's checkpoint, as a user types it."""
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -9,11 +10,21 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+import pipeline.evaluate as evaluate_module
+from actors.engine import EngineError
 from actors.rewards import score
 from buffers.records import from_arrow
 from pipeline.config import StrataConfig
 from pipeline.datasets import load_questions
-from pipeline.evaluate import Row, eval_settings, generated_text, main
+from pipeline.evaluate import (
+    EVAL_ATTEMPTS,
+    Item,
+    Row,
+    eval_settings,
+    generated_text,
+    main,
+    run_items,
+)
 from pipeline.metrics import RunMetrics
 from tests.conftest import assert_accounting, child_env
 from tests.pipeline.test_local_run import ROOT, SHORT, launch
@@ -52,6 +63,8 @@ def test_a_run_evaluates_every_few_steps_and_reports_it(trained):
         dict.fromkeys(q.data_source for q in load_questions(world / "test.parquet")[:12])
     )
     for record in records:
+        # the embedded engine evaluates a snapshot: every trajectory comes from that version
+        assert record["served_versions"] == [record["version"]] * 2, record["served_versions"]
         rows = [Row(**r) for r in record["rows"]]
         # held-out with tools, the no-tools baseline, then the training questions (with tools)
         assert [r.name for r in rows if r.tools] == [*sources, "all", "training questions"]
@@ -193,3 +206,40 @@ def test_held_out_accuracy_is_the_outcome_reward_only():
     one, many = eval_settings(config, 1), eval_settings(config, 4)
     assert (one.latent_reward, one.format_weight, one.temperature) == (0.0, 0.0, 0.0)
     assert (many.latent_reward, many.temperature) == (0.0, 0.7)
+
+
+class FlakyLoop:
+    """An agent loop whose engine fails the first `failures` trajectories (a server killed
+    mid-request), then answers: stands in for AgentLoop in pipeline.evaluate.run_items."""
+
+    failures = 0
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    async def run(self, question, key: str, sample: int):
+        if FlakyLoop.failures > 0:
+            FlakyLoop.failures -= 1
+            raise EngineError("cannot reach http://127.0.0.1:1/generate: Server disconnected")
+        return (key, sample)
+
+
+@pytest.mark.parametrize("failures", [0, 2, EVAL_ATTEMPTS])
+def test_an_evaluation_runs_again_what_a_dead_server_cut_off(failures, monkeypatch, capsys):
+    """A server killed while it answered an evaluation (the step-0 evaluation of
+    test_ray_run.py's vLLM run, seen failing that way) costs those trajectories another try,
+    not the evaluation; a trajectory that fails EVAL_ATTEMPTS times fails it, as before."""
+    monkeypatch.setattr(evaluate_module, "AgentLoop", FlakyLoop)
+    FlakyLoop.failures = failures
+    items = [Item(None, "held-out", f"q{i}") for i in range(3)]  # type: ignore[arg-type]
+
+    def run():
+        return asyncio.run(run_items(None, None, {}, None, items, 2, 1, "eval"))
+
+    if failures == EVAL_ATTEMPTS:  # with one slot, all of them hit the first trajectory
+        with pytest.raises(EngineError, match="Server disconnected"):
+            run()
+        return
+    assert run() == [(f"q{i}", k) for i in range(3) for k in range(2)]  # all, in input order
+    out = capsys.readouterr().out
+    assert (f"eval: {failures} trajectories cut off by the engine were run again" in out) == bool(failures)  # fmt: skip
