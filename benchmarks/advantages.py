@@ -22,7 +22,10 @@ peer and the blend are first timed that way (glibc's defaults), then with glibc 
 memory in its heap (`mallopt` mmap and trim thresholds of 1 GiB, as a long-running learner's heap
 settles): the table and the last line are the latter, the arithmetic rather than the page faults.
 
-The last line is the blend against the peer (target <= 2x; it does twice the peer's normalisations).
+The last line is the blend against the peer (target <= 2x; it does twice the peer's normalisations),
+the ratio of medians, then the lowest and highest ratio within one round. On the shared 2-core VMs
+it was measured on, the ratio moved between days by more than one run's rounds show: 1.95-2.46x
+on one, 2.68-2.78x on another (same code; at --n 100000, where every table fits in L2, 2.64x).
 """
 
 from __future__ import annotations
@@ -104,8 +107,9 @@ def copy_bandwidth(repeats: int) -> float:
 
 def interleaved(
     contenders: dict[str, Callable[[], torch.Tensor]], repeats: int
-) -> dict[str, float]:
-    """Median seconds of each, run in turns (one warm-up each first)."""
+) -> dict[str, list[float]]:
+    """Seconds of each, run in turns (one warm-up each first): one list per contender, one entry
+    per round, so that entries of one round were timed seconds apart on the same machine state."""
     for run in contenders.values():
         run()
     times: dict[str, list[float]] = {name: [] for name in contenders}
@@ -114,7 +118,13 @@ def interleaved(
             start = time.perf_counter()
             run()
             times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return times
+
+
+def round_ratios(times: dict[str, list[float]], name: str, base: str) -> str:
+    """`name` over `base` within each round: lowest-highest, the run's own noise."""
+    ratios = [a / b for a, b in zip(times[name], times[base], strict=True)]
+    return f"{min(ratios):.2f}-{max(ratios):.2f}x"
 
 
 def keep_heap_warm() -> bool:
@@ -155,10 +165,12 @@ def main() -> None:
     if gap > 1e-4:
         raise SystemExit(f"the peer and grpo disagree: max |difference| {gap:.3g}")
 
-    cold = interleaved({k: contenders[k] for k in ("peer", "stratified dense")}, args.repeats)
+    cold_times = interleaved({k: contenders[k] for k in ("peer", "stratified dense")}, args.repeats)
+    cold = {name: statistics.median(t) for name, t in cold_times.items()}
     warm = keep_heap_warm()
     bandwidth = copy_bandwidth(args.repeats)
-    seconds = interleaved(contenders, args.repeats)
+    times = interleaved(contenders, args.repeats)
+    seconds = {name: statistics.median(t) for name, t in times.items()}
     # The least any of them must move: rewards (4 B) and strata (8 B) in, advantages (4 B) out, and
     # the group ids (8 B); the peer reads no strata.
     floor_bytes = {"peer": args.n * 16}
@@ -197,9 +209,10 @@ def main() -> None:
 
     ratio = seconds["stratified dense"] / seconds["peer"]
     together = seconds["stratified grouped"] / seconds["peer grouped"]
-    print(f"stratified blend vs bincount GRPO peer: {ratio:.2f}x "
-          f"(hash-like ids {seconds['stratified hashed'] / seconds['peer']:.2f}x; groups side by side "
-          f"as in the learner's batches {together:.2f}x; target <= 2x)")  # fmt: skip
+    spread = round_ratios(times, "stratified dense", "peer")
+    print(f"stratified blend vs bincount GRPO peer: {ratio:.2f}x (round by round {spread} over "
+          f"{args.repeats}; hash-like ids {seconds['stratified hashed'] / seconds['peer']:.2f}x; "
+          f"groups side by side as in the learner's batches {together:.2f}x; target <= 2x)")  # fmt: skip
 
 
 if __name__ == "__main__":
