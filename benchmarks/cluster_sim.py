@@ -107,8 +107,10 @@ def grid(quick: bool) -> list[Case]:
     """η 0 (synchronous), 1, 2 and 4 at 8, 32 and 128 servers (2, 8, 8 learner ranks), at 32
     also η 2 without partial rollouts; learner ranks 1, 2 and 4 at 32 servers (the learner from
     the bottleneck towards balance), synchronous and η 2; and 8 servers for 8 ranks (generation
-    the bottleneck), with and without partial rollouts. 128 servers run fewer steps (each has
-    4096 trajectories). `quick`: 8 and 32 servers, 8 ranks only."""
+    the bottleneck), with and without partial rollouts; 16 and 24 servers for 8 ranks,
+    synchronous and η 2 (between generation and the learner as the bottleneck: where the
+    speed-up peaks). 128 servers run fewer steps (each has 4096 trajectories). `quick`: 8 and
+    32 servers, 8 ranks only."""
     cases = []
     for servers, ranks in [(8, 2), (32, 8)] + ([] if quick else [(128, 8)]):
         steps = 6 if servers == 128 else 12
@@ -118,6 +120,8 @@ def grid(quick: bool) -> list[Case]:
     for ranks in [] if quick else [1, 2, 4]:
         cases += [Case(32, ranks, 0), Case(32, ranks, 2)]
     cases += [Case(8, 8, 0), Case(8, 8, 2), Case(8, 8, 2, partial=False)]
+    for servers in [] if quick else [16, 24]:
+        cases += [Case(servers, 8, 0), Case(servers, 8, 2)]
     return cases
 
 
