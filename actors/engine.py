@@ -38,6 +38,11 @@ class EngineError(RuntimeError):
     """The engine could not generate (server dead, timeout); the trajectory is aborted and counted."""
 
 
+class NoServerBack(EngineError):
+    """Every server stayed down (or held for a restart) for the engine's whole timeout: trying
+    the request again would only wait as long again."""
+
+
 class GenerationAborted(EngineError):
     """The server ended a generation early (finish_reason "abort", e.g. paused for a weight
     update): the answer is cut off, so the trajectory is aborted and its group abandoned, never

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import aiohttp
 
-from actors.engine import EngineError, Generation
+from actors.engine import EngineError, Generation, NoServerBack
 
 PauseMode = Literal["abort", "retract", "in_place"]
 
@@ -255,7 +255,7 @@ class RemoteEngine:
             try:
                 await asyncio.wait_for(self._event().wait(), deadline - time.monotonic())
             except TimeoutError:
-                raise EngineError(
+                raise NoServerBack(
                     f"every {self.name} server is down and none was back within {self.timeout_s:g} s"
                 ) from None
         return min(self._live(), key=lambda s: (s.in_flight, s.requests))

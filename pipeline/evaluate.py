@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from actors.agent import AgentLoop
-from actors.engine import EngineError
+from actors.engine import EngineError, NoServerBack
 from actors.rewards import format_reward
 from actors.servers import ServerStartError
 from actors.vllm import checkpoint_problem
@@ -161,7 +161,8 @@ def training_items(config: StrataConfig) -> list[Item]:
 
 # An evaluation trajectory cut off by an engine failure (a server that died mid-request) is run
 # again, up to this many times in all: a server the run restarts is waited for (RemoteEngine holds
-# new requests while every server is down), so one crash does not cost a whole evaluation.
+# new requests while every server is down), so one crash does not cost a whole evaluation. When
+# no server came back within the engine's timeout (NoServerBack), it is not tried again.
 EVAL_ATTEMPTS = 3
 
 
@@ -179,7 +180,7 @@ async def run_items(engine, tokenizer, tools: dict, settings, items: Sequence[It
                 try:
                     return await loop.run(item.question, item.key, k)
                 except EngineError as exc:
-                    if attempt == EVAL_ATTEMPTS:
+                    if attempt == EVAL_ATTEMPTS or isinstance(exc, NoServerBack):
                         raise
                     again.append(str(exc))
 

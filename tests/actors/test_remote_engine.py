@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from actors.engine import EngineError
+from actors.engine import NoServerBack
 from actors.sglang import SGLangEngine
 from tests.actors.test_sglang_engine import GREEDY, new_weights, prompt, run, standin
 
@@ -54,7 +54,7 @@ def test_while_every_server_is_held_requests_wait_for_one_to_be_readmitted(tiny_
             out = await waiting
             engine.hold(a.url)
             engine.timeout_s = 0.2
-            with pytest.raises(EngineError, match=r"none was back within 0\.2 s"):
+            with pytest.raises(NoServerBack, match=r"none was back within 0\.2 s"):
                 await engine.generate(ids, GREEDY)
             return held_calls, done_early, version, out
 

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import pipeline.evaluate as evaluate_module
-from actors.engine import EngineError
+from actors.engine import EngineError, NoServerBack
 from actors.rewards import score
 from buffers.records import from_arrow
 from pipeline.config import StrataConfig
@@ -243,3 +243,20 @@ def test_an_evaluation_runs_again_what_a_dead_server_cut_off(failures, monkeypat
     assert run() == [(f"q{i}", k) for i in range(3) for k in range(2)]  # all, in input order
     out = capsys.readouterr().out
     assert (f"eval: {failures} trajectories cut off by the engine were run again" in out) == bool(failures)  # fmt: skip
+
+
+def test_an_evaluation_does_not_wait_again_for_servers_that_never_came_back(monkeypatch):
+    """NoServerBack: the engine already waited its whole timeout for a live server; a second
+    try would wait as long again, so the evaluation fails at once."""
+    calls = []
+
+    class NoServers(FlakyLoop):
+        async def run(self, question, key: str, sample: int):
+            calls.append(key)
+            raise NoServerBack("every vllm server is down and none was back within 600 s")
+
+    monkeypatch.setattr(evaluate_module, "AgentLoop", NoServers)
+    items = [Item(None, "held-out", "q0")]  # type: ignore[arg-type]
+    with pytest.raises(NoServerBack):
+        asyncio.run(run_items(None, None, {}, None, items, 1, 1, "eval"))
+    assert calls == ["q0"]
