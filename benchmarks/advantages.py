@@ -24,8 +24,9 @@ settles): the table and the last line are the latter, the arithmetic rather than
 
 The last line is the blend against the peer (target <= 2x; it does twice the peer's normalisations),
 the ratio of medians, then the lowest and highest ratio within one round. On the shared 2-core VMs
-it was measured on, the ratio moved between days by more than one run's rounds show: 1.95-2.46x
-on one, 2.68-2.78x on another (same code; at --n 100000, where every table fits in L2, 2.64x).
+it was measured on, the ratio moved between sessions by more than one run's rounds show:
+1.95-2.46x in one, 2.68-2.78x in a later one (the same code but for a dtype check; there, at
+--n 100000, where each table alone fits in L2, 2.64x).
 """
 
 from __future__ import annotations

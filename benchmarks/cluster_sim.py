@@ -108,8 +108,8 @@ def grid(quick: bool) -> list[Case]:
     also η 2 without partial rollouts; learner ranks 1, 2 and 4 at 32 servers (the learner from
     the bottleneck towards balance), synchronous and η 2; and 8 servers for 8 ranks (generation
     the bottleneck), with and without partial rollouts; 16 and 24 servers for 8 ranks,
-    synchronous and η 2 (between generation and the learner as the bottleneck: where the
-    speed-up peaks). 128 servers run fewer steps (each has 4096 trajectories). `quick`: 8 and
+    synchronous and η 2 (generation the bottleneck but close to the learner's demand: the
+    highest speed-ups measured). 128 servers run fewer steps (each has 4096 trajectories). `quick`: 8 and
     32 servers, 8 ranks only."""
     cases = []
     for servers, ranks in [(8, 2), (32, 8)] + ([] if quick else [(128, 8)]):
