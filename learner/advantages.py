@@ -9,12 +9,15 @@ Per prompt group g and stratum k (population statistics, 1/n):
 How a batch of N trajectories is computed, with no Python loop and no sort for the usual ids:
 - Ids become dense by subtraction when they span a small range (one min/max pass): a step's
   prompt ids, tool-call counts. Anything else (hash-like ids) goes through `torch.unique`, a sort.
-- Cells are the (group, stratum) slots `g * S + s`. Three `bincount`s over N (count, sum, sum of
-  squares) give every cell's statistics; a group's follow by summing its cells' (its S slots),
-  not by another pass over N.
+- Cells are the (group, stratum) slots `s * G + g`. One pass over N sums every cell's count,
+  rewards and squared rewards; a group's follow by summing its cells (its S slots), not by
+  another pass over N.
 - Each cell then has a mean, a slope and an offset, and A = (R - mean_{g,k}) * slope + offset,
-  with R - mean_g = (R - mean_{g,k}) + (mean_{g,k} - mean_g): one gather of the
-  cell's (slope, offset, mean) row, a subtraction and a fused multiply-add per trajectory.
+  with R - mean_g = (R - mean_{g,k}) + (mean_{g,k} - mean_g): one read of the cell's
+  (slope, offset, mean) row, a subtraction, a multiplication and an addition per trajectory.
+- The two passes over N are C loops (learner/advantages.c, via learner/native.py) for CPU
+  tensors when a C compiler is at hand, else torch ops (three `bincount`s; a row gather and
+  elementwise ops) that give the same bits, more slowly.
 Sums run in float64 (float64 rewards are split into a float32 head and the rest, summed apart), so
 an all-equal segment's mean is its reward exactly and its advantages are exactly 0: sum / n
 rounding would otherwise leave residues that a small std + eps blows up. The one-pass variance
@@ -28,6 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from learner import native
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,10 @@ def _sums(values: torch.Tensor, segment: torch.Tensor, num_segments: int):
     is its value exactly. Returns (count, sum_head, sum_tail, sum_squares); sum_tail is None for
     non-float64 values.
     """
+
+    fused = native.cell_sums(values, segment, num_segments)  # one C loop: the same sums, faster
+    if fused is not None:
+        return fused
 
     def total(weights: torch.Tensor) -> torch.Tensor:  # float64 even for no values
         return torch.bincount(segment, weights=weights, minlength=num_segments).to(torch.float64)
@@ -163,7 +172,7 @@ class _Blend:
     c: torch.Tensor  # [N] dense cell id of each trajectory (int32 when C fits)
     group_values: torch.Tensor  # [G] the caller's id of each dense group
     stratum_values: torch.Tensor  # [S] the caller's stratum of each dense stratum
-    occurring: torch.Tensor | None  # [C] g * S + s of each cell; None: cells are all G * S slots
+    occurring: torch.Tensor | None  # [C] g * S + s of each cell; None: cells are all S * G slots
     owner: torch.Tensor | None  # [C] each occurring cell's dense group (None with slots)
     cell_count: torch.Tensor  # [C] int64
     cell_mean: torch.Tensor  # float64
@@ -178,17 +187,18 @@ class _Blend:
     def slotted(self) -> bool:
         return self.occurring is None
 
-    @property
-    def cell_keys(self) -> torch.Tensor:
-        """g * S + s of each cell (made on demand: the advantages alone never need it)."""
+    def cell_groups_and_strata(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each cell's dense group and dense stratum (made on demand: the advantages alone never
+        need them)."""
         if self.occurring is not None:
-            return self.occurring
-        return torch.arange(len(self.cell_count), device=self.c.device)
+            return self.owner, self.occurring % len(self.stratum_values)
+        slot = torch.arange(len(self.cell_count), device=self.c.device)
+        return slot % len(self.group_values), slot // len(self.group_values)
 
     def to_cells(self, v: torch.Tensor) -> torch.Tensor:
         """[G] -> [C]: each cell's group's value."""
         if self.owner is None:
-            return v.view(-1, 1).expand(-1, len(self.stratum_values)).reshape(-1)
+            return v.repeat(len(self.stratum_values))
         return v.index_select(0, self.owner)
 
     @property
@@ -208,12 +218,14 @@ def _blend(rewards, group_ids, strata, alpha: float, eps: float) -> _Blend:
     s, stratum_values = _dense_ids(strata.to(device=device, dtype=torch.int64))
     num_groups, num_strata = len(group_values), len(stratum_values)
     slots = num_groups * num_strata
-    # Cells over all G * S slots when that is small (no sort; empty slots have count 0 and are
-    # never read), else over the (g, s) pairs that occur. int32 ids when they fit: bincount and
-    # the gather read half the bytes.
+    # Cells over all S * G slots when that is small (no sort; empty slots have count 0 and are
+    # never read), else over the (g, s) pairs that occur. Slot s * G + g: a stratum's cells side
+    # by side, so per-cell arithmetic with a group's number broadcasts along long rows (with
+    # g * S + s the rows would be S long, and each op's loop overhead paid per row). int32 ids
+    # when they fit: the sums and the gather read half the bytes.
     if 0 < slots <= 2 * len(rewards) + 1024:
         ids = torch.int32 if slots < 2**31 else torch.int64
-        c, occurring, owner = torch.add(s.to(ids), g.to(ids), alpha=num_strata), None, None
+        c, occurring, owner = torch.add(g.to(ids), s.to(ids), alpha=num_groups), None, None
     else:
         occurring, c = torch.unique(torch.add(s, g, alpha=num_strata), return_inverse=True)
         owner = occurring // num_strata  # each occurring cell's group
@@ -221,7 +233,7 @@ def _blend(rewards, group_ids, strata, alpha: float, eps: float) -> _Blend:
 
     def to_groups(v: torch.Tensor) -> torch.Tensor:  # sum over each group's cells
         if owner is None:
-            return v.view(num_groups, num_strata).sum(1)
+            return v.view(num_strata, num_groups).sum(0)
         return torch.zeros(num_groups, dtype=v.dtype, device=device).index_add_(0, owner, v)
 
     cell_count, cell_head, cell_tail, cell_squares = _sums(rewards, c, num_cells)
@@ -243,20 +255,25 @@ def _blended(b: _Blend, alpha: float, rewards: torch.Tensor) -> torch.Tensor:
     For an all-equal cell d is exactly 0 (its mean is exact, also in the rewards' dtype).
     A cell's slope, offset and mean sit side by side in one row, so each trajectory reads its
     cell's three numbers with one gather (one cache line) instead of three. With slot cells the
-    row is built on the [G, S] grid, each group's numbers broadcast over its S slots."""
+    rows are built on the [S, G] grid, each group's numbers broadcast over the S strata."""
     table = torch.empty(len(b.cell_count), 3, dtype=rewards.dtype, device=rewards.device)
     weighted = b.group_scale * (1.0 - alpha)  # (1 - alpha) * group_scale
-    if b.slotted:  # [G, S] grids: a group's numbers broadcast over its S slots, no copies
-        grid, shape = table.view(len(b.group_values), -1, 3), (len(b.group_values), -1)
-        cell_mean, weighted = b.cell_mean.view(shape), weighted.view(-1, 1)
-        between = cell_mean - b.group_mean.view(-1, 1)
+    if b.slotted:  # [S, G] grids: a group's numbers broadcast over the S rows, no copies
+        grid, shape = table.view(len(b.stratum_values), -1, 3), (len(b.stratum_values), -1)
+        cell_mean = b.cell_mean.view(shape)
+        between = cell_mean - b.group_mean
     else:
         grid, cell_mean, weighted, between = table, b.cell_mean, b.to_cells(weighted), b.between
     torch.add(weighted, b.cell_scale.view(cell_mean.shape), alpha=alpha, out=grid[..., 0])
     torch.mul(between, weighted, out=grid[..., 1])  # rounded once, from float64
     grid[..., 2] = cell_mean
+    fused = native.affine(rewards, b.c, table)  # one C loop: the same arithmetic, faster
+    if fused is not None:
+        return fused
     row = table.index_select(0, b.c)
-    return torch.addcmul(row[:, 1], rewards - row[:, 2], row[:, 0])
+    # A multiply, then an add (not addcmul, which is a fused multiply-add on some CPUs and not on
+    # others): the same bits on every machine, and as the C loop computes it.
+    return (rewards - row[:, 2]).mul_(row[:, 0]).add_(row[:, 1])
 
 
 def stratified_advantages_with_stats(
@@ -283,11 +300,10 @@ def stratified_advantages_with_stats(
         std=b.group_std[used_groups].to(dtype),
     )
     used_cells = b.cell_count > 0
-    keys = b.cell_keys[used_cells]
-    num_strata = len(b.stratum_values)
+    cell_group, cell_stratum = b.cell_groups_and_strata()
     cells = SegmentStats(
-        group_id=b.group_values[keys // num_strata],
-        stratum=b.stratum_values[keys % num_strata],
+        group_id=b.group_values[cell_group[used_cells]],
+        stratum=b.stratum_values[cell_stratum[used_cells]],
         count=b.cell_count[used_cells],
         mean=b.cell_mean[used_cells].to(dtype),
         std=b.cell_std[used_cells].to(dtype),

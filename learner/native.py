@@ -1,0 +1,136 @@
+"""The advantages' fused C loops (learner/advantages.c), built on first use and loaded with ctypes.
+
+The first call compiles the source with the system C compiler (`$CC`, else `cc`) into
+`$XDG_CACHE_HOME/strata/` (default `~/.cache/strata/`), named by a hash of the source, flags and
+compiler, so an edit rebuilds and concurrent processes share one file (each writes its own
+temporary and renames it into place). Where there is no compiler, or the build fails, or
+`STRATA_NATIVE=0` is set, the callers' torch path runs instead: the same results bit for bit,
+slower (`python benchmarks/advantages.py` shows both). Why the library is missing is said once
+on stderr, except for STRATA_NATIVE=0, which is a choice.
+
+Only CPU tensors that are contiguous, with int32 ids and float32 or float64 values, take this
+path; `cell_sums` and `affine` return None for anything else and the caller goes on in torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("advantages.c")
+FLAGS = ("-O2", "-std=c11", "-shared", "-fPIC", "-ffp-contract=off")
+
+_lock = threading.Lock()
+_library: ctypes.CDLL | None = None
+_tried = False
+
+
+def _build() -> ctypes.CDLL:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not compiler:
+        raise OSError("no C compiler (set CC or install gcc)")
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + repr((FLAGS, compiler)).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "strata"
+    target = cache / f"advantages-{key}.so"
+    if not target.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        fd, scratch = tempfile.mkstemp(suffix=".so", dir=cache)
+        os.close(fd)
+        try:
+            done = subprocess.run(
+                [compiler, *FLAGS, "-o", scratch, str(SOURCE)], capture_output=True, text=True
+            )
+            if done.returncode != 0:
+                raise OSError(f"{compiler} failed: {done.stderr.strip()[:300]}")
+            os.replace(scratch, target)  # atomic: another process sees no file or a whole one
+        finally:
+            Path(scratch).unlink(missing_ok=True)
+    library = ctypes.CDLL(str(target))
+    pointer, size = ctypes.c_void_p, ctypes.c_int64
+    for name in ("cell_sums_f32", "cell_sums_f64", "affine_f32", "affine_f64"):
+        function = getattr(library, name)
+        function.restype = size
+        function.argtypes = [pointer, pointer, size, size] + [pointer] * (
+            {"cell_sums_f32": 3, "cell_sums_f64": 4}.get(name, 2)
+        )
+    return library
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded library, or None when it cannot be had here (see the module's docstring)."""
+    global _library, _tried
+    if _tried:
+        return _library
+    with _lock:
+        if not _tried:
+            if os.environ.get("STRATA_NATIVE", "1") != "0":
+                try:
+                    _library = _build()
+                except OSError as error:  # CalledProcessError and a bad .so are OSErrors too
+                    print(
+                        f"strata: advantages run in torch, not the fused C loops ({error}); "
+                        "the results are the same, only slower",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            _tried = True
+    return _library
+
+
+def _fits(ids: torch.Tensor, *tensors: torch.Tensor) -> bool:
+    return ids.dtype == torch.int32 and all(
+        t.device.type == "cpu" and t.is_contiguous() for t in (ids, *tensors)
+    )
+
+
+def _check(status: int, where: str) -> None:
+    if status:
+        raise IndexError(f"{where}: cell id at position {status - 1} is out of range")
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.data_ptr()
+
+
+def cell_sums(values: torch.Tensor, ids: torch.Tensor, num_cells: int):
+    """(count int64, sum or head float64, tail float64 or None, sum of squares float64) per cell,
+    as learner.advantages._sums gives them, or None where this path does not apply (or the C
+    side had no memory for its buckets)."""
+    lib = library()
+    if lib is None or values.dtype not in (torch.float32, torch.float64) or not _fits(ids, values):
+        return None
+    count = torch.empty(num_cells, dtype=torch.int64)  # the C loop zeroes them, bucket by bucket
+    sums = [torch.empty(num_cells, dtype=torch.float64) for _ in range(2 if values.dtype == torch.float32 else 3)]  # fmt: skip
+    kernel = lib.cell_sums_f32 if values.dtype == torch.float32 else lib.cell_sums_f64
+    status = kernel(_ptr(ids), _ptr(values), len(values), num_cells, _ptr(count), *map(_ptr, sums))
+    if status < 0:
+        return None
+    _check(status, kernel.__name__)
+    return (count, sums[0], None, sums[1]) if len(sums) == 2 else (count, *sums)
+
+
+def affine(values: torch.Tensor, ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor | None:
+    """(values - table[ids, 2]) * table[ids, 0] + table[ids, 1], or None where this path does not
+    apply. `table` is [cells, 3] in the values' dtype."""
+    lib = library()
+    if (
+        lib is None
+        or values.dtype not in (torch.float32, torch.float64)
+        or table.dtype != values.dtype
+        or not _fits(ids, values, table)
+    ):
+        return None
+    out = torch.empty_like(values)
+    kernel = lib.affine_f32 if values.dtype == torch.float32 else lib.affine_f64
+    _check(kernel(_ptr(ids), _ptr(values), len(values), len(table), _ptr(table), _ptr(out)), "affine")  # fmt: skip
+    return out
