@@ -8,7 +8,9 @@ alike:
 - `peer`: one-normalisation GRPO written here the way the fastest vectorised GRPO code does it
   (three `bincount`s over dense group ids: count, sum, sum of squares). It does half the blend's work.
 - `stratified` (the blend, learner/advantages.py) and every other estimator of learner/estimators.py,
-  each with dense ids (0..G-1) and hash-like ids (which need a sort to become dense).
+  each with dense ids (0..G-1) and hash-like ids (which need a sort to become dense). The blend's
+  two passes over the trajectories are C loops (learner/advantages.c) when a compiler is at hand;
+  `stratified dense, torch` is the same blend on its torch path (STRATA_NATIVE=0), same bits.
 - the Python loops: the blend's as common GRPO code writes it (a dict of per-group lists), the other
   estimators' from learner/reference.py; one run each, checked to agree with the vectorised results.
 - a memory floor: the bytes a function must read and write at least (rewards, group ids, strata in,
@@ -24,9 +26,12 @@ settles): the table and the last line are the latter, the arithmetic rather than
 
 The last line is the blend against the peer (target <= 2x; it does twice the peer's normalisations),
 the ratio of medians, then the lowest and highest ratio within one round. On the shared 2-core VMs
-it was measured on, the ratio moved between sessions by more than one run's rounds show:
-1.95-2.46x in one, 2.68-2.78x in a later one (the same code but for a dtype check; there, at
---n 100000, where each table alone fits in L2, 2.64x).
+it was measured on, the ratio moved between sessions by more than one run's rounds show: with
+torch ops alone, 1.95-2.46x in one session, 2.68-2.78x and 2.29-2.41x in later ones.
+Why torch ops stay about 2x: summing 1M trajectories straight into 625k cells' 15 MB of tables
+misses the cache and TLB on nearly every access (the peer's 125k groups fit), whatever the loop;
+the C loop first copies the trajectories into buckets of 4096 cells, in order, and sums each
+bucket in L2.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from learner import native
 from learner.estimators import ESTIMATORS, estimate
 from learner.reference import loop_estimate
 
@@ -153,6 +159,12 @@ def main() -> None:
     grouped = rewards[order], dense[order], strata[order]
     contenders["peer grouped"] = lambda: peer_grpo(grouped[0], grouped[1])
     contenders["stratified grouped"] = lambda: estimate("stratified", *grouped).advantages
+
+    def torch_path() -> torch.Tensor:
+        with native.torch_only():
+            return estimate("stratified", rewards, dense, strata).advantages
+
+    contenders["stratified dense, torch"] = torch_path
     for name in ESTIMATORS:
         for kind, ids in (("dense", dense), ("hashed", hashed)):
             contenders[f"{name} {kind}"] = lambda n=name, i=ids: estimate(n, rewards, i, strata).advantages  # fmt: skip
@@ -162,6 +174,8 @@ def main() -> None:
             raise SystemExit(f"{name}: the result depends on the id values")
     if not torch.equal(results["stratified grouped"], results["stratified dense"][order]):
         raise SystemExit("stratified: the result depends on the order of the trajectories")
+    if not torch.equal(results["stratified dense, torch"], results["stratified dense"]):
+        raise SystemExit("stratified: the C loops and the torch path disagree")
     gap = (results["grpo dense"] - results["peer"]).abs().max().item()
     if gap > 1e-4:
         raise SystemExit(f"the peer and grpo disagree: max |difference| {gap:.3g}")
@@ -177,15 +191,16 @@ def main() -> None:
     floor_bytes = {"peer": args.n * 16}
     print(f"advantages of {args.n:,} trajectories, groups of {args.group_size}, 5 strata, float32, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads; copy bandwidth "
-          f"{bandwidth / 1e9:.1f} GB/s; median of {args.repeats}, interleaved")  # fmt: skip
+          f"{bandwidth / 1e9:.1f} GB/s; median of {args.repeats}, interleaved; the blend's C loops "
+          f"{'in use' if native.library() else 'unavailable (torch path only)'}")  # fmt: skip
     print(f"  glibc's default heap (page faults on every fresh temporary): peer "
           f"{cold['peer'] * 1e3:.2f} ms, stratified dense {cold['stratified dense'] * 1e3:.2f} ms, "
           f"{cold['stratified dense'] / cold['peer']:.2f}x")  # fmt: skip
     print("  heap kept warm (mallopt):" if warm else "  (not glibc: the heap is as the C library keeps it)")  # fmt: skip
-    print(f"  {'':<20} {'ms':>8} {'vs peer':>8} {'memory floor':>13}")
+    print(f"  {'':<23} {'ms':>8} {'vs peer':>8} {'memory floor':>13}")
     for name, s in seconds.items():
         floor = floor_bytes.get(name, args.n * 24) / bandwidth
-        print(f"  {name:<20} {s * 1e3:8.2f} {s / seconds['peer']:7.2f}x {s / floor:11.1f}x")
+        print(f"  {name:<23} {s * 1e3:8.2f} {s / seconds['peer']:7.2f}x {s / floor:11.1f}x")
 
     if not args.no_loop:
         print("python loops (one run each), checked against the vectorised results")

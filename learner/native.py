@@ -17,11 +17,14 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -35,8 +38,8 @@ _tried = False
 
 
 def _build() -> ctypes.CDLL:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not compiler:
+    compiler = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or shutil.which("gcc")]
+    if not compiler[0]:
         raise OSError("no C compiler (set CC or install gcc)")
     source = SOURCE.read_bytes()
     key = hashlib.sha256(source + repr((FLAGS, compiler)).encode()).hexdigest()[:16]
@@ -48,10 +51,10 @@ def _build() -> ctypes.CDLL:
         os.close(fd)
         try:
             done = subprocess.run(
-                [compiler, *FLAGS, "-o", scratch, str(SOURCE)], capture_output=True, text=True
+                [*compiler, *FLAGS, "-o", scratch, str(SOURCE)], capture_output=True, text=True
             )
             if done.returncode != 0:
-                raise OSError(f"{compiler} failed: {done.stderr.strip()[:300]}")
+                raise OSError(f"{shlex.join(compiler)} failed: {done.stderr.strip()[:300]}")
             os.replace(scratch, target)  # atomic: another process sees no file or a whole one
         finally:
             Path(scratch).unlink(missing_ok=True)
@@ -85,6 +88,18 @@ def library() -> ctypes.CDLL | None:
                     )
             _tried = True
     return _library
+
+
+@contextmanager
+def torch_only() -> Iterator[None]:
+    """Within it, callers take their torch path (tests and benchmarks compare the two)."""
+    global _library, _tried
+    saved = library(), _tried
+    _library, _tried = None, True
+    try:
+        yield
+    finally:
+        _library, _tried = saved
 
 
 def _fits(ids: torch.Tensor, *tensors: torch.Tensor) -> bool:
