@@ -102,12 +102,18 @@ int64_t cell_sums_f64(const int32_t *cell, const double *reward, int64_t n, int6
 }
 
 /* out[i] = (reward[i] - mean) * slope + offset, with (slope, offset, mean) the row of i's cell in
- * a [cells, 3] table: one read of the row (12 or 24 bytes, mostly one cache line) a trajectory. */
+ * a [cells, 3] table: one read of the row (12 or 24 bytes, mostly one cache line) a trajectory.
+ * The rows are read in the trajectories' order, at random in the table, so the row AHEAD
+ * trajectories on is asked for early: 1M trajectories into a cold 7.5 MB table took 4.1 ms
+ * without, 1.8-2.0 ms with 16-64 ahead, and 4.4 against 5.0 ms warm, in the blend's own flow
+ * (the 2-core VM). A prefetch is a hint: an id not yet checked cannot fault there. */
+#define AHEAD 32
 int64_t affine_f32(const int32_t *cell, const float *reward, int64_t n, int64_t cells,
                    const float *table, float *out) {
     for (int64_t i = 0; i < n; i++) {
         int32_t k = cell[i];
         if (k < 0 || k >= cells) return i + 1;
+        if (i + AHEAD < n) __builtin_prefetch(table + 3 * (int64_t)cell[i + AHEAD]);
         const float *row = table + 3 * (int64_t)k;
         out[i] = row[1] + (reward[i] - row[2]) * row[0];
     }
@@ -119,6 +125,7 @@ int64_t affine_f64(const int32_t *cell, const double *reward, int64_t n, int64_t
     for (int64_t i = 0; i < n; i++) {
         int32_t k = cell[i];
         if (k < 0 || k >= cells) return i + 1;
+        if (i + AHEAD < n) __builtin_prefetch(table + 3 * (int64_t)cell[i + AHEAD]);
         const double *row = table + 3 * (int64_t)k;
         out[i] = row[1] + (reward[i] - row[2]) * row[0];
     }
