@@ -28,8 +28,11 @@ The last line is the blend against the peer (target <= 2x; it does twice the pee
 the ratio of medians, then the lowest and highest ratio within one round. On the shared 2-core VMs
 it was measured on, the ratio moved between sessions by more than one run's rounds show: with
 torch ops alone, 1.95-2.46x in one session, 2.68-2.78x and 2.29-2.41x in later ones. With the C
-loops, 1.78-1.94x over nine runs in one session (2026-11-25; the torch path, timed beside them
-in seven of those, 1.95-3.04x).
+loops, 1.66-1.96x over sixteen runs in one session (2026-11-25; the torch path, timed beside
+them in fourteen of those, 1.95-3.04x). Left out after side-by-side measurement: threads for the
+C loops (no gain on the 2-core VM: 1.63-1.68x the peer against 1.57-1.59x on one thread, in a
+script timing only those), and making the cells' moments and rows in C as well (scalar divisions
+and roots cost more than torch's vectorised ops on the 625k cells).
 Why torch ops stay about 2x: summing 1M trajectories straight into 625k cells' 15 MB of tables
 misses the cache and TLB on nearly every access (the peer's 125k groups fit), whatever the loop;
 the C loop first copies the trajectories into buckets of 4096 cells, in order, and sums each
