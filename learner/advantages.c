@@ -1,11 +1,12 @@
 /* The advantages' two passes over trajectories as single C loops (learner/native.py loads them).
  *
- * torch does each pass as several: three bincounts (each checking the ids' min and max first)
- * and the float64 casts between them to sum rewards into cells, then a row gather, a
- * subtraction and a multiply-add to apply each cell's affine map. Here each is one loop that
- * reads a trajectory's id and reward once. The arithmetic is torch's, operation for operation and
- * in the same order (build with -ffp-contract=off, so that no a * b + c becomes a fused
- * multiply-add), so both paths give the same bits; tests/learner/test_advantages.py checks that.
+ * torch does each pass as several ops: three bincounts (each checking the ids' min and max
+ * first) and the float64 casts between them to sum rewards into cells, then a row gather, a
+ * subtraction, a multiplication and an addition to apply each cell's affine map. Here each is
+ * one call (the sums: a counting pass, a copying pass and the sums, see below; the map: one
+ * loop). The arithmetic is torch's, operation for operation and in the same order (built with
+ * -ffp-contract=off, so that no a * b + c becomes a fused multiply-add): both paths give the same
+ * bits; tests/learner/test_native.py checks that.
  *
  * Ids are int32 in [0, cells); a function returns 0, or 1 + the position of the first id outside
  * that range, having stopped there (the caller raises: its ids are in range by construction).
