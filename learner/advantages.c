@@ -1,4 +1,4 @@
-/* The advantages' two passes over trajectories as single C loops (learner/native.py loads them).
+/* The advantages' two passes over trajectories in C (learner/native.py builds and loads them).
  *
  * torch does each pass as several ops: three bincounts (each checking the ids' min and max
  * first) and the float64 casts between them to sum rewards into cells, then a row gather, a
