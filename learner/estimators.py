@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from learner import native
 from learner.advantages import _check_inputs, _dense_ids, segment_stats, stratified_advantages
 
 
@@ -49,10 +50,15 @@ def _groups(rewards: torch.Tensor, group_ids: torch.Tensor, strata: torch.Tensor
     return g, count, mean, std
 
 
-def _divide(centered: torch.Tensor, denom: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    """centered / denom; 0 where the denominator is 0 or the group has one member."""
-    safe = torch.where(denom > 0, denom, torch.ones_like(denom))
-    return torch.where((denom > 0) & (count > 1), centered / safe, torch.zeros_like(centered))
+def _scaled(rewards: torch.Tensor, g: torch.Tensor, mean: torch.Tensor, scale: torch.Tensor):
+    """(rewards - mean_g) * scale_g per trajectory, from per-group means and scales: the blend's
+    C loop (learner/native.py) where it applies, else torch ops giving the same values."""
+    if len(mean) < 2**31 and rewards.is_contiguous():
+        table = torch.stack([scale, torch.zeros_like(scale), mean], dim=1)
+        fused = native.affine(rewards, g.to(torch.int32), table)
+        if fused is not None:
+            return fused
+    return (rewards - mean[g]).mul_(scale[g])
 
 
 def _all(rewards: torch.Tensor) -> torch.Tensor:
@@ -64,22 +70,25 @@ def stratified(rewards, group_ids, strata, alpha: float = 0.6, eps: float = 1e-6
 
 
 def grpo(rewards, group_ids, strata, alpha: float = 0.0, eps: float = 1e-6) -> Estimate:
+    """(r - mean_g) * 1 / (std_g + eps); 0 where std_g + eps is 0 or the group has one member."""
     g, count, mean, std = _groups(rewards, group_ids, strata, eps)
-    return Estimate(_divide(rewards - mean[g], std[g] + eps, count[g]), _all(rewards))
+    denom = std + eps
+    scale = torch.where((denom > 0) & (count > 1), 1 / denom, torch.zeros_like(denom))
+    return Estimate(_scaled(rewards, g, mean, scale), _all(rewards))
 
 
 def dr_grpo(rewards, group_ids, strata, alpha: float = 0.0, eps: float = 1e-6) -> Estimate:
     g, count, mean, _ = _groups(rewards, group_ids, strata, eps)
-    centered = torch.where(count[g] > 1, rewards - mean[g], torch.zeros_like(rewards))
-    return Estimate(centered, _all(rewards))
+    scale = (count > 1).to(rewards.dtype)
+    return Estimate(_scaled(rewards, g, mean, scale), _all(rewards))
 
 
 def rloo(rewards, group_ids, strata, alpha: float = 0.0, eps: float = 1e-6) -> Estimate:
     """r_i - (sum_g - r_i) / (n - 1) = n / (n - 1) * (r_i - mean_g)."""
     g, count, mean, _ = _groups(rewards, group_ids, strata, eps)
-    n = count[g].to(rewards.dtype)
+    n = count.to(rewards.dtype)
     scale = torch.where(n > 1, n / (n - 1).clamp(min=1), torch.zeros_like(n))
-    return Estimate(scale * (rewards - mean[g]), _all(rewards))
+    return Estimate(_scaled(rewards, g, mean, scale), _all(rewards))
 
 
 def _rows(g: torch.Tensor, count: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
