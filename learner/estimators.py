@@ -53,7 +53,7 @@ def _groups(rewards: torch.Tensor, group_ids: torch.Tensor, strata: torch.Tensor
 def _scaled(rewards: torch.Tensor, g: torch.Tensor, mean: torch.Tensor, scale: torch.Tensor):
     """(rewards - mean_g) * scale_g per trajectory, from per-group means and scales: the blend's
     C loop (learner/native.py) where it applies, else torch ops giving the same values."""
-    if len(mean) < 2**31 and rewards.is_contiguous():
+    if native.library() is not None and len(mean) < 2**31 and rewards.is_contiguous():
         table = torch.stack([scale, torch.zeros_like(scale), mean], dim=1)
         fused = native.affine(rewards, g.to(torch.int32), table)
         if fused is not None:
