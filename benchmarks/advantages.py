@@ -9,8 +9,9 @@ alike:
   (three `bincount`s over dense group ids: count, sum, sum of squares). It does half the blend's work.
 - `stratified` (the blend, learner/advantages.py) and every other estimator of learner/estimators.py,
   each with dense ids (0..G-1) and hash-like ids (which need a sort to become dense). The blend's
-  two passes over the trajectories are C loops (learner/advantages.c) when a compiler is at hand;
-  `stratified dense, torch` is the same blend on its torch path (STRATA_NATIVE=0), same bits.
+  two passes over the trajectories, and the per-group map of grpo, dr_grpo and rloo, are C loops
+  (learner/advantages.c) when a compiler is at hand; `stratified dense, torch` is the same blend
+  on its torch path (STRATA_NATIVE=0), same bits.
 - the Python loops: the blend's as common GRPO code writes it (a dict of per-group lists), the other
   estimators' from learner/reference.py; one run each, checked to agree with the vectorised results.
 - a memory floor: the bytes a function must read and write at least (rewards, group ids, strata in,
