@@ -267,13 +267,19 @@ def _blended(b: _Blend, alpha: float, rewards: torch.Tensor) -> torch.Tensor:
     torch.add(weighted, b.cell_scale.view(cell_mean.shape), alpha=alpha, out=grid[..., 0])
     torch.mul(between, weighted, out=grid[..., 1])  # rounded once, from float64
     grid[..., 2] = cell_mean
-    fused = native.affine(rewards, b.c, table)  # one C loop: the same arithmetic, faster
+    return affine_rows(rewards, b.c, table)
+
+
+def affine_rows(values: torch.Tensor, ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """(values - mean) * slope + offset per trajectory, with (slope, offset, mean) the row
+    `table[ids]` of its segment: the C loop (learner/native.py) where it applies, else a row
+    gather, then a multiply and an add (not addcmul, which is a fused multiply-add on some CPUs
+    and not on others): the same bits either way, on every machine."""
+    fused = native.affine(values, ids, table)
     if fused is not None:
         return fused
-    row = table.index_select(0, b.c)
-    # A multiply, then an add (not addcmul, which is a fused multiply-add on some CPUs and not on
-    # others): the same bits on every machine, and as the C loop computes it.
-    return (rewards - row[:, 2]).mul_(row[:, 0]).add_(row[:, 1])
+    row = table.index_select(0, ids)
+    return (values - row[:, 2]).mul_(row[:, 0]).add_(row[:, 1])
 
 
 def stratified_advantages_with_stats(

@@ -27,8 +27,13 @@ from dataclasses import dataclass
 
 import torch
 
-from learner import native
-from learner.advantages import _check_inputs, _dense_ids, segment_stats, stratified_advantages
+from learner.advantages import (
+    _check_inputs,
+    _dense_ids,
+    affine_rows,
+    segment_stats,
+    stratified_advantages,
+)
 
 
 @dataclass(frozen=True)
@@ -52,13 +57,8 @@ def _groups(rewards: torch.Tensor, group_ids: torch.Tensor, strata: torch.Tensor
 
 def _scaled(rewards: torch.Tensor, g: torch.Tensor, mean: torch.Tensor, scale: torch.Tensor):
     """(rewards - mean_g) * scale_g per trajectory, from per-group means and scales: the blend's
-    C loop (learner/native.py) where it applies, else torch ops giving the same values."""
-    if native.library() is not None and len(mean) < 2**31 and rewards.is_contiguous():
-        table = torch.stack([scale, torch.zeros_like(scale), mean], dim=1)
-        fused = native.affine(rewards, g.to(torch.int32), table)
-        if fused is not None:
-            return fused
-    return (rewards - mean[g]).mul_(scale[g])
+    per-row map with offset 0 (one C loop where it applies)."""
+    return affine_rows(rewards, g, torch.stack([scale, torch.zeros_like(scale), mean], dim=1))
 
 
 def _all(rewards: torch.Tensor) -> torch.Tensor:

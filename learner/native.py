@@ -8,8 +8,9 @@ temporary and renames it into place). Where there is no compiler, or the build f
 slower (`python benchmarks/advantages.py` shows both). Why the library is missing is said once
 on stderr, except for STRATA_NATIVE=0, which is a choice.
 
-Only CPU tensors that are contiguous, with int32 ids and float32 or float64 values, take this
-path; `cell_sums` and `affine` return None for anything else and the caller goes on in torch.
+Only contiguous CPU tensors with float32 or float64 values take this path, and int32 ids (`affine`
+narrows int64 ones itself); `cell_sums` and `affine` return None for anything else and the caller
+goes on in torch.
 """
 
 from __future__ import annotations
@@ -136,8 +137,10 @@ def cell_sums(values: torch.Tensor, ids: torch.Tensor, num_cells: int):
 
 def affine(values: torch.Tensor, ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor | None:
     """(values - table[ids, 2]) * table[ids, 0] + table[ids, 1], or None where this path does not
-    apply. `table` is [cells, 3] in the values' dtype."""
+    apply. `table` is [cells, 3] in the values' dtype; int64 ids are narrowed to int32 here."""
     lib = library()
+    if lib is not None and ids.dtype == torch.int64 and len(table) < 2**31:
+        ids = ids.to(torch.int32)
     if (
         lib is None
         or values.dtype not in (torch.float32, torch.float64)

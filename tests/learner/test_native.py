@@ -86,12 +86,18 @@ def test_ids_out_of_range_are_refused_not_written():
             native.affine(rewards, cells, torch.zeros(5, 3))
 
 
+@needs_library  # without the library every call here is None whatever it is given
 def test_what_the_c_loops_do_not_take_goes_to_torch():
     rewards, cells = torch.ones(6), torch.zeros(6, dtype=torch.int32)
     assert native.cell_sums(rewards, cells.long(), 1) is None  # int64 ids
     assert native.cell_sums(rewards.half(), cells, 1) is None
     assert native.cell_sums(torch.ones(12)[::2], cells, 1) is None  # not contiguous
     assert native.affine(rewards, cells, torch.zeros(1, 3, dtype=torch.float64)) is None
+    # affine narrows int64 ids itself (the estimators' group ids): the same answer as int32
+    table = torch.tensor([[2.0, 1.0, 0.5]])
+    assert torch.equal(
+        native.affine(rewards, cells.long(), table), native.affine(rewards, cells, table)
+    )
 
 
 def test_every_estimator_is_the_same_either_way():
