@@ -172,7 +172,7 @@ async def run_items(engine, tokenizer, tools: dict, settings, items: Sequence[It
     A trajectory the engine fails is run again (EVAL_ATTEMPTS in all; the last failure raises)."""
     loop = AgentLoop(engine, tokenizer, tools, settings, actor_id=actor_id)
     slots = asyncio.Semaphore(concurrency)
-    again: list[str] = []
+    again = {"count": 0, "first": ""}  # trajectories run again, and the first failure
 
     async def one(item: Item, k: int):
         async with slots:
@@ -182,12 +182,13 @@ async def run_items(engine, tokenizer, tools: dict, settings, items: Sequence[It
                 except EngineError as exc:
                     if attempt == EVAL_ATTEMPTS or isinstance(exc, NoServerBack):
                         raise
-                    again.append(str(exc))
+                    again["count"] += 1
+                    again["first"] = again["first"] or str(exc)
 
     made = list(await asyncio.gather(*(one(i, k) for i in items for k in range(samples))))
-    if again:
-        print(f"strata: {actor_id}: {len(again)} trajectories cut off by the engine were run again "
-              f"(first: {again[0]})", flush=True)  # fmt: skip
+    if again["count"]:
+        print(f"strata: {actor_id}: {again['count']} trajectories cut off by the engine were run "
+              f"again (first: {again['first']})", flush=True)  # fmt: skip
     return made
 
 
