@@ -39,6 +39,7 @@ import contextlib
 import ipaddress
 import multiprocessing as mp
 import os
+import pickle
 import shutil
 import socket
 import sys
@@ -183,6 +184,18 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
 
 
+def _send(conn, message: Any) -> None:
+    """Over a rank's pipe, pickled with the standard pickler, so a tensor's bytes travel in the
+    message. multiprocessing's pickler (which torch extends) would pass it as a shared-memory file
+    descriptor that a thread of the sender serves on request: a rank killed before it asked left
+    that thread's traceback on rank 0's stderr (once in four clean-clone suite runs of 2026-11-25, in the test that kills rank 1)."""
+    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _receive(conn) -> Any:
+    return pickle.loads(conn.recv_bytes())
+
+
 def _rank_main(rank: int, world: int, store_path: str, spec: RankSpec, conn) -> None:
     """A rank process: build the learner, then serve rank 0's commands until told to stop."""
     from learner.trainer import Learner
@@ -190,21 +203,21 @@ def _rank_main(rank: int, world: int, store_path: str, spec: RankSpec, conn) -> 
     torch.set_num_threads(spec.threads)
     try:
         learner = Learner(spec.model_path, spec.config, rank=(rank, world, store_path),
-                          before_join=lambda: conn.send(("ok", None)), **spec.kwargs)  # fmt: skip
+                          before_join=lambda: _send(conn, ("ok", None)), **spec.kwargs)  # fmt: skip
     except BaseException as exc:
         _report(conn, rank, exc)
         return
-    conn.send(("ok", None))
+    _send(conn, ("ok", None))
     while True:
         try:
-            command, payload = conn.recv()
+            command, payload = _receive(conn)
         except (EOFError, OSError):  # rank 0 is gone
             return
         if command == "stop":
-            conn.send(("ok", None))
+            _send(conn, ("ok", None))
             return
         try:
-            conn.send(("ok", _execute(learner, command, payload)))
+            _send(conn, ("ok", _execute(learner, command, payload)))
         except BaseException as exc:
             _report(conn, rank, exc)
             return
@@ -214,7 +227,7 @@ def _report(conn, rank: int, exc: BaseException) -> None:
     """A rank's failure: its traceback on its stderr, one line to rank 0."""
     print(f"strata: learner rank {rank}:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
     with contextlib.suppress(OSError):
-        conn.send(("error", _first_line(exc)))
+        _send(conn, ("error", _first_line(exc)))
 
 
 class RankPeers:
@@ -321,14 +334,14 @@ class ProcessPeers(RankPeers):
 
     def _post(self, rank: int, command: str, payload: Any) -> bool:
         try:
-            self.conns[rank - 1].send((command, payload))
+            _send(self.conns[rank - 1], (command, payload))
             return True
         except OSError:  # a broken pipe: the rank is gone
             return False
 
     def _answer(self, rank: int) -> tuple[str, Any]:
         try:
-            return self.conns[rank - 1].recv()
+            return _receive(self.conns[rank - 1])
         except (EOFError, OSError):
             return "dead", None
 
@@ -346,7 +359,7 @@ class ProcessPeers(RankPeers):
     def close(self) -> None:
         for conn in self.conns:
             with contextlib.suppress(OSError):  # a rank already gone
-                conn.send(("stop", None))
+                _send(conn, ("stop", None))
         for process in self.processes:
             process.join(timeout=10)
             if process.is_alive():
