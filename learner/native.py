@@ -1,12 +1,9 @@
 """The advantages' fused C loops (learner/advantages.c), built on first use and loaded with ctypes.
 
-The first call compiles the source with the system C compiler (`$CC`, else `cc`) into
-`$XDG_CACHE_HOME/strata/` (default `~/.cache/strata/`), named by a hash of the source, flags and
-compiler, so an edit rebuilds and concurrent processes share one file (each writes its own
-temporary and renames it into place). Where there is no compiler, or the build fails, or
-`STRATA_NATIVE=0` is set, the callers' torch path runs instead: the same results bit for bit,
-slower (`python benchmarks/advantages.py` shows both). Why the library is missing is said once
-on stderr, except for STRATA_NATIVE=0, which is a choice.
+buffers/native.py builds the library (with the system C compiler, into `~/.cache/strata/`) and
+says once on stderr why it is missing where it is; STRATA_NATIVE=0 turns it off. Without it the
+callers' torch path runs instead: the same results bit for bit, slower (`python
+benchmarks/advantages.py` shows both).
 
 Only contiguous CPU tensors with float32 or float64 values take this path, and int32 ids (`affine`
 narrows int64 ones itself); `cell_sums` and `affine` return None for anything else and the caller
@@ -16,50 +13,17 @@ goes on in torch.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shlex
-import shutil
-import subprocess
-import sys
-import tempfile
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("advantages.c")
+from buffers.native import NativeLibrary
+
+# -ffp-contract=off: no a * b + c may become a fused multiply-add, so torch's bits are kept.
 FLAGS = ("-O2", "-std=c11", "-shared", "-fPIC", "-ffp-contract=off")
 
-_lock = threading.Lock()
-_library: ctypes.CDLL | None = None
-_tried = False
 
-
-def _build() -> ctypes.CDLL:
-    compiler = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or shutil.which("gcc")]
-    if not compiler[0]:
-        raise OSError("no C compiler (set CC or install gcc)")
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + repr((FLAGS, compiler)).encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "strata"
-    target = cache / f"advantages-{key}.so"
-    if not target.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        fd, scratch = tempfile.mkstemp(suffix=".so", dir=cache)
-        os.close(fd)
-        try:
-            done = subprocess.run(
-                [*compiler, *FLAGS, "-o", scratch, str(SOURCE)], capture_output=True, text=True
-            )
-            if done.returncode != 0:
-                raise OSError(f"{shlex.join(compiler)} failed: {done.stderr.strip()[:300]}")
-            os.replace(scratch, target)  # atomic: another process sees no file or a whole one
-        finally:
-            Path(scratch).unlink(missing_ok=True)
-    library = ctypes.CDLL(str(target))
+def _declare(library: ctypes.CDLL) -> None:
     pointer, size = ctypes.c_void_p, ctypes.c_int64
     for name in ("cell_sums_f32", "cell_sums_f64", "affine_f32", "affine_f64"):
         function = getattr(library, name)
@@ -67,40 +31,15 @@ def _build() -> ctypes.CDLL:
         function.argtypes = [pointer, pointer, size, size] + [pointer] * (
             {"cell_sums_f32": 3, "cell_sums_f64": 4}.get(name, 2)
         )
-    return library
 
 
-def library() -> ctypes.CDLL | None:
-    """The loaded library, or None when it cannot be had here (see the module's docstring)."""
-    global _library, _tried
-    if _tried:
-        return _library
-    with _lock:
-        if not _tried:
-            if os.environ.get("STRATA_NATIVE", "1") != "0":
-                try:
-                    _library = _build()
-                except OSError as error:  # CalledProcessError and a bad .so are OSErrors too
-                    print(
-                        f"strata: advantages run in torch, not the fused C loops ({error}); "
-                        "the results are the same, only slower",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-            _tried = True
-    return _library
-
-
-@contextmanager
-def torch_only() -> Iterator[None]:
-    """Within it, callers take their torch path (tests and benchmarks compare the two)."""
-    global _library, _tried
-    saved = library(), _tried
-    _library, _tried = None, True
-    try:
-        yield
-    finally:
-        _library, _tried = saved
+ADVANTAGES = NativeLibrary(
+    Path(__file__).with_name("advantages.c"), FLAGS, _declare, "advantages run in torch"
+)
+library = ADVANTAGES.get
+"""The loaded library, or None when it cannot be had here."""
+torch_only = ADVANTAGES.disabled
+"""Within it, callers take their torch path (tests and benchmarks compare the two)."""
 
 
 def _fits(ids: torch.Tensor, *tensors: torch.Tensor) -> bool:
