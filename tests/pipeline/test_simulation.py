@@ -4,6 +4,7 @@ real buffer balance; the staleness bound and the partial-rollout switch act."""
 import json
 import subprocess
 import sys
+from dataclasses import asdict
 
 import pytest
 
@@ -108,3 +109,12 @@ def test_a_signal_stops_a_simulated_launch_with_its_books_and_a_checkpoint(tmp_p
     books = assert_accounting(run_dir)
     # the books count as trained what the learner took: the step the stop cut short is in them
     assert result["trajectories"] <= books["total"]["trained"] <= result["trajectories"] + 16
+
+
+def test_a_simulated_run_is_the_same_every_time(tmp_path):
+    """Seeded, on a virtual clock: what lets benchmarks/cluster_sim.py run cases side by side."""
+    config = load_config("configs/local.yaml", [*SIM, "learner.max_steps=4"])
+    first, second = (asdict(simulate(config, tmp_path / name)) for name in ("a", "b"))
+    first.pop("real_seconds"), second.pop("real_seconds")
+    assert first == second and first["steps"] == 4
+    assert_accounting(tmp_path / "a")
