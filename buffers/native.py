@@ -123,7 +123,10 @@ TOKENS = NativeLibrary(
 
 _INT8, _INT32, _FLOAT32 = np.dtype(np.int8), np.dtype(np.int32), np.dtype(np.float32)
 _address = ctypes.addressof
-_at = ctypes.c_char.from_buffer  # ~0.25 us; ndarray.ctypes.data costs ~1 us
+# An array's address through the buffer protocol: ~0.25 us, where ndarray.ctypes.data costs ~1 us.
+# numpy keeps the description of an exported buffer with the array (~70 bytes each, ~0.2 KB a
+# trajectory, 1.5% of 1,000 tokens' payload) until the array is freed.
+_at = ctypes.c_char.from_buffer
 
 
 def check_tokens(mask: np.ndarray, versions: np.ndarray, logprobs: np.ndarray) -> int | None:

@@ -1,9 +1,9 @@
 """Shared record types: `Trajectory`, `Group` and the one Arrow schema they are stored in.
 
 Every package may import this module; of the project it imports only buffers.native (the C
-check of the token arrays, run on every put). Token arrays are numpy
-arrays in Python and Arrow list columns on the wire and on disk, never per-token Python lists.
-Tokens are kept exactly as the engine produced them: nothing here re-tokenises text.
+check of the token arrays that every put makes). Token arrays are numpy arrays in Python and Arrow
+list columns on the wire and on disk, never per-token Python lists. Tokens are kept exactly as
+the engine produced them: nothing here re-tokenises text.
 """
 
 from __future__ import annotations
