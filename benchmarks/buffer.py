@@ -124,7 +124,7 @@ def main() -> None:
         f"  put -> next_group : {rate:10,.0f} trajectories/s over {n:,} made beforehand "
         "(every put validated; best of 2; target >= 50,000)"
     )
-    how = "one C call" if native.TOKENS.get() else "numpy: no C compiler here"
+    how = "one C call" if native.TOKENS.get() else "numpy: no C library here"
     print(
         f"  of which validate : {validate_us:10.1f} us per trajectory, measured alone "
         f"(token arrays: {how})"
