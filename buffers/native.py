@@ -84,16 +84,17 @@ class NativeLibrary:
             if not self._tried:
                 if os.environ.get("STRATA_NATIVE", "1") != "0":
                     try:
-                        self._library = self.loader(str(_compile(self.source, self.flags)))
-                        self.declare(self._library)
-                    except (OSError, AttributeError) as error:  # a bad .so is an OSError too
+                        library = self.loader(str(_compile(self.source, self.flags)))
+                        self.declare(library)
+                        self._library = library
+                    except (OSError, AttributeError, ValueError) as error:
+                        # a bad .so is an OSError too; an unbalanced quote in CC a ValueError
                         print(
                             f"strata: {self.slower_path}, not the C loops of {self.source.name} "
                             f"({error}); the results are the same, only slower",
                             file=sys.stderr,
                             flush=True,
                         )
-                        self._library = None
                 self._tried = True
         return self._library
 
@@ -130,19 +131,23 @@ _at = ctypes.c_char.from_buffer
 
 
 def check_tokens(mask: np.ndarray, versions: np.ndarray, logprobs: np.ndarray) -> int | None:
-    """buffers/tokens.c's verdict on three arrays of one length (the oldest generated version,
-    or minus the first invariant broken), or None where the C path does not apply: no library,
-    dtypes other than int8/int32/float32, arrays not C-contiguous or read-only (numpy then)."""
+    """buffers/tokens.c's verdict on three 1-D arrays of one length (the oldest generated
+    version, or minus the first invariant broken), or None where the C path does not apply: no
+    library, other shapes, dtypes other than native int8/int32/float32, arrays not C-contiguous
+    or read-only (numpy then)."""
     library = TOKENS.get()
+    n = len(mask)
     if (
         library is None
-        or mask.dtype is not _INT8
-        or versions.dtype is not _INT32
-        or logprobs.dtype is not _FLOAT32
+        or mask.dtype != _INT8  # ==, not is: an unpickled array (from a Ray worker) has its own
+        or versions.dtype != _INT32
+        or logprobs.dtype != _FLOAT32
+        or not mask.ndim == versions.ndim == logprobs.ndim == 1
+        or not len(versions) == len(logprobs) == n
     ):
         return None
-    try:  # from_buffer takes only writable C-contiguous buffers
+    try:  # from_buffer takes only writable C-contiguous buffers, of at least one byte
         where = _address(_at(mask)), _address(_at(versions)), _address(_at(logprobs))
     except (TypeError, ValueError, BufferError):
         return None
-    return library.check_tokens(*where, len(mask))
+    return library.check_tokens(*where, n)

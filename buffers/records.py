@@ -179,13 +179,18 @@ class Trajectory:
             raise self._invalid(f"token arrays differ in length {lengths}")
         if n == 0:
             raise self._invalid("no response tokens")
-        verdict = native.check_tokens(self.loss_mask, self.token_versions, self.behavior_logprobs)
+        mask, versions, logprobs = self.loss_mask, self.token_versions, self.behavior_logprobs
+        if not self.token_ids.ndim == mask.ndim == versions.ndim == logprobs.ndim == 1:
+            shapes = {name: getattr(self, name).shape for name in _TOKEN_COLUMNS}
+            raise self._invalid(f"token arrays must be 1-D, got shapes {shapes}")
+        verdict = native.check_tokens(mask, versions, logprobs)
         if verdict is None:
             verdict = self._check_tokens_numpy()
         if verdict < 0:
             raise self._invalid(self._token_problem(-verdict))
-        if verdict < _NOT_FOUND:
-            self._policy_version = verdict
+        # Found by the C check, or (numpy) left to be found when first asked for: either way,
+        # the version of the arrays just checked, not one cached before.
+        self._policy_version = verdict if verdict < _NOT_FOUND else None
         if not math.isfinite(self.reward):
             raise self._invalid(f"reward {self.reward!r} is not finite")
         if not (-1 <= self.first_answer_token <= n) or (self.first_answer_token < 0) != (self.first_answer_turn < 0):  # fmt: skip

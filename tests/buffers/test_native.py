@@ -1,6 +1,8 @@
 """buffers/tokens.c, the C check of a trajectory's token arrays, against its numpy twin."""
 
+import contextlib
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from buffers import native
-from buffers.records import Trajectory
+from buffers.records import InvalidTrajectory, Trajectory
 from buffers.testing import synthetic_trajectory
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,10 +77,38 @@ def test_arrays_the_c_path_cannot_take_go_to_numpy():
 
 def test_disabled_means_numpy():
     t = synthetic_trajectory("p", 0, tokens=40)
+    before = native.TOKENS.get()
     with native.TOKENS.disabled():
         assert native.check_tokens(t.loss_mask, t.token_versions, t.behavior_logprobs) is None
         t.validate()
-    assert native.TOKENS.get() is native.TOKENS.get()  # back as it was
+    assert native.TOKENS.get() is before  # back as it was
+
+
+@needs_library
+def test_arrays_that_crossed_a_process_take_the_c_path():
+    """Unpickled arrays (a Ray worker's trajectories) have dtype objects of their own."""
+    t = pickle.loads(pickle.dumps(synthetic_trajectory("p", 0, tokens=40, version=3)))
+    assert native.check_tokens(t.loss_mask, t.token_versions, t.behavior_logprobs) == 3
+
+
+def test_token_arrays_must_be_1_d_on_either_path():
+    t = synthetic_trajectory("p", 0, tokens=40)
+    t.loss_mask = np.ones((40, 2), np.int8)
+    assert native.check_tokens(t.loss_mask, t.token_versions, t.behavior_logprobs) is None
+    for path in (contextlib.nullcontext(), native.TOKENS.disabled()):
+        with path, pytest.raises(InvalidTrajectory, match=r"must be 1-D.*'loss_mask': \(40, 2\)"):
+            t.validate()
+
+
+def test_the_cached_version_is_that_of_the_arrays_last_checked():
+    for path in (contextlib.nullcontext(), native.TOKENS.disabled()):
+        t = synthetic_trajectory("p", 0, tokens=40, version=5)
+        with path:
+            t.validate()
+            assert t.policy_version == 5
+            t.token_versions[np.flatnonzero(t.loss_mask)[0]] = 3
+            t.validate()
+            assert t.policy_version == 3
 
 
 def test_without_a_compiler_numpy_validates_and_says_so_once(tmp_path):
