@@ -23,9 +23,9 @@ Where the ranks run and how they meet:
 - processes (the local runtime): ranks 1..N-1 are processes rank 0 starts on its machine, told
   what to do over pipes; they meet through a `FileStore` in a private temporary directory (no
   listening socket).
-- Ray actors (the ray runtime): rank r is an actor on bundle r of the learner's placement group
-  (rank 0 is the learner's actor, on bundle 0), so ranks may sit on other machines; commands are
-  actor calls. They meet through a `TCPStore` that rank 0 serves from a socket it binds itself on
+- Ray actors (the ray runtime, learner/ray_ranks.py): rank r is an actor on bundle r of the
+  learner's placement group (rank 0 is the learner's actor, on bundle 0), so ranks may sit on
+  other machines; commands are actor calls. They meet through a `TCPStore` that rank 0 serves from a socket it binds itself on
   `runtime.learner_rendezvous_host` (default: its node's Ray address, 127.0.0.1 on a private
   cluster): torch's own would listen on every interface.
 Gloo is bound to the loopback interface (GLOO_SOCKET_IFNAME=lo unless set) when the ranks meet
@@ -41,13 +41,10 @@ import multiprocessing as mp
 import os
 import pickle
 import shutil
-import socket
 import sys
 import tempfile
-import threading
 import traceback
-from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -150,6 +147,8 @@ def ranked_learner(
     if placement is None:
         peers, where = ProcessPeers.start(world, spec)
     else:
+        from learner.ray_ranks import RayPeers  # imports ray only for the ray runtime
+
         peers, where = RayPeers.start(world, spec, placement)
     try:
         learner = Learner(model_path, config, rank=(0, world, where), peers=peers,
@@ -161,7 +160,7 @@ def ranked_learner(
     return learner
 
 
-def _execute(learner, command: str, payload: Any) -> Any:
+def run_command(learner, command: str, payload: Any) -> Any:
     """What rank 0 asks of another rank, carried out there."""
     from learner.checkpoint import load_checkpoint, save_rank_part
 
@@ -179,7 +178,8 @@ def _execute(learner, command: str, payload: Any) -> Any:
     raise ValueError(f"unknown command {command!r}")
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """An exception as one line for rank 0: its type and the first line of its message."""
     line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
 
@@ -188,7 +188,8 @@ def _send(conn, message: Any) -> None:
     """Over a rank's pipe, pickled with the standard pickler, so a tensor's bytes travel in the
     message. multiprocessing's pickler (which torch extends) would pass it as a shared-memory file
     descriptor that a thread of the sender serves on request: a rank killed before it asked left
-    that thread's traceback on rank 0's stderr (once in four clean-clone suite runs of 2026-11-25, in the test that kills rank 1)."""
+    that thread's traceback on rank 0's stderr (once in four clean-clone suite runs of
+    2026-11-25, in the test that kills rank 1)."""
     conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
 
@@ -217,7 +218,7 @@ def _rank_main(rank: int, world: int, store_path: str, spec: RankSpec, conn) -> 
             _send(conn, ("ok", None))
             return
         try:
-            _send(conn, ("ok", _execute(learner, command, payload)))
+            _send(conn, ("ok", run_command(learner, command, payload)))
         except BaseException as exc:
             _report(conn, rank, exc)
             return
@@ -227,7 +228,7 @@ def _report(conn, rank: int, exc: BaseException) -> None:
     """A rank's failure: its traceback on its stderr, one line to rank 0."""
     print(f"strata: learner rank {rank}:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
     with contextlib.suppress(OSError):
-        _send(conn, ("error", _first_line(exc)))
+        _send(conn, ("error", first_line(exc)))
 
 
 class RankPeers:
@@ -368,145 +369,3 @@ class ProcessPeers(RankPeers):
         for conn in self.conns:
             conn.close()
         shutil.rmtree(self.store_dir, ignore_errors=True)
-
-
-class RankActor:
-    """Rank r >= 1 as a Ray actor (`RayPeers`). Its `Learner` is built on a thread of its own so
-    that `loaded` can answer once the model is loaded, while the rank waits at the rendezvous,
-    and `started` once it has joined; `run` then carries out rank 0's commands. Every method
-    answers ("ok", result) or ("error", one line), as a rank process does over its pipe."""
-
-    def __init__(self, rank: int, world: int, where: TcpRendezvous, spec: RankSpec) -> None:
-        torch.set_num_threads(spec.threads)
-        self.rank, self.learner = rank, None
-        self.error: str | None = None
-        self._loaded, self._started = threading.Event(), threading.Event()
-
-        def build() -> None:
-            from learner.trainer import Learner
-
-            try:
-                self.learner = Learner(spec.model_path, spec.config, rank=(rank, world, where),
-                                       before_join=self._loaded.set, **spec.kwargs)  # fmt: skip
-            except BaseException as exc:
-                self._failed(exc)
-            self._loaded.set()
-            self._started.set()
-
-        threading.Thread(target=build, name=f"strata-rank-{rank}-build", daemon=True).start()
-
-    def _failed(self, exc: BaseException) -> tuple[str, str]:
-        print(f"strata: learner rank {self.rank}:\n{traceback.format_exc()}", file=sys.stderr, flush=True)  # fmt: skip
-        self.error = self.error or _first_line(exc)
-        return "error", self.error
-
-    def loaded(self) -> tuple[str, Any]:
-        self._loaded.wait()
-        return ("error", self.error) if self.error else ("ok", None)
-
-    def started(self) -> tuple[str, Any]:
-        self._started.wait()
-        return ("error", self.error) if self.error else ("ok", None)
-
-    def node(self) -> str:
-        """The Ray node this rank runs on."""
-        import ray
-
-        return ray.get_runtime_context().get_node_id()
-
-    def run(self, command: str, payload: Any) -> tuple[str, Any]:
-        if self.error:
-            return "error", self.error
-        try:
-            return "ok", _execute(self.learner, command, payload)
-        except BaseException as exc:
-            return self._failed(exc)
-
-
-class RayPeers(RankPeers):
-    """Ranks 1..N-1 as Ray actors (`RankActor`) on bundles 1..N-1 of the learner's placement
-    group; a command is an actor call, answered in the order given (the actors run one call at
-    a time)."""
-
-    def __init__(self, world: int, actors: list, listener: socket.socket) -> None:
-        super().__init__(world)
-        self.actors, self.listener = actors, listener
-        self.pending: list[deque] = [deque() for _ in actors]
-
-    @classmethod
-    def start(cls, world: int, spec: RankSpec, placement: RayPlacement) -> tuple[RayPeers, TcpRendezvous]:  # fmt: skip
-        """Bind the rendezvous socket, start ranks 1..world-1; returns the peers and the
-        rendezvous rank 0 joins with (the one with the socket)."""
-        import ray
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        host = placement.host or ray.util.get_node_ip_address()
-        try:
-            listener = socket.create_server(
-                (host, placement.port), family=_family(host), backlog=128
-            )
-        except OSError as exc:
-            raise RankError(f"the learner's rendezvous cannot listen on {host}:{placement.port}: "
-                            f"{exc.strerror or exc}: set runtime.learner_rendezvous_host/port") from None  # fmt: skip
-        where = TcpRendezvous(host, listener.getsockname()[1])
-        actors = []
-        remote = ray.remote(RankActor)
-        for rank in range(1, world):
-            options: dict[str, Any] = dict(num_cpus=placement.num_cpus, num_gpus=placement.num_gpus,
-                                           name=f"strata-learner-rank-{rank}", max_restarts=0)  # fmt: skip
-            if placement.placement_group is not None:
-                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                    placement.placement_group, placement_group_bundle_index=rank
-                )
-            actors.append(remote.options(**options).remote(rank, world, where, spec))
-        peers = cls(world, actors, listener)
-        for queue, actor in zip(peers.pending, actors, strict=True):
-            queue.extend((actor.loaded.remote(), actor.started.remote()))
-        return peers, replace(where, listen_fd=listener.fileno())
-
-    def _post(self, rank: int, command: str, payload: Any) -> bool:
-        self.pending[rank - 1].append(self.actors[rank - 1].run.remote(command, payload))
-        return True  # a dead actor shows in its answer
-
-    def _answer(self, rank: int) -> tuple[str, Any]:
-        import ray
-
-        try:
-            return ray.get(self.pending[rank - 1].popleft())
-        except ray.exceptions.RayActorError:
-            return "dead", None
-
-    def _dead(self, rank: int, wait_s: float) -> bool:
-        import ray
-
-        try:  # a live rank stuck in a failed collective answers late: alive
-            ray.get(self.actors[rank - 1].node.remote(), timeout=wait_s)
-        except ray.exceptions.RayActorError:
-            return True
-        except ray.exceptions.GetTimeoutError:
-            pass
-        return False
-
-    def _how(self, rank: int) -> str:
-        return "its Ray actor is gone" if self._dead(rank, wait_s=1.0) else "still running"
-
-    def nodes(self) -> list[str]:
-        """The Ray node of each rank 1..N-1."""
-        import ray
-
-        return ray.get([actor.node.remote() for actor in self.actors])
-
-    def close(self) -> None:
-        import ray
-
-        for actor in self.actors:
-            with contextlib.suppress(Exception):  # already gone
-                ray.kill(actor, no_restart=True)
-        self.listener.close()
-
-
-def _family(host: str) -> socket.AddressFamily:
-    try:
-        return socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
-    except ValueError:  # a host name
-        return socket.AF_INET
