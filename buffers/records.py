@@ -60,8 +60,6 @@ _ADDED_LATER = ("first_answer_turn", "first_answer_token", "latent_reward")
 
 _UINT32_MAX = np.iinfo(np.uint32).max
 _INT32_MAX = np.iinfo(np.int32).max
-_NOT_FOUND = _INT32_MAX + 1
-"""The numpy check's verdict when every invariant holds (it does not look for the version)."""
 
 # What each of buffers/tokens.c's verdicts -1 .. -5 means (3 is said with the version found).
 _TOKEN_PROBLEMS = {
@@ -188,9 +186,7 @@ class Trajectory:
             verdict = self._check_tokens_numpy()
         if verdict < 0:
             raise self._invalid(self._token_problem(-verdict))
-        # Found by the C check, or (numpy) left to be found when first asked for: either way,
-        # the version of the arrays just checked, not one cached before.
-        self._policy_version = verdict if verdict < _NOT_FOUND else None
+        self._policy_version = verdict  # of the arrays just checked, not one cached before
         if not math.isfinite(self.reward):
             raise self._invalid(f"reward {self.reward!r} is not finite")
         if not (-1 <= self.first_answer_token <= n) or (self.first_answer_token < 0) != (self.first_answer_turn < 0):  # fmt: skip
@@ -202,9 +198,9 @@ class Trajectory:
             raise self._invalid(f"latent_reward {self.latent_reward!r} must be finite and >= 0")
 
     def _check_tokens_numpy(self) -> int:
-        """buffers/tokens.c's checks in numpy (where its C path does not apply): minus the first
-        invariant broken, or _NOT_FOUND (the policy version is then found when first asked for).
-        Few whole-array passes: each costs ~1 us of call overhead on 1,000 tokens, more than the scan."""
+        """buffers/tokens.c's verdict in numpy (where its C path does not apply): minus the first
+        invariant broken, or the oldest generated version. Few whole-array passes: each costs
+        ~1 us of call overhead on 1,000 tokens, more than the scan."""
         mask = self.loss_mask
         top = np.maximum.reduce(mask.view(np.uint8))  # a negative int8 reads >= 128
         if top > 1:
@@ -223,7 +219,7 @@ class Trajectory:
         # NaN fails both comparisons.
         if not (np.maximum.reduce(logprobs) <= 1e-4 and np.minimum.reduce(logprobs) > -np.inf):
             return -5
-        return _NOT_FOUND
+        return int(np.minimum.reduce(versions.view(np.uint32)))  # observations' -1 is the largest
 
     def _token_problem(self, number: int) -> str:
         if number == 3:
