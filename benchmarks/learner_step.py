@@ -1,5 +1,5 @@
-"""Learner throughput (ZeRO 0 vs 2, 1 rank vs 2 on CPU) and weight publishing to 4 local engines
-vs one copy.
+"""Learner throughput (ZeRO 0 vs 2, 1 rank vs 2 on CPU, the proximal log-probs from the training
+forward vs a pass of their own) and weight publishing to 4 local engines vs one copy.
 
 The policy is the embedded default's tiny Qwen2 (2 layers, hidden 128) unless --hidden/--layers
 say otherwise; each step trains 4 groups of 8 trajectories of 256 response tokens. Two ranks
@@ -51,10 +51,12 @@ def batch(seed: int, vocab: int) -> list[Group]:
     return out
 
 
-def tokens_per_second(path: str, stage: int, steps: int, vocab: int, ranks: int = 1) -> float:
-    config = LearnerConfig(micro_batch_size=8, zero_stage=stage, max_steps=100)
+def tokens_per_second(path: str, stage: int, steps: int, vocab: int, ranks: int = 1,
+                      reuse: bool = True, **options) -> float:  # fmt: skip
+    config = LearnerConfig(micro_batch_size=8, zero_stage=stage, max_steps=100, **options)
     if ranks == 1:
         learner = Learner(path, config, group_size=8)
+        learner.reuse_forward_for_proximal = reuse
     else:
         threads = max(1, torch.get_num_threads() // ranks)
         torch.set_num_threads(threads)
@@ -124,6 +126,13 @@ def main() -> None:
         two_ranks = ranked_tokens_per_second(path, args.steps, vocab, 2)
         zero0 = tokens_per_second(path, 0, args.steps, vocab)
         zero2 = tokens_per_second(path, 2, args.steps, vocab)
+        # configs/gaia.yaml's loss: proximal log-probs from the first forward or a pass of their
+        # own, alternating, best of two each (a process's first runs are the slowest)
+        gaia = {"importance": "tis", "kl_coef": 0.001}
+        proximal = {False: 0.0, True: 0.0}
+        for _ in range(2):
+            for reuse in (False, True):
+                proximal[reuse] = max(proximal[reuse], tokens_per_second(path, 0, args.steps, vocab, reuse=reuse, **gaia))  # fmt: skip
         published, copied, size = publish_times(path, args.repeats)
     print(
         f"learner on CPU, Qwen2 {args.layers} layers x hidden {args.hidden}, {torch.get_num_threads()} threads"
@@ -133,6 +142,9 @@ def main() -> None:
     print(
         f"  2 ranks, ZeRO 0 : {two_ranks:8.0f} trained tokens/s  ({two_ranks / zero0:.2f}x of 1 rank)"
     )
+    print(f"  importance tis + KL, proximal pass of its own : {proximal[False]:8.0f} trained tokens/s")
+    print(f"  importance tis + KL, proximal from the forward: {proximal[True]:8.0f} trained tokens/s  "
+          f"({proximal[True] / proximal[False]:.2f}x)")  # fmt: skip
     print(
         f"  publish to 4 embedded engines : {published * 1e3:7.2f} ms  ({size / 1e6:.1f} MB state dict)"
     )

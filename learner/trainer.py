@@ -1,9 +1,10 @@
 """The DeepSpeed learner: complete groups in, one optimiser step of Stratified GRPO out.
 
 Per step: validate the groups (a bad one is counted and skipped, never trained), optionally drop
-zero-variance groups, compute blended stratified advantages, recompute proximal log-probs when an
-importance correction is configured, then `ppo_epochs` passes of micro-batches through the clipped
-loss (+ KL to the initial policy when `kl_coef > 0`). Gradients accumulate over the whole step and
+zero-variance groups, compute blended stratified advantages, then `ppo_epochs` passes of
+micro-batches through the clipped loss (+ KL to the initial policy when `kl_coef > 0`); an
+importance correction takes the proximal log-probs from the first pass's own forwards, or, when it
+drops tokens, from a forward pass of their own before it. Gradients accumulate over the whole step and
 the loss of every micro-batch is weighted by its share of the step's tokens (or sequences), so the
 step's loss is exactly the configured aggregation over all its tokens.
 
@@ -26,7 +27,7 @@ from buffers.records import Group
 from learner.advantages import stratified_advantages_with_stats
 from learner.batch import InvalidGroup, TrainBatch, build_batch, response_logprobs, validate_group
 from learner.estimators import Estimate, estimate
-from learner.losses import kept_by_importance, kl_penalty, policy_loss
+from learner.losses import MASKS, kept_by_importance, kl_penalty, policy_loss
 from learner.ranks import RankError, RankPeers, TcpRendezvous, init_rank_group, split_by_tokens
 from learner.schedule import step_schedule
 from learner.telemetry import stratum_summary, theorem1_terms
@@ -65,6 +66,10 @@ def rank_metrics(ranks: list[dict[str, float]]) -> dict[str, float]:
 
 class Learner:
     """`config` is the pipeline's `learner` config section (read by attribute, not imported)."""
+
+    reuse_forward_for_proximal = True
+    """Take the proximal log-probs from the first epoch's forward passes (see `train_rows`); False
+    recomputes them in a pass of their own, for tests and benchmarks to compare against."""
 
     def __init__(self, model_path: str | os.PathLike[str], config: Any, *, group_size: int,
                  temperature: float = 1.0, version: int = 0, dtype: str | None = None,
@@ -222,9 +227,16 @@ class Learner:
                 ):  # the answer's first observation
                     batch.response_mask[row, t.first_answer_token :] = 0
         steps = self._all_max(-(-len(trajectories) // micro))  # micro-batches on the busiest rank
+        # The proximal log-probs are those of the policy before this step's update. The weights
+        # move only at an epoch's last micro-batch, so the first epoch's own forward passes give
+        # them: no pass of their own, unless the correction drops tokens (each micro-batch's
+        # weight counts the kept tokens of the whole step, so they are needed before the first).
+        reuse = self.config.importance != "none" and self.reuse_forward_for_proximal and (
+            self.config.importance not in MASKS
+        )  # fmt: skip
         if batch is not None and self.config.importance != "none":
-            proximal = self._proximal(batch, steps)
-        elif self.config.importance != "none" and self.config.zero_stage == 3:
+            proximal = torch.zeros_like(batch.behavior_logprobs) if reuse else self._proximal(batch, steps)
+        elif self.config.importance != "none" and self.config.zero_stage == 3 and not reuse:
             self._proximal(None, steps)  # ZeRO-3's forward gathers parameters: every rank joins
         if batch is not None:
             # The tokens the loss is taken over (importance "mask" drops some before the loss
@@ -240,7 +252,7 @@ class Learner:
         sums: Counter[str] = Counter()
         work = 0.0  # seconds in this rank's own micro-batches (a reduction's wait included)
         self.engine.train()
-        for _ in range(self.config.ppo_epochs):
+        for epoch in range(self.config.ppo_epochs):
             for i in range(steps):
                 started = time.perf_counter()
                 rows = slice(i * micro, (i + 1) * micro)
@@ -249,7 +261,8 @@ class Learner:
                 own = batch is not None and i * micro < batch.size
                 if own:
                     loss, stats = self._micro_step(batch.select(rows),
-                                                   None if proximal is None else proximal[rows], kept[rows], totals)  # fmt: skip
+                                                   None if proximal is None else proximal[rows], kept[rows], totals,
+                                                   fill_proximal=reuse and epoch == 0)  # fmt: skip
                 else:  # this rank has no rows left: an empty micro-batch keeps the collectives in step
                     loss, stats = self._empty_micro_step(), {}
                 self.engine.backward(loss * self.world)  # DeepSpeed averages over the ranks
@@ -332,7 +345,11 @@ class Learner:
         proximal: torch.Tensor | None,
         kept: torch.Tensor,
         totals: dict[str, float],
+        fill_proximal: bool = False,
     ):
+        """One micro-batch's forward pass and loss. With `fill_proximal` its log-probs, detached,
+        are the proximal ones: they are written into `proximal` (these rows of the step's) for the
+        later epochs."""
         device = self.engine.device
         logits = self.engine(
             input_ids=micro.input_ids.to(device), attention_mask=micro.attention_mask.to(device)
@@ -340,6 +357,8 @@ class Learner:
         logp, entropy = response_logprobs(logits, micro, self.temperature)
         mask = micro.response_mask.to(device)
         width = mask.shape[1]
+        if fill_proximal:
+            proximal[:, :width] = logp.detach().float().cpu()
         loss, stats = policy_loss(
             logp, micro.behavior_logprobs.to(device), micro.advantages.to(device), mask,
             proximal_logprobs=None if proximal is None else proximal[:, :width].to(device),
