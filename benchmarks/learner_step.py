@@ -142,7 +142,9 @@ def main() -> None:
     print(
         f"  2 ranks, ZeRO 0 : {two_ranks:8.0f} trained tokens/s  ({two_ranks / zero0:.2f}x of 1 rank)"
     )
-    print(f"  importance tis + KL, proximal pass of its own : {proximal[False]:8.0f} trained tokens/s")
+    print(
+        f"  importance tis + KL, proximal pass of its own : {proximal[False]:8.0f} trained tokens/s"
+    )
     print(f"  importance tis + KL, proximal from the forward: {proximal[True]:8.0f} trained tokens/s  "
           f"({proximal[True] / proximal[False]:.2f}x)")  # fmt: skip
     print(

@@ -235,7 +235,9 @@ class Learner:
             self.config.importance not in MASKS
         )  # fmt: skip
         if batch is not None and self.config.importance != "none":
-            proximal = torch.zeros_like(batch.behavior_logprobs) if reuse else self._proximal(batch, steps)
+            proximal = (
+                torch.zeros_like(batch.behavior_logprobs) if reuse else self._proximal(batch, steps)
+            )
         elif self.config.importance != "none" and self.config.zero_stage == 3 and not reuse:
             self._proximal(None, steps)  # ZeRO-3's forward gathers parameters: every rank joins
         if batch is not None:

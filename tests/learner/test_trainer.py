@@ -148,7 +148,7 @@ def test_zero_stages_train_like_stage_0(policy, stage):
 
 @pytest.mark.parametrize("importance", ["tis", "mask"])
 def test_proximal_log_probs_from_the_first_epoch_equal_a_pass_of_their_own(policy, importance):
-    """"tis" takes the proximal log-probs from the first epoch's forward passes (the weights move
+    """ "tis" takes the proximal log-probs from the first epoch's forward passes (the weights move
     only at the epoch's end): the same steps as recomputing them first, one pass fewer. "mask"
     needs them before the first micro-batch, so it still recomputes."""
     options = dict(importance=importance, kl_coef=0.01, ppo_epochs=2, is_cap=1.5)
@@ -169,7 +169,9 @@ def test_proximal_log_probs_from_the_first_epoch_equal_a_pass_of_their_own(polic
         for key in ("loss", "importance_weight_mean", "truncated_fraction", "mask_drop_fraction",
                     "ratio_mean", "clip_fraction", "kl", "trained_tokens"):  # fmt: skip
             assert a[key] == pytest.approx(b[key], abs=1e-6), key
-    assert a["importance_weight_mean"] != pytest.approx(1.0, abs=1e-3)  # the weights are not trivial
+    assert a["importance_weight_mean"] != pytest.approx(
+        1.0, abs=1e-3
+    )  # the weights are not trivial
     assert passes == ({"reused": 0, "recomputed": 2} if importance == "tis" else {"reused": 2, "recomputed": 2})  # fmt: skip
     for (name, p), q in zip(reused.state_dict().items(), recomputed.state_dict().values(), strict=True):  # fmt: skip
         torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=name)
