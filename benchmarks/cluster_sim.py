@@ -9,10 +9,10 @@ published: generate a batch, then train); streaming is η > 0.
 The workload is a long-tailed agentic one: 0-6 tool calls per trajectory (a geometric number,
 P(call) = 0.6 a turn), log-normal turn lengths (median 200 tokens), tool latency log-uniform in
 0.2-2 s, 512-token observations; servers as an 8B model on H100-class GPUs (10 ms decode step +
-0.3 ms per running sequence, 64 sequences a server, 10k tokens/s prefill); the learner at 2e-4 s
-per trained token on one rank (10 x 8e9 FLOPs: forward and backward plus configs/gaia.yaml's
-proximal and reference forwards, at 40% of an H100's 989 dense bf16 TFLOP/s) divided among its
-ranks, plus 1 s a step; weights (16 GB) broadcast at 25 GB/s. Tokens are coarse: one simulated token stands for
+0.3 ms per running sequence, 64 sequences a server, 10k tokens/s prefill); the learner at
+1.81e-4 s per trained token on one rank (configs/gaia.yaml's loss on an 8B model, measured on an
+H100: LEARNER_S_PER_TOKEN), divided among its ranks, plus 1 s a step; weights (16 GB) broadcast
+at 25 GB/s. Tokens are coarse: one simulated token stands for
 TOKEN_SCALE real ones (lengths divided, per-token times multiplied), which leaves every timing as
 it is and divides the Python work per trajectory.
 
@@ -47,6 +47,12 @@ from pipeline.simulation import SimResult, simulate
 
 TOKEN_SCALE = 4
 GROUP_SIZE = 8
+LEARNER_S_PER_TOKEN = 1.436e-4 + 3.71e-5
+"""configs/gaia.yaml's learner on one H100 80GB, measured by benchmarks/learner_gpu_cost.py
+(docs/results/learner_gpu_cost.json: Qwen3-8B's shape, 2 x 4096-token micro-batches): a training
+forward and backward with gradient checkpointing, 1.436e-4 s a token, plus the reference policy's
+forward for the KL term, 3.71e-5 s. The proximal log-probs come from the training forward
+(learner/trainer.py). Not in it: ZeRO-3's communication, and the optimiser (in the 1 s a step)."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +79,7 @@ class Case:
             f"actors.engine.turn_tokens_median={200 / s}", "actors.engine.turn_tokens_sigma=0.8",
             "actors.engine.tool_call_p=0.6", "actors.engine.tool_latency_s=[0.2,2.0]",
             f"actors.engine.partial_rollouts={str(self.partial).lower()}",
-            f"actors.engine.train_s_per_token={2e-4 * s}", "actors.engine.train_step_s=1.0",
+            f"actors.engine.train_s_per_token={LEARNER_S_PER_TOKEN * s}", "actors.engine.train_step_s=1.0",
             f"actors.engine.learner_ranks={self.ranks}", "actors.engine.params_b=8",
             "actors.engine.sync_gb_per_s=25", "actors.tools=[search]", "actors.max_turns=6",
             f"actors.max_new_tokens_per_turn={2048 // s}", f"actors.max_response_tokens={16384 // s}",

@@ -146,10 +146,10 @@ class SimulatedEngine(Section):
     """Policy parameters, in billions (bf16: 2 bytes each), for the weight sync time."""
     sync_gb_per_s: float = Field(25.0, gt=0, le=10000)
     """Bandwidth of the weight broadcast to every server (GB/s); a load takes params x 2 / it."""
-    train_s_per_token: float = Field(0.0002, ge=0, le=10)
-    """Learner time per trained token (prompt and response) on one rank: an 8B model's forward and
-    backward (6 x 8e9 FLOPs) plus the proximal and reference forwards of configs/gaia.yaml
-    (importance tis, kl_coef > 0: 2 x 8e9 each) at 40% of an H100's 989 dense bf16 TFLOP/s."""
+    train_s_per_token: float = Field(0.00018, ge=0, le=10)
+    """Learner time per trained token (prompt and response) on one rank: configs/gaia.yaml's
+    learner on an H100 as measured by benchmarks/learner_gpu_cost.py, an 8B model's forward and
+    backward with gradient checkpointing (1.44e-4 s) plus the reference forward (3.7e-5 s)."""
     train_step_s: float = Field(1.0, ge=0, le=3600)
     """Fixed learner time per step (optimizer, all-reduce latency)."""
     learner_ranks: int = Field(1, ge=1, le=4096)

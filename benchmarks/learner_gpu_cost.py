@@ -1,0 +1,137 @@
+"""What the learner's passes cost on one GPU for an 8B model: seconds per token of a training
+forward and backward (with and without gradient checkpointing) and of a forward without
+gradients (the reference policy's pass for the KL term, and the proximal pass when the learner
+makes one). These are the figures benchmarks/cluster_sim.py's simulated learner is calibrated to.
+
+The model has Qwen3-8B's shape (configs/gaia.yaml's model) with random weights, built from its
+config on the GPU in bfloat16: nothing is downloaded. A micro-batch is --batch sequences of --seq
+tokens, configs/gaia.yaml's micro_batch_size 2 by default, trained as learner/trainer.py does:
+log-softmax of float32 logits, the sampled tokens' log-probs, a loss on them, backward. No
+optimiser step (ZeRO-3 shards it over the ranks; its time is not here) and no padding.
+
+Needs a CUDA GPU and says so otherwise; `--tiny` runs a two-layer model on whatever device there is,
+to check the script itself.
+
+    python benchmarks/learner_gpu_cost.py [--seq 4096] [--batch 2] [--repeats 5] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+QWEN3_8B = dict(
+    vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+    num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+    rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+)  # fmt: skip
+TINY = dict(QWEN3_8B, vocab_size=1000, hidden_size=128, intermediate_size=256,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32)  # fmt: skip
+
+
+def build(shape: dict, device: str, checkpointing: bool):
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    config = Qwen3Config(**shape, attn_implementation="sdpa")
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def token_logprobs(model, ids: torch.Tensor) -> torch.Tensor:
+    logits = model(input_ids=ids, use_cache=False).logits
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    return logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+
+def timed(fn, repeats: int, device: str) -> float:
+    """Median seconds of `repeats` calls after two warm-up calls."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--tiny", action="store_true", help="two layers, any device: checks the script"
+    )
+    parser.add_argument("--json", help="also write the figures here")
+    args = parser.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not args.tiny:
+        print("learner_gpu_cost: no CUDA GPU here; this measures an 8B model on one GPU "
+              "(--tiny checks the script on CPU)", file=sys.stderr)  # fmt: skip
+        return 1
+    shape = TINY if args.tiny else QWEN3_8B
+    tokens = args.batch * args.seq
+    ids = torch.randint(0, shape["vocab_size"], (args.batch, args.seq), device=device)
+    figures: dict[str, object] = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__, "seq": args.seq, "batch": args.batch, "tiny": args.tiny,
+    }  # fmt: skip
+    for checkpointing in (True, False):
+        model = build(shape, device, checkpointing)
+        model.train()
+        params = sum(p.numel() for p in model.parameters())
+        matmul = params - model.get_input_embeddings().weight.numel()  # the embedding is a lookup
+
+        def train(model=model):
+            loss = -token_logprobs(model, ids).mean()
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+
+        def forward(model=model):
+            with torch.no_grad():
+                token_logprobs(model, ids)
+
+        key = "train_checkpointed" if checkpointing else "train"
+        try:
+            seconds = timed(train, args.repeats, device)
+        except torch.OutOfMemoryError:
+            figures[key] = "out of memory"
+            print(f"{key}: out of memory at {args.batch} x {args.seq} tokens", flush=True)
+        else:
+            figures[key] = {"s_per_token": seconds / tokens, "tflops_6n": 6 * matmul * tokens / seconds / 1e12}  # fmt: skip
+            print(f"{key}: {seconds:.3f} s a micro-batch, {seconds / tokens:.3e} s a token, "
+                  f"{6 * matmul * tokens / seconds / 1e12:.0f} TFLOP/s (6N)", flush=True)  # fmt: skip
+        if checkpointing:
+            model.eval()
+            seconds = timed(forward, args.repeats, device)
+            figures["forward"] = {"s_per_token": seconds / tokens, "tflops_2n": 2 * matmul * tokens / seconds / 1e12}  # fmt: skip
+            print(f"forward (no grad): {seconds:.3f} s a micro-batch, {seconds / tokens:.3e} s a "
+                  f"token, {2 * matmul * tokens / seconds / 1e12:.0f} TFLOP/s (2N)", flush=True)  # fmt: skip
+        figures["parameters"] = params
+        if device == "cuda":
+            figures[f"{key}_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            torch.cuda.reset_peak_memory_stats()
+        del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    print(json.dumps(figures))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(figures, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
