@@ -6,8 +6,9 @@ makes one). These are the figures benchmarks/cluster_sim.py's simulated learner 
 The model has Qwen3-8B's shape (configs/gaia.yaml's model) with random weights, built from its
 config on the GPU in bfloat16: nothing is downloaded. A micro-batch is --batch sequences of --seq
 tokens, configs/gaia.yaml's micro_batch_size 2 by default, trained as learner/trainer.py does:
-log-softmax of float32 logits, the sampled tokens' log-probs, a loss on them, backward. No
-optimiser step (ZeRO-3 shards it over the ranks; its time is not here) and no padding.
+log-softmax of float32 logits, the sampled tokens' log-probs, a loss on them, backward. Not
+here: the optimiser step and ZeRO-3's communication (it shards both over the ranks), the
+trainer's entropy diagnostic (one more pass over the log-softmax, without gradients), padding.
 
 Needs a CUDA GPU and says so otherwise; `--tiny` runs a two-layer model on whatever device there is,
 to check the script itself.
@@ -120,7 +121,7 @@ def main() -> int:
             print(f"forward (no grad): {seconds:.3f} s a micro-batch, {seconds / tokens:.3e} s a "
                   f"token, {2 * matmul * tokens / seconds / 1e12:.0f} TFLOP/s (2N)", flush=True)  # fmt: skip
         figures["parameters"] = params
-        if device == "cuda":
+        if device == "cuda" and isinstance(figures[key], dict):  # not for a run out of memory
             figures[f"{key}_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
             torch.cuda.reset_peak_memory_stats()
         del model

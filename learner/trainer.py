@@ -64,12 +64,18 @@ def rank_metrics(ranks: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+DROPOUT_KEYS = ("attention_dropout", "hidden_dropout", "hidden_dropout_prob", "dropout",
+                "attention_probs_dropout_prob", "resid_pdrop", "embd_pdrop", "attn_pdrop")  # fmt: skip
+"""Model config keys of dropout probabilities, in the HF architectures that have them."""
+
+
 class Learner:
     """`config` is the pipeline's `learner` config section (read by attribute, not imported)."""
 
     reuse_forward_for_proximal = True
     """Take the proximal log-probs from the first epoch's forward passes (see `train_rows`); False
-    recomputes them in a pass of their own, for tests and benchmarks to compare against."""
+    recomputes them in a pass of their own, for one-rank tests and benchmarks to compare against
+    (ranks must agree on it: set it on the class, before the ranks start)."""
 
     def __init__(self, model_path: str | os.PathLike[str], config: Any, *, group_size: int,
                  temperature: float = 1.0, version: int = 0, dtype: str | None = None,
@@ -98,6 +104,11 @@ class Learner:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
+        # With dropout a training forward is one noisy sample of the policy: the proximal
+        # log-probs then need an eval-mode pass of their own (see train_rows).
+        self.dropout = any(
+            isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()
+        ) or any(float(getattr(model.config, key, 0) or 0) > 0 for key in DROPOUT_KEYS)
         self.reference = None
         if config.kl_coef > 0:  # the initial policy, frozen; only loaded when the KL term is on
             self.reference = AutoModelForCausalLM.from_pretrained(
@@ -230,9 +241,10 @@ class Learner:
         # The proximal log-probs are those of the policy before this step's update. The weights
         # move only at an epoch's last micro-batch, so the first epoch's own forward passes give
         # them: no pass of their own, unless the correction drops tokens (each micro-batch's
-        # weight counts the kept tokens of the whole step, so they are needed before the first).
+        # weight counts the kept tokens of the whole step, so they are needed before the first)
+        # or the model has dropout (a training forward is then one noisy sample of the policy).
         reuse = self.config.importance != "none" and self.reuse_forward_for_proximal and (
-            self.config.importance not in MASKS
+            self.config.importance not in MASKS and not self.dropout
         )  # fmt: skip
         if batch is not None and self.config.importance != "none":
             proximal = (
@@ -350,8 +362,8 @@ class Learner:
         fill_proximal: bool = False,
     ):
         """One micro-batch's forward pass and loss. With `fill_proximal` its log-probs, detached,
-        are the proximal ones: they are written into `proximal` (these rows of the step's) for the
-        later epochs."""
+        are the proximal ones, also written into `proximal` (these rows of the step's) when later
+        epochs will need them."""
         device = self.engine.device
         logits = self.engine(
             input_ids=micro.input_ids.to(device), attention_mask=micro.attention_mask.to(device)
@@ -360,10 +372,14 @@ class Learner:
         mask = micro.response_mask.to(device)
         width = mask.shape[1]
         if fill_proximal:
-            proximal[:, :width] = logp.detach().float().cpu()
+            here = logp.detach()
+            if self.config.ppo_epochs > 1:
+                proximal[:, :width] = here.float().cpu()
+        else:
+            here = None if proximal is None else proximal[:, :width].to(device)
         loss, stats = policy_loss(
             logp, micro.behavior_logprobs.to(device), micro.advantages.to(device), mask,
-            proximal_logprobs=None if proximal is None else proximal[:, :width].to(device),
+            proximal_logprobs=here,
             clip_low=self.config.clip_low, clip_high=self.config.clip_high, dual_clip=self.config.dual_clip,
             importance=self.config.importance, is_cap=self.config.is_cap, is_floor=self.config.is_floor,
             ratio_level=self.config.ratio, agg=self.config.loss_agg,

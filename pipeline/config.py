@@ -235,9 +235,10 @@ class LearnerConfig(Section):
     dual_clip: float | None = Field(3.0, gt=1)
     """Cap of the loss for negative advantages at -A * dual_clip (null: off)."""
     importance: Literal["none", "tis", "mask", "icepop", "seq_mask"] = "none"
-    """Off-policy correction against a recomputed proximal policy, on w = pi_prox / pi_behav:
-    tis (loss times min(w, is_cap)), mask (drop tokens with w > is_cap), icepop (drop tokens with
-    w outside [is_floor, is_cap]), seq_mask (drop sequences whose geometric-mean w leaves it)."""
+    """Off-policy correction against the proximal policy (the weights before the step, whose
+    log-probs the learner computes), on w = pi_prox / pi_behav: tis (loss times min(w, is_cap)),
+    mask (drop tokens with w > is_cap), icepop (drop tokens with w outside [is_floor, is_cap]),
+    seq_mask (drop sequences whose geometric-mean w leaves it)."""
     is_cap: float = Field(2.0, gt=1)
     """Truncation (tis) or upper rejection threshold (mask, icepop, seq_mask) of the weight."""
     is_floor: float = Field(0.5, ge=0, lt=1)

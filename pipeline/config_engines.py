@@ -146,7 +146,7 @@ class SimulatedEngine(Section):
     """Policy parameters, in billions (bf16: 2 bytes each), for the weight sync time."""
     sync_gb_per_s: float = Field(25.0, gt=0, le=10000)
     """Bandwidth of the weight broadcast to every server (GB/s); a load takes params x 2 / it."""
-    train_s_per_token: float = Field(0.00018, ge=0, le=10)
+    train_s_per_token: float = Field(0.000181, ge=0, le=10)
     """Learner time per trained token (prompt and response) on one rank: configs/gaia.yaml's
     learner on an H100 as measured by benchmarks/learner_gpu_cost.py, an 8B model's forward and
     backward with gradient checkpointing (1.44e-4 s) plus the reference forward (3.7e-5 s)."""

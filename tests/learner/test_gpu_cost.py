@@ -14,7 +14,9 @@ SCRIPT = Path(__file__).parents[2] / "benchmarks" / "learner_gpu_cost.py"
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_without_a_gpu_it_says_what_it_needs():
-    done = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
         "learner_gpu_cost: no CUDA GPU here; this measures an 8B model on one GPU "

@@ -146,35 +146,72 @@ def test_zero_stages_train_like_stage_0(policy, stage):
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4, msg=name)
 
 
+def uneven_groups(seed: int) -> list[Group]:
+    """Three groups of four, 12 to 39 response tokens each: micro-batches of different widths."""
+    out = []
+    for g in range(3):
+        members = []
+        for i in range(4):
+            t = synthetic_trajectory(f"u{seed}g{g}", i, tokens=12 + 9 * ((i + g) % 4), reward=float((i + g) % 2),
+                                     tool_names=["search"] * (i % 3), seed=seed * 100 + g)  # fmt: skip
+            t.token_ids %= 400
+            t.prompt_token_ids %= 400
+            members.append(t)
+        out.append(Group(f"u{seed}g{g}", tuple(members)))
+    return out
+
+
+def count_proximal_passes(model: Learner) -> list[int]:
+    calls = [0]
+    own = model._proximal
+
+    def counted(*args):
+        calls[0] += 1
+        return own(*args)
+
+    model._proximal = counted
+    return calls
+
+
 @pytest.mark.parametrize("importance", ["tis", "mask"])
 def test_proximal_log_probs_from_the_first_epoch_equal_a_pass_of_their_own(policy, importance):
     """ "tis" takes the proximal log-probs from the first epoch's forward passes (the weights move
     only at the epoch's end): the same steps as recomputing them first, one pass fewer. "mask"
-    needs them before the first micro-batch, so it still recomputes."""
-    options = dict(importance=importance, kl_coef=0.01, ppo_epochs=2, is_cap=1.5)
+    needs them before the first micro-batch, so it still recomputes. 12 rows of uneven lengths in
+    micro-batches of 5: the last is short and narrower than the step."""
+    options = dict(
+        importance=importance, kl_coef=0.01, ppo_epochs=2, is_cap=1.5, micro_batch_size=5
+    )
     reused, recomputed = learner(policy, **options), learner(policy, **options)
     recomputed.reuse_forward_for_proximal = False
-    passes = {"reused": 0, "recomputed": 0}
-    for name, model in (("reused", reused), ("recomputed", recomputed)):
-        own = model._proximal
-
-        def counted(*args, _own=own, _name=name):
-            passes[_name] += 1
-            return _own(*args)
-
-        model._proximal = counted
+    passes = count_proximal_passes(reused), count_proximal_passes(recomputed)
     for seed in (30, 31):
-        batch = groups(seed, n=3)
+        batch = uneven_groups(seed)
         a, b = reused.step(batch), recomputed.step(batch)
-        for key in ("loss", "importance_weight_mean", "truncated_fraction", "mask_drop_fraction",
-                    "ratio_mean", "clip_fraction", "kl", "trained_tokens"):  # fmt: skip
+        for key in ("loss", "grad_norm", "importance_weight_mean", "truncated_fraction",
+                    "mask_drop_fraction", "ratio_mean", "clip_fraction", "kl", "trained_tokens"):  # fmt: skip
             assert a[key] == pytest.approx(b[key], abs=1e-6), key
-    assert a["importance_weight_mean"] != pytest.approx(
-        1.0, abs=1e-3
-    )  # the weights are not trivial
-    assert passes == ({"reused": 0, "recomputed": 2} if importance == "tis" else {"reused": 2, "recomputed": 2})  # fmt: skip
+        assert a["importance_weight_mean"] != pytest.approx(1.0, abs=1e-3)  # not trivial weights
+    assert [p[0] for p in passes] == ([0, 2] if importance == "tis" else [2, 2])
     for (name, p), q in zip(reused.state_dict().items(), recomputed.state_dict().values(), strict=True):  # fmt: skip
         torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_a_model_with_dropout_recomputes_the_proximal_log_probs(policy, tmp_path):
+    """A training forward with dropout is one noisy sample of the policy: not the proximal one."""
+    import json
+    import shutil
+
+    noisy = tmp_path / "noisy"
+    shutil.copytree(policy, noisy)
+    config = json.loads((noisy / "config.json").read_text())
+    config["attention_dropout"] = 0.1
+    (noisy / "config.json").write_text(json.dumps(config))
+    model = learner(noisy, importance="tis")
+    passes = count_proximal_passes(model)
+    model.step(groups(32))
+    assert model.dropout and passes == [1]
+    assert not learner(policy, importance="tis").dropout
 
 
 def test_checkpoint_resume_equals_straight_training(policy, tmp_path):
