@@ -18,12 +18,12 @@ is (without a graph on CPU), to check the script itself.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
+from gpu_figures import describe, device_for, report
 
 QWEN3_8B = dict(vocab=151936, hidden=4096, ffn=12288, layers=36, heads=32, kv_heads=8, head_dim=128)
 TINY = dict(vocab=1000, hidden=128, ffn=256, layers=2, heads=4, kv_heads=2, head_dim=32)
@@ -116,16 +116,11 @@ def main() -> int:
     parser.add_argument("--tiny", action="store_true", help="two layers, any device: checks the script")  # fmt: skip
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu" and not args.tiny:
-        print("decode_gpu_cost: no CUDA GPU here; this measures an 8B model's decode step on one "
-              "GPU (--tiny checks the script on CPU)", file=sys.stderr)  # fmt: skip
+    device = device_for("decode_gpu_cost", "an 8B model's decode step", args.tiny)
+    if device is None:
         return 1
     shape = TINY if args.tiny else QWEN3_8B
-    figures: dict[str, object] = {
-        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        "torch": torch.__version__, "context": args.context, "tiny": args.tiny, "steps": {},
-    }  # fmt: skip
+    figures = {**describe(device), "context": args.context, "tiny": args.tiny, "steps": {}}
     with torch.no_grad():
         for batch in (int(b) for b in args.batches.split(",")):
             decoder = Decoder(shape, batch, args.context, device)
@@ -146,10 +141,7 @@ def main() -> int:
         )
         figures["fit"] = {"step_s": my - b * mx, "step_per_seq_s": b}
         print(f"fit: {(my - b * mx) * 1e3:.2f} ms + {b * 1e3:.3f} ms a running sequence")
-    print(json.dumps(figures))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=1)
+    report(figures, args.json)
     return 0
 
 

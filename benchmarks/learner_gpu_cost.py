@@ -19,11 +19,11 @@ to check the script itself.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
 import torch
+from gpu_figures import describe, device_for, report
 
 QWEN3_8B = dict(
     vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
@@ -77,18 +77,13 @@ def main() -> int:
     )
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu" and not args.tiny:
-        print("learner_gpu_cost: no CUDA GPU here; this measures an 8B model on one GPU "
-              "(--tiny checks the script on CPU)", file=sys.stderr)  # fmt: skip
+    device = device_for("learner_gpu_cost", "an 8B model's training passes", args.tiny)
+    if device is None:
         return 1
     shape = TINY if args.tiny else QWEN3_8B
     tokens = args.batch * args.seq
     ids = torch.randint(0, shape["vocab_size"], (args.batch, args.seq), device=device)
-    figures: dict[str, object] = {
-        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        "torch": torch.__version__, "seq": args.seq, "batch": args.batch, "tiny": args.tiny,
-    }  # fmt: skip
+    figures = {**describe(device), "seq": args.seq, "batch": args.batch, "tiny": args.tiny}
     for checkpointing in (True, False):
         model = build(shape, device, checkpointing)
         model.train()
@@ -127,10 +122,7 @@ def main() -> int:
         del model
         if device == "cuda":
             torch.cuda.empty_cache()
-    print(json.dumps(figures))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=1)
+    report(figures, args.json)
     return 0
 
 

@@ -29,12 +29,13 @@ def policy(tmp_path_factory):
     return build_tiny_policy(tmp_path_factory.mktemp("policy") / "tiny", TEXTS, vocab_size=500)
 
 
-def groups(seed: int, n: int = 2, size: int = 4, version: int = 0) -> list[Group]:
+def groups(seed: int, n: int = 2, size: int = 4, version: int = 0, tokens=lambda g, i: 24) -> list[Group]:  # fmt: skip
+    """`n` groups of `size`; `tokens(group, member)` response tokens each."""
     out = []
     for g in range(n):
         members = []
         for i in range(size):
-            t = synthetic_trajectory(f"s{seed}g{g}", i, tokens=24, version=version, reward=float((i + g) % 2),
+            t = synthetic_trajectory(f"s{seed}g{g}", i, tokens=tokens(g, i), version=version, reward=float((i + g) % 2),
                                      tool_names=["search"] * (i % 3), seed=seed * 100 + g)  # fmt: skip
             t.token_ids %= 400
             t.prompt_token_ids %= 400
@@ -148,17 +149,7 @@ def test_zero_stages_train_like_stage_0(policy, stage):
 
 def uneven_groups(seed: int) -> list[Group]:
     """Three groups of four, 12 to 39 response tokens each: micro-batches of different widths."""
-    out = []
-    for g in range(3):
-        members = []
-        for i in range(4):
-            t = synthetic_trajectory(f"u{seed}g{g}", i, tokens=12 + 9 * ((i + g) % 4), reward=float((i + g) % 2),
-                                     tool_names=["search"] * (i % 3), seed=seed * 100 + g)  # fmt: skip
-            t.token_ids %= 400
-            t.prompt_token_ids %= 400
-            members.append(t)
-        out.append(Group(f"u{seed}g{g}", tuple(members)))
-    return out
+    return groups(seed, n=3, tokens=lambda g, i: 12 + 9 * ((i + g) % 4))
 
 
 def count_proximal_passes(model: Learner) -> list[int]:

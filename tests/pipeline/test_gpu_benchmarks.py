@@ -1,0 +1,53 @@
+"""The one-GPU measurements the cluster simulation is calibrated to or set beside
+(benchmarks/learner_gpu_cost.py, benchmarks/decode_gpu_cost.py): each says in one line that it
+needs a GPU, and its --tiny check runs the same passes on CPU."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
+NEEDS = {
+    "learner_gpu_cost": "an 8B model's training passes",
+    "decode_gpu_cost": "an 8B model's decode step",
+}
+
+
+def run(script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(BENCHMARKS / f"{script}.py"), *args],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+@pytest.mark.parametrize("script", sorted(NEEDS))
+def test_without_a_gpu_it_says_what_it_needs(script):
+    done = run(script)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        f"{script}: no CUDA GPU here; this measures {NEEDS[script]} on one GPU (--tiny checks the "
+        "script on CPU)"
+    ]
+
+
+def test_the_tiny_learner_measures_every_pass(tmp_path):
+    done = run("learner_gpu_cost", "--tiny", "--seq", "64", "--repeats", "1", "--json", str(tmp_path / "f.json"))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    figures = json.loads((tmp_path / "f.json").read_text())
+    for key in ("train_checkpointed", "train", "forward"):
+        assert figures[key]["s_per_token"] > 0, key
+    assert figures["tiny"] and figures["seq"] == 64 and figures["batch"] == 2
+
+
+def test_the_tiny_decoder_times_every_batch_and_fits_a_line(tmp_path):
+    done = run("decode_gpu_cost", "--tiny", "--context", "64", "--batches", "1,4", "--steps", "2",
+               "--json", str(tmp_path / "f.json"))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    figures = json.loads((tmp_path / "f.json").read_text())
+    assert set(figures["steps"]) == {"1", "4"} and all(s > 0 for s in figures["steps"].values())
+    fit = figures["fit"]
+    for batch, seconds in figures["steps"].items():  # two points: the line passes through both
+        assert fit["step_s"] + fit["step_per_seq_s"] * int(batch) == pytest.approx(seconds)
