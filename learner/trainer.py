@@ -2,11 +2,12 @@
 
 Per step: validate the groups (a bad one is counted and skipped, never trained), optionally drop
 zero-variance groups, compute blended stratified advantages, then `ppo_epochs` passes of
-micro-batches through the clipped loss (+ KL to the initial policy when `kl_coef > 0`); an
-importance correction takes the proximal log-probs from the first pass's own forwards, or, when it
-drops tokens, from a forward pass of their own before it. Gradients accumulate over the whole step and
-the loss of every micro-batch is weighted by its share of the step's tokens (or sequences), so the
-step's loss is exactly the configured aggregation over all its tokens.
+micro-batches through the clipped loss (+ KL to the initial policy when `kl_coef > 0`). An
+importance correction takes the proximal log-probs from the first pass's own forwards, or from a
+forward pass of their own before it when it drops tokens or the model has dropout. Gradients
+accumulate over the whole step and the loss of every micro-batch is weighted by its share of the
+step's tokens (or sequences), so the step's loss is exactly the configured aggregation over all
+its tokens.
 
 On CPU it runs DeepSpeed ZeRO 0-2 over gloo; on GPUs ZeRO-3 with NCCL. With `learner.num_ranks`
 N > 1 this object is rank 0 of N (learner/ranks.py): `step` splits the groups across the ranks by
@@ -372,14 +373,14 @@ class Learner:
         mask = micro.response_mask.to(device)
         width = mask.shape[1]
         if fill_proximal:
-            here = logp.detach()
+            proximal_now = logp.detach()
             if self.config.ppo_epochs > 1:
-                proximal[:, :width] = here.float().cpu()
+                proximal[:, :width] = proximal_now.float().cpu()
         else:
-            here = None if proximal is None else proximal[:, :width].to(device)
+            proximal_now = None if proximal is None else proximal[:, :width].to(device)
         loss, stats = policy_loss(
             logp, micro.behavior_logprobs.to(device), micro.advantages.to(device), mask,
-            proximal_logprobs=here,
+            proximal_logprobs=proximal_now,
             clip_low=self.config.clip_low, clip_high=self.config.clip_high, dual_clip=self.config.dual_clip,
             importance=self.config.importance, is_cap=self.config.is_cap, is_floor=self.config.is_floor,
             ratio_level=self.config.ratio, agg=self.config.loss_agg,
