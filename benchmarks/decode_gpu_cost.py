@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
-from gpu_figures import describe, device_for, report
+from gpu_figures import add_options, describe, device_for, report, timed
 
 QWEN3_8B = dict(vocab=151936, hidden=4096, ffn=12288, layers=36, heads=32, kv_heads=8, head_dim=128)
 TINY = dict(vocab=1000, hidden=128, ffn=256, layers=2, heads=4, kv_heads=2, head_dim=32)
@@ -39,7 +38,7 @@ class Decoder:
 
     def __init__(self, shape: dict, batch: int, context: int, device: str) -> None:
         d, h, kv, hd = shape["hidden"], shape["heads"], shape["kv_heads"], shape["head_dim"]
-        self.shape, self.batch, self.context = shape, batch, context
+        self.shape, self.batch = shape, batch
 
         def w(*size):
             return torch.randn(*size, device=device, dtype=torch.bfloat16) * 0.02
@@ -80,7 +79,7 @@ class Decoder:
 
 
 def seconds_per_step(decoder: Decoder, device: str, steps: int) -> float:
-    """Median of five timings of `steps` steps (replays of a CUDA graph on a GPU)."""
+    """Median of five timings of `steps` steps, replays of a CUDA graph on a GPU."""
     run = decoder.step
     if device == "cuda":
         stream = torch.cuda.Stream()
@@ -93,19 +92,7 @@ def seconds_per_step(decoder: Decoder, device: str, steps: int) -> float:
         with torch.cuda.graph(graph):
             decoder.step()
         run = graph.replay
-    for _ in range(3):
-        run()
-    times = []
-    for _ in range(5):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(steps):
-            run()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) / steps)
-    return sorted(times)[2]
+    return timed(run, device, repeats=5, calls=steps, warmup=3)
 
 
 def main() -> int:
@@ -113,8 +100,7 @@ def main() -> int:
     parser.add_argument("--context", type=int, default=2048)
     parser.add_argument("--batches", default="1,16,32,64,128")
     parser.add_argument("--steps", type=int, default=20, help="steps a timing")
-    parser.add_argument("--tiny", action="store_true", help="two layers, any device: checks the script")  # fmt: skip
-    parser.add_argument("--json", help="also write the figures here")
+    add_options(parser)
     args = parser.parse_args()
     device = device_for("decode_gpu_cost", "an 8B model's decode step", args.tiny)
     if device is None:

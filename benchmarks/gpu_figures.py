@@ -1,12 +1,21 @@
-"""What the one-GPU measurements (learner_gpu_cost.py, decode_gpu_cost.py) share: which device to
-measure on, refused in one line when there is no GPU, and where their figures go."""
+"""What the one-GPU measurements (learner_gpu_cost.py, decode_gpu_cost.py) share: their --tiny and
+--json options, which device to measure on (refused in one line when there is no GPU), how a call
+is timed, and where the figures go."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+import time
+from collections.abc import Callable
 
 import torch
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tiny", action="store_true", help="two layers, any device: checks the script")  # fmt: skip
+    parser.add_argument("--json", help="also write the figures here")
 
 
 def device_for(script: str, what: str, tiny: bool) -> str | None:
@@ -31,3 +40,21 @@ def report(figures: dict, path: str | None) -> None:
     if path:
         with open(path, "w") as f:
             json.dump(figures, f, indent=1)
+
+
+def timed(fn: Callable[[], object], device: str, repeats: int, calls: int = 1, warmup: int = 2) -> float:  # fmt: skip
+    """Median seconds a call of `fn`, over `repeats` timings of `calls` calls each, after `warmup`
+    calls; the GPU's queue is drained before and after each timing."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) / calls)
+    return sorted(times)[len(times) // 2]

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import torch
-from gpu_figures import describe, device_for, report
+from gpu_figures import add_options, describe, device_for, report, timed
 
 QWEN3_8B = dict(
     vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
@@ -51,31 +50,12 @@ def token_logprobs(model, ids: torch.Tensor) -> torch.Tensor:
     return logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
 
 
-def timed(fn, repeats: int, device: str) -> float:
-    """Median seconds of `repeats` calls after two warm-up calls."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(repeats):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument(
-        "--tiny", action="store_true", help="two layers, any device: checks the script"
-    )
-    parser.add_argument("--json", help="also write the figures here")
+    add_options(parser)
     args = parser.parse_args()
     device = device_for("learner_gpu_cost", "an 8B model's training passes", args.tiny)
     if device is None:
@@ -101,7 +81,7 @@ def main() -> int:
 
         key = "train_checkpointed" if checkpointing else "train"
         try:
-            seconds = timed(train, args.repeats, device)
+            seconds = timed(train, device, args.repeats)
         except torch.OutOfMemoryError:
             figures[key] = "out of memory"
             print(f"{key}: out of memory at {args.batch} x {args.seq} tokens", flush=True)
@@ -111,11 +91,11 @@ def main() -> int:
                   f"{6 * matmul * tokens / seconds / 1e12:.0f} TFLOP/s (6N)", flush=True)  # fmt: skip
         if checkpointing:
             model.eval()
-            seconds = timed(forward, args.repeats, device)
+            seconds = timed(forward, device, args.repeats)
             figures["forward"] = {"s_per_token": seconds / tokens, "tflops_2n": 2 * matmul * tokens / seconds / 1e12}  # fmt: skip
             print(f"forward (no grad): {seconds:.3f} s a micro-batch, {seconds / tokens:.3e} s a "
                   f"token, {2 * matmul * tokens / seconds / 1e12:.0f} TFLOP/s (2N)", flush=True)  # fmt: skip
-        figures["parameters"] = params
+        figures["parameters"] = params  # the same for both builds
         if device == "cuda" and isinstance(figures[key], dict):  # not for a run out of memory
             figures[f"{key}_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
             torch.cuda.reset_peak_memory_stats()
