@@ -53,6 +53,8 @@ def batch(seed: int, vocab: int) -> list[Group]:
 
 def tokens_per_second(path: str, stage: int, steps: int, vocab: int, ranks: int = 1,
                       reuse: bool = True, **options) -> float:  # fmt: skip
+    """Trained tokens/s; `reuse` False (one rank only) makes the proximal pass of its own."""
+    assert ranks == 1 or reuse, "the ranks' processes read their own Learner class"
     config = LearnerConfig(micro_batch_size=8, zero_stage=stage, max_steps=100, **options)
     if ranks == 1:
         learner = Learner(path, config, group_size=8)

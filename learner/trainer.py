@@ -248,9 +248,10 @@ class Learner:
             self.config.importance not in MASKS and not self.dropout
         )  # fmt: skip
         if batch is not None and self.config.importance != "none":
-            proximal = (
-                torch.zeros_like(batch.behavior_logprobs) if reuse else self._proximal(batch, steps)
-            )
+            if not reuse:
+                proximal = self._proximal(batch, steps)
+            elif self.config.ppo_epochs > 1:  # filled by the first epoch for the later ones
+                proximal = torch.zeros_like(batch.behavior_logprobs)
         elif self.config.importance != "none" and self.config.zero_stage == 3 and not reuse:
             self._proximal(None, steps)  # ZeRO-3's forward gathers parameters: every rank joins
         if batch is not None:
@@ -363,8 +364,8 @@ class Learner:
         fill_proximal: bool = False,
     ):
         """One micro-batch's forward pass and loss. With `fill_proximal` its log-probs, detached,
-        are the proximal ones, also written into `proximal` (these rows of the step's) when later
-        epochs will need them."""
+        are the proximal ones, also written into `proximal` (these rows of the step's) when one is
+        given for later epochs."""
         device = self.engine.device
         logits = self.engine(
             input_ids=micro.input_ids.to(device), attention_mask=micro.attention_mask.to(device)
@@ -374,7 +375,7 @@ class Learner:
         width = mask.shape[1]
         if fill_proximal:
             proximal_now = logp.detach()
-            if self.config.ppo_epochs > 1:
+            if proximal is not None:  # later epochs will need them
                 proximal[:, :width] = proximal_now.float().cpu()
         else:
             proximal_now = None if proximal is None else proximal[:, :width].to(device)

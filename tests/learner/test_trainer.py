@@ -164,14 +164,15 @@ def count_proximal_passes(model: Learner) -> list[int]:
     return calls
 
 
-@pytest.mark.parametrize("importance", ["tis", "mask"])
-def test_proximal_log_probs_from_the_first_epoch_equal_a_pass_of_their_own(policy, importance):
+@pytest.mark.parametrize(("importance", "epochs"), [("tis", 1), ("tis", 2), ("mask", 2)])
+def test_proximal_log_probs_from_the_first_epoch_equal_a_pass_of_their_own(policy, importance, epochs):  # fmt: skip
     """ "tis" takes the proximal log-probs from the first epoch's forward passes (the weights move
-    only at the epoch's end): the same steps as recomputing them first, one pass fewer. "mask"
-    needs them before the first micro-batch, so it still recomputes. 12 rows of uneven lengths in
-    micro-batches of 5: the last is short and narrower than the step."""
+    only at the epoch's end; a second epoch reuses them): the same steps as recomputing them
+    first, one pass fewer. "mask" needs them before the first micro-batch, so it still
+    recomputes. 12 rows of uneven lengths in micro-batches of 5: the last is short and narrower
+    than the step."""
     options = dict(
-        importance=importance, kl_coef=0.01, ppo_epochs=2, is_cap=1.5, micro_batch_size=5
+        importance=importance, kl_coef=0.01, ppo_epochs=epochs, is_cap=1.5, micro_batch_size=5
     )
     reused, recomputed = learner(policy, **options), learner(policy, **options)
     recomputed.reuse_forward_for_proximal = False
