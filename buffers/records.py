@@ -61,6 +61,14 @@ _ADDED_LATER = ("first_answer_turn", "first_answer_token", "latent_reward")
 _UINT32_MAX = np.iinfo(np.uint32).max
 _INT32_MAX = np.iinfo(np.int32).max
 
+
+def _oldest_version(versions: np.ndarray) -> int:
+    """The oldest version among generated tokens, -1 if none: viewed as uint32 the -1 of
+    observation tokens is the largest value, so one unmasked min finds it."""
+    oldest = int(np.minimum.reduce(versions.view(np.uint32), initial=_UINT32_MAX))
+    return oldest if oldest <= _INT32_MAX else -1
+
+
 # What each of buffers/tokens.c's verdicts -1 .. -5 means (3 is said with the version found).
 _TOKEN_PROBLEMS = {
     1: "loss_mask holds values other than 0 and 1",
@@ -120,16 +128,10 @@ class Trajectory:
 
     @property
     def policy_version(self) -> int:
-        """Oldest policy version among the generated tokens (-1 if none was generated).
-
-        Viewed as uint32 the -1 of observation tokens is the largest value, so one unmasked min
-        finds the oldest generated version. Cached: token arrays are not to be changed after use.
-        """
+        """Oldest policy version among the generated tokens (-1 if none was generated). Cached:
+        token arrays are not to be changed after use."""
         if self._policy_version is None:
-            oldest = int(
-                np.minimum.reduce(self.token_versions.view(np.uint32), initial=_UINT32_MAX)
-            )
-            self._policy_version = oldest if oldest <= _INT32_MAX else -1
+            self._policy_version = _oldest_version(self.token_versions)
         return self._policy_version
 
     @property
@@ -219,7 +221,7 @@ class Trajectory:
         # NaN fails both comparisons.
         if not (np.maximum.reduce(logprobs) <= 1e-4 and np.minimum.reduce(logprobs) > -np.inf):
             return -5
-        return int(np.minimum.reduce(versions.view(np.uint32)))  # observations' -1 is the largest
+        return _oldest_version(versions)
 
     def _token_problem(self, number: int) -> str:
         if number == 3:
