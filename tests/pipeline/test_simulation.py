@@ -112,9 +112,21 @@ def test_a_signal_stops_a_simulated_launch_with_its_books_and_a_checkpoint(tmp_p
 
 
 def test_a_simulated_run_is_the_same_every_time(tmp_path):
-    """Seeded, on a virtual clock: what lets benchmarks/cluster_sim.py run cases side by side."""
-    config = load_config("configs/local.yaml", [*SIM, "learner.max_steps=4"])
-    first, second = (asdict(simulate(config, tmp_path / name)) for name in ("a", "b"))
+    """Seeded, on a virtual clock: what lets benchmarks/cluster_sim.py run cases side by side, each
+    in a process of its own. The second run is in another process with another hash seed (set
+    and dict orders of strings differ), as the benchmark's workers are."""
+    overrides = [*SIM, "learner.max_steps=4"]
+    first = asdict(simulate(load_config("configs/local.yaml", overrides), tmp_path / "a"))
+    code = ("import json; from dataclasses import asdict; from pipeline.config_loader import load_config; "
+            "from pipeline.simulation import simulate; "
+            f"r = asdict(simulate(load_config('configs/local.yaml', {overrides!r}), {str(tmp_path / 'b')!r})); "
+            "print('RESULT', json.dumps(r))")  # fmt: skip
+    env = {**child_env(), "PYTHONHASHSEED": "12345"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    second = json.loads(done.stdout.rsplit("RESULT ", 1)[1])
+    first = json.loads(json.dumps(first))  # the same types as the JSON read back
     first.pop("real_seconds"), second.pop("real_seconds")
     assert first == second and first["steps"] == 4
     assert_accounting(tmp_path / "a")
+    assert_accounting(tmp_path / "b")
