@@ -290,7 +290,7 @@ def main() -> None:
                 f"overlap bound {bound(sync):.2f}x.", "", f"`{last}`", "",
                 *([Path(args.notes).read_text().strip(), ""] if args.notes else []),
                 f"Every run's figures: `{json_path.name}`. Regenerate (about "
-                f"{time.perf_counter() - began:.0f} s on 2 cores):", "", "```bash",
+                f"{time.perf_counter() - began:.0f} s on {os.cpu_count()} cores, {args.jobs} cases at a time):", "", "```bash",
                 f"python benchmarks/cluster_sim.py --doc {args.doc}" + (f" --notes {args.notes}" if args.notes else ""),
                 "```", ""]  # fmt: skip
         doc.write_text("\n".join(text))

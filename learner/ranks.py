@@ -25,9 +25,9 @@ Where the ranks run and how they meet:
   listening socket).
 - Ray actors (the ray runtime, learner/ray_ranks.py): rank r is an actor on bundle r of the
   learner's placement group (rank 0 is the learner's actor, on bundle 0), so ranks may sit on
-  other machines; commands are actor calls. They meet through a `TCPStore` that rank 0 serves from a socket it binds itself on
-  `runtime.learner_rendezvous_host` (default: its node's Ray address, 127.0.0.1 on a private
-  cluster): torch's own would listen on every interface.
+  other machines; commands are actor calls. They meet through a `TCPStore` that rank 0 serves
+  from a socket it binds itself on `runtime.learner_rendezvous_host` (default: its node's Ray
+  address, 127.0.0.1 on a private cluster): torch's own would listen on every interface.
 Gloo is bound to the loopback interface (GLOO_SOCKET_IFNAME=lo unless set) when the ranks meet
 on loopback; across machines it takes the interface of the machine's host name unless
 GLOO_SOCKET_IFNAME says otherwise. NCCL on GPUs.

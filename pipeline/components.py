@@ -72,7 +72,7 @@ def make_publisher(config: StrataConfig, targets: list, run_dir: str | os.PathLi
 def make_learner(config: StrataConfig, policy_dir: str | os.PathLike[str]):
     """The DeepSpeed learner of `config`, starting from the HF model at `policy_dir`: rank 0 in
     this process and, with learner.num_ranks N > 1, ranks 1..N-1 as processes it starts, or
-    under Ray as actors on bundles 1..N-1 of this actor's placement group (learner/ranks.py;
+    under Ray as actors on bundles 1..N-1 of this actor's placement group (learner/ray_ranks.py;
     `close_learner` stops them)."""
     pretrained = isinstance(config.model, PretrainedModel)
     kwargs = dict(group_size=config.buffer.group_size, temperature=config.actors.temperature,

@@ -1,6 +1,6 @@
 """The learner under `runtime.type: ray`: `LearnerWorker`, the Ray actor that holds it, and the
 placement group its ranks share (`learner.num_ranks` > 1: the worker is rank 0 on bundle 0,
-ranks 1..N-1 are actors on the other bundles, learner/ranks.py)."""
+ranks 1..N-1 are actors on the other bundles, learner/ray_ranks.py)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ class LearnerWorker:
 async def learner_placement(runtime: RayRuntime, ranks: int, timeout_s: float = 120.0) -> dict:
     """The learner actor's scheduling options: with several ranks, bundle 0 of a placement group
     of one bundle per rank (runtime.learner_num_cpus/gpus each, runtime.learner_placement), whose
-    other bundles its ranks take (learner/ranks.py). Ray would wait forever for bundles it cannot
+    other bundles its ranks take (learner/ray_ranks.py). Ray would wait forever for bundles it cannot
     place: after `timeout_s` that is one line instead."""
     if ranks == 1:
         return {}

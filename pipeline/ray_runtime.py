@@ -7,7 +7,7 @@ Each actor pool's generation side (an engine, its tools and the agent loop) is o
 up to `actors.concurrency` agent loops); the learner is another (`LearnerWorker`, ray_learner.py,
 `runtime.learner_num_cpus/gpus`; with `learner.num_ranks` N it is rank 0, on bundle 0 of a
 placement group of N such bundles, and ranks 1..N-1 are actors on the others, on whichever nodes
-`runtime.learner_placement` puts them: learner/ranks.py), and so is the retrieval server.
+`runtime.learner_placement` puts them: learner/ray_ranks.py), and so is the retrieval server.
 Pools and learner scale independently: more pools add generation, the learner is untouched.
 
 The driver (this process) keeps what is cheap and central: the group buffer with its spill, the
