@@ -46,7 +46,7 @@ def build(epochs: int, seed: int, threads: int, out: Path) -> None:
     model = config.model.model_copy(update={"seed": seed})
     training = replace(DEFAULT_TRAINING, max_epochs=epochs)
     warm_start(world, out, model, tools=tuple(config.actors.tools), training=training,
-               time_budget_s=3600.0, progress=False, index_dir=index, topk=config.retrieval.topk)  # fmt: skip
+               progress=False, index_dir=index, topk=config.retrieval.topk)  # fmt: skip
 
 
 def measure(epochs: int, seed: int, threads: int, out: Path) -> dict:

@@ -2,10 +2,11 @@
 
 Cross-entropy on the generated tokens of each example (observation tokens are context only),
 AdamW, warm-up then cosine decay over `max_epochs` counted in steps (`learner.schedule`, shared
-with the RL learner), for `max_epochs` or until the time budget. The schedule counts steps, not
-seconds, so the same data and seed give the same weights on a fast or a busy machine of one kind
-(another CPU's float kernels give other weights); the budget only cuts training short (and says
-so in the result). There is no early stop on a loss plateau: on world v4 the same build stopped
+with the RL learner), for exactly `max_epochs`. Epochs, not seconds, decide how long it trains, so
+the same data, seed and thread count give the same weights on a fast or a busy machine of one
+kind (another CPU's float kernels give other weights). The optional deadline is a guard: past it
+training stops with `SftTimeout` and yields no model at all, never a shorter-trained one. There is
+no early stop on a loss plateau: on world v4 the same build stopped
 at epoch 27 or ran all 30 depending on float rounding, and one seed's stop left its policy at loss
 0.77 and held-out accuracy 0 where its full schedule reached 0.19. Sequences of similar length are batched
 together; the prompt prefix every example shares runs once per step.
@@ -23,6 +24,10 @@ import torch
 import torch.nn.functional as F
 
 from learner.schedule import decay, warmup
+
+
+class SftTimeout(RuntimeError):
+    """Training passed its deadline before its last epoch; the model is not to be used."""
 
 
 @dataclass(frozen=True)
@@ -130,15 +135,16 @@ def learning_rate(training: Training, step: int, progress: float) -> float:
 
 
 def train_sft(model, examples: Sequence[SftExample] | Callable[[int], Sequence[SftExample]],
-              pad: int, training: Training, deadline: float, seed: int, progress: bool) -> dict:  # fmt: skip
-    """AdamW on the generated tokens for max_epochs or until the deadline.
+              pad: int, training: Training, deadline: float | None, seed: int, progress: bool) -> dict:  # fmt: skip
+    """AdamW on the generated tokens for `training.max_epochs` epochs.
 
     `examples`: the same every epoch, or a function of the epoch (from 1) giving that epoch's.
+    `deadline` (time.monotonic()): a guard; passing it raises `SftTimeout` naming how far it got.
     """
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=training.lr, betas=(0.9, 0.95), weight_decay=0.0)  # fmt: skip
     rng = random.Random(seed)
-    step, step_s, epochs, losses, stopped, planned = 0, 0.0, [], [], "max_epochs", 0
+    step, epochs, losses, planned = 0, [], [], 0
     model.train()
     for epoch in range(1, training.max_epochs + 1):
         drawn = examples(epoch) if callable(examples) else examples
@@ -147,10 +153,8 @@ def train_sft(model, examples: Sequence[SftExample] | Callable[[int], Sequence[S
         batches = length_batches(drawn, training.batch_tokens, rng)
         planned = planned or training.max_epochs * len(batches)  # the first epoch's count, fixed
         for batch in batches:
-            began = time.monotonic()
-            if began + 1.5 * step_s > deadline:
-                stopped = "time_budget"
-                break
+            if deadline is not None and time.monotonic() > deadline:
+                raise SftTimeout(f"epoch {epoch} of {training.max_epochs}, step {step}")
             loss, n, attended = sft_loss(model, [drawn[i] for i in batch], prefix, pad)
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(training, step, min(1.0, step / planned))
@@ -160,17 +164,13 @@ def train_sft(model, examples: Sequence[SftExample] | Callable[[int], Sequence[S
             optimizer.step()
             step, losses = step + 1, [*losses, loss.item()]
             total, generated, tokens = total + loss.item() * n, generated + n, tokens + attended
-            step_s = time.monotonic() - began
         if generated:
             seconds = time.monotonic() - start
             epochs.append({"epoch": epoch, "loss": total / generated, "tokens_per_s": tokens / seconds,
-                           "seconds": seconds, "complete": stopped != "time_budget"})  # fmt: skip
+                           "seconds": seconds})  # fmt: skip
             if progress:
-                part = " (partial: time budget)" if stopped == "time_budget" else ""
-                print(f"epoch {epoch}: loss {total / generated:.3f} on generated tokens, "
-                      f"{tokens / seconds:,.0f} tokens/s, {seconds:.1f}s{part}", flush=True)  # fmt: skip
-        if stopped == "time_budget":
-            break
+                print(f"epoch {epoch}/{training.max_epochs}: loss {total / generated:.3f} on generated "
+                      f"tokens, {tokens / seconds:,.0f} tokens/s, {seconds:.1f}s", flush=True)  # fmt: skip
     final = sum(losses[-10:]) / len(losses[-10:]) if losses else None
     return {"steps": step, "first_loss": losses[0] if losses else None, "final_loss": final,
-            "stopped": stopped, "epochs": epochs}  # fmt: skip
+            "epochs": epochs}  # fmt: skip

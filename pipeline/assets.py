@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pipeline.config import PretrainedModel, StrataConfig, TinyModel
@@ -79,26 +79,31 @@ def prepare_policy(config: StrataConfig, world_dir: Path | None, quiet: bool = F
             raise FileNotFoundError(
                 f"model.path {path} is not an HF model directory (no config.json)"
             )
+        _say(f"policy: {path} (model.path, used as it is)", quiet)
         return path
     assert isinstance(config.model, TinyModel)
     if world_dir is None:
         raise ValueError(
             "model.type tiny is warm-started on the mini-GAIA world: set data.type mini_gaia"
         )
-    from pipeline.warm_start import warm_start
+    from learner.sft import Training
+    from pipeline.warm_start import DEFAULT_TRAINING, LOCAL_AGENT, warm_start, warm_start_key
 
-    # The time budget names the directory too: a shorter warm start never replaces a longer one.
-    budget = f"{config.model.warm_start_s:g}s"
-    target = (
-        Path(config.runtime.cache_dir)
-        / f"policy-tiny-seed{config.model.seed}-{budget}-{world_dir.name}"
+    tools = tuple(config.actors.tools)
+    training: Training = replace(DEFAULT_TRAINING, max_epochs=config.model.warm_start_epochs)
+    # The directory is named by the key: two recipes never share (or replace) a cache entry.
+    key = warm_start_key(world_dir, config.model, tools, LOCAL_AGENT, training, index_dir,
+                         config.retrieval.topk)  # fmt: skip
+    name = (
+        f"policy-tiny-seed{config.model.seed}-{training.max_epochs}ep-{world_dir.name}-{key[:12]}"
     )
     return warm_start(
         world_dir,
-        target,
+        Path(config.runtime.cache_dir) / name,
         config.model,
-        tools=tuple(config.actors.tools),
-        time_budget_s=config.model.warm_start_s,
+        tools=tools,
+        training=training,
+        timeout_s=config.model.warm_start_timeout_s,
         progress=not quiet,
         index_dir=index_dir,  # demos then show what this run's searches return
         topk=config.retrieval.topk,

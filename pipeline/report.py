@@ -132,7 +132,7 @@ def initial_policy(policy_dir: Path | None) -> str:
     line = f"`{policy_dir}`"
     try:
         info = json.loads((policy_dir / "warm_start.json").read_text(encoding="utf-8"))
-        line += (f", warm start of {info['steps']} steps ({info['stopped']}), loss "
+        line += (f", warm start of {len(info['epochs'])} epochs ({info['steps']} steps), loss "
                  f"{info['first_loss']:.3f} -> {info['final_loss']:.3f}")  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError):
         pass  # not a warm start (model.path), or one without a step: the path says enough

@@ -12,10 +12,13 @@ Every epoch renames the demos' entities afresh (`NameSwap`, from the world's nam
 that memorised a few hundred demos would answer training questions from memory and held-out ones
 not at all; renamed, it has to copy names and facts from the question and the passages.
 
-Training runs `max_epochs` or stops at the time budget (tokenizer included); the learning rate
-follows the steps taken, so a build is the same on any machine of one kind that finishes it within
-the budget. Another CPU's float kernels give other weights from the same key: a run's report.md
-names its policy with a digest of the weights, so two runs can tell whether they started alike.
+The recipe is epochs, not seconds: training runs exactly `Training.max_epochs`, so a build is the
+same (the same weights digest) on an idle or a busy machine of one kind. The optional timeout is a
+guard: a build that passes it stops with one line and leaves nothing in the cache, never a
+shorter-trained policy. The key hashes everything the weights depend on (data, architecture,
+tools, layout, training, retrieval, torch version and thread count: another thread count or CPU
+rounds floats otherwise) and the cache directory is named by it. A run's report.md and terminal
+name the policy with a digest of its weights, so two runs can tell whether they started alike.
 The HF directory is written atomically with a `warm_start.json` whose key makes a second call free.
 `format_rate` runs the real agent loop, search server and sandbox on held-out test questions.
 """
@@ -38,13 +41,13 @@ from types import SimpleNamespace
 
 from actors.agent import AgentLoop, AgentSettings, instruction
 from actors.tools import PythonTool, SearchTool
-from learner.sft import SftExample, Training, train_sft
+from learner.sft import SftExample, SftTimeout, Training, train_sft
 from pipeline.config import TinyModel
 from pipeline.format_rate import LOCAL_AGENT, format_rate
 from pipeline.name_swap import NameSwap
 
 DEFAULT_TRAINING = Training()
-CODE_VERSION = 5  # 5: 60 epochs, no plateau stop
+CODE_VERSION = 6  # 5: 60 epochs, no plateau stop; 6: epochs decide, the clock only guards
 """Bump when the data layout or the training changes: every cached warm start is then rebuilt."""
 CACHE_FILE = "warm_start.json"
 ARCHITECTURE = ("layers", "hidden_size", "heads", "kv_heads", "intermediate_size", "vocab_size",
@@ -155,9 +158,11 @@ def _index_identity(index_dir: str | os.PathLike[str] | None, topk: int) -> dict
 
 
 def cache_key(world_dir: str | os.PathLike[str], model: TinyModel, tools: Sequence[str],
-              settings: AgentSettings, training: Training, time_budget_s: float,
-              retrieval: dict | None = None) -> str:  # fmt: skip
-    """sha256 over everything the warm-started weights depend on (the seed is in `model`)."""
+              settings: AgentSettings, training: Training, retrieval: dict | None = None) -> str:  # fmt: skip
+    """sha256 over everything the warm-started weights depend on (the seed is in `model`); the
+    float kernels are named by torch's version and thread count (the CPU itself is not)."""
+    import torch
+
     world = Path(world_dir)
     inputs = {
         "demos": _sha256(world / "demos.jsonl"),
@@ -166,11 +171,20 @@ def cache_key(world_dir: str | os.PathLike[str], model: TinyModel, tools: Sequen
         "tools": list(tools),
         "observation_tokens": settings.max_observation_tokens,
         "training": asdict(training),
-        "time_budget_s": time_budget_s,
         "retrieval": retrieval,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
         "code_version": CODE_VERSION,
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+
+
+def warm_start_key(world_dir: str | os.PathLike[str], model: TinyModel, tools: Sequence[str],
+                   settings: AgentSettings, training: Training,
+                   index_dir: str | os.PathLike[str] | None, topk: int) -> str:  # fmt: skip
+    """`cache_key` of a warm start built with `index_dir`'s search results (if it searches)."""
+    index = index_dir if "search" in tools else None
+    return cache_key(world_dir, model, tools, settings, training, _index_identity(index, topk))
 
 
 def cached(out_dir: str | os.PathLike[str], key: str) -> dict | None:
@@ -221,14 +235,15 @@ def _replace_dir(tmp: Path, target: Path) -> None:
 def warm_start(world_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
                model: TinyModel | Mapping | None = None, *, tools: Sequence[str] = ("search", "python"),
                settings: AgentSettings = LOCAL_AGENT, training: Training = DEFAULT_TRAINING,
-               time_budget_s: float = 360.0, progress: bool = True,
+               timeout_s: float | None = None, progress: bool = True,
                index_dir: str | os.PathLike[str] | None = None, topk: int = 3) -> Path:  # fmt: skip
     """Build and fine-tune the tiny policy on the world's demos; returns the HF directory.
 
-    `time_budget_s` bounds the whole call, tokenizer included. `settings` must be the run's agent
-    settings (the observation cut is part of the layout). `index_dir`: the run's search index;
-    the demos' search results are then what it returns (`retrieved_observations`), else the
-    world's own. A directory holding a warm start with the same key is returned at once.
+    `training.max_epochs` decides how long it trains. `timeout_s` guards the whole call,
+    tokenizer included: past it, `WarmStartError` and nothing written. `settings` must be the
+    run's agent settings (the observation cut is part of the layout). `index_dir`: the run's
+    search index; the demos' search results are then what it returns (`retrieved_observations`),
+    else the world's own. A directory holding a warm start with the same key is returned at once.
     """
     began = time.monotonic()
     world, target = Path(world_dir), Path(out_dir)
@@ -238,11 +253,10 @@ def warm_start(world_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str
     demos, corpus, name_parts = _read_world(world)
     if "search" not in tools:
         index_dir = None
-    retrieval = _index_identity(index_dir, topk)
-    key = cache_key(world, spec, tools, settings, training, time_budget_s, retrieval)
+    key = warm_start_key(world, spec, tools, settings, training, index_dir, topk)
     if cached(target, key) is not None:
         if progress:
-            print(f"warm start: {target} is up to date (key {key[:12]})", flush=True)
+            print(f"strata: policy: {describe(target)} (cached)", flush=True)
         return target
     if target.exists() and any(target.iterdir()) and not (target / CACHE_FILE).is_file():
         raise WarmStartError(f"{target} holds files but no {CACHE_FILE}; not replacing it: choose another output directory")  # fmt: skip
@@ -277,29 +291,45 @@ def warm_start(world_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str
             print(f"warm start: {len(demos)} demos, {sum(map(len, examples(0))):,} tokens; tokenizer "
                   f"and model built in {time.monotonic() - began:.1f}s", flush=True)  # fmt: skip
         torch.manual_seed(spec.seed)
-        deadline = began + time_budget_s - 3.0  # what saving takes
-        result = train_sft(policy, examples, tokenizer.pad_token_id, training, deadline, spec.seed, progress)  # fmt: skip
+        deadline = None if timeout_s is None else began + timeout_s
+        try:
+            result = train_sft(policy, examples, tokenizer.pad_token_id, training, deadline, spec.seed, progress)  # fmt: skip
+        except SftTimeout as exc:
+            raise WarmStartError(
+                f"the warm start passed its {timeout_s:g} s guard at {exc} (nothing was cached): "
+                f"raise model.warm_start_timeout_s, or run it where the CPU is less busy"
+            ) from None
         final = tmp / "model"
         policy.eval().save_pretrained(final)
         tokenizer.save_pretrained(final)
         record = {"key": key, "code_version": CODE_VERSION, "model": _architecture(spec),
-                  "tools": list(tools), "demos": len(demos), "renamed": swap is not None, "retrieval": retrieval,
-                  "seconds": round(time.monotonic() - began, 1), **result}  # fmt: skip
+                  "tools": list(tools), "demos": len(demos), "renamed": swap is not None,
+                  "retrieval": _index_identity(index_dir, topk), "max_epochs": training.max_epochs,
+                  "torch": torch.__version__, "threads": torch.get_num_threads(),
+                  "built": time.strftime("%Y-%m-%d %H:%M", time.localtime()),
+                  "seconds": round(time.monotonic() - began, 1), **result,
+                  "weights_sha256": _sha256(final / "model.safetensors")}  # fmt: skip
         (final / CACHE_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         final.chmod(0o755)
         _replace_dir(final, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if progress:
-        print(f"warm start: {_summary(result)}, {time.monotonic() - began:.1f}s -> {target}", flush=True)  # fmt: skip
+        print(f"strata: policy: {describe(target)} (built now)", flush=True)
     return target
 
 
 def _summary(record: Mapping) -> str:
-    if not record["steps"]:
-        return "no training step fitted in the time budget: the weights are random"
-    return (f"{record['steps']} steps, loss {record['first_loss']:.3f} -> "
-            f"{record['final_loss']:.3f} ({record['stopped']})")  # fmt: skip
+    return (f"{len(record['epochs'])} epochs, {record['steps']} steps, loss "
+            f"{record['first_loss']:.3f} -> {record['final_loss']:.3f}")  # fmt: skip
+
+
+def describe(policy_dir: Path) -> str:
+    """How a cached warm start was made, in one line: the run prints it before it streams."""
+    record = json.loads((policy_dir / CACHE_FILE).read_text(encoding="utf-8"))
+    return (f"warm start {policy_dir}: {_summary(record)}, seed {record['model']['seed']}, "
+            f"{record['threads']} threads, torch {record['torch']}, built {record['built']} in "
+            f"{record['seconds']:.0f} s; weights sha256 {record['weights_sha256'][:16]}")  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------ measuring
@@ -311,7 +341,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="HF model directory to write (cached by key)")
     p.add_argument("--size", default="small", help="size of the world if it is built (small)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights, the data order and a built world")  # fmt: skip
-    p.add_argument("--time-budget", type=float, default=360.0, help="seconds for the warm start (360)")  # fmt: skip
+    p.add_argument("--epochs", type=int, default=DEFAULT_TRAINING.max_epochs, help=f"epochs of training ({DEFAULT_TRAINING.max_epochs})")  # fmt: skip
+    p.add_argument("--timeout", type=float, help="seconds after which the build stops with an error (none)")  # fmt: skip
     p.add_argument("--eval-n", type=int, help="test questions to measure (default: all)")
     p.add_argument("--no-eval", action="store_true", help="skip the format measurement")
     p.add_argument("--index", help="index of the world's corpus: the demos' search results and the measurement use it (built if missing)")  # fmt: skip
@@ -336,8 +367,9 @@ def main(argv: list[str] | None = None) -> int:
 
             build(str(world / "corpus.jsonl"), args.index, quiet=True)
         start = time.monotonic()
-        path = warm_start(world, args.out, TinyModel(seed=args.seed), time_budget_s=args.time_budget,
-                          index_dir=args.index)  # fmt: skip
+        training = replace(DEFAULT_TRAINING, max_epochs=args.epochs)
+        path = warm_start(world, args.out, TinyModel(seed=args.seed), training=training,
+                          timeout_s=args.timeout, index_dir=args.index)  # fmt: skip
         record = json.loads((path / CACHE_FILE).read_text(encoding="utf-8"))
         print(f"warm start: {_summary(record)}; {time.monotonic() - start:.1f}s this call", flush=True)  # fmt: skip
         if not args.no_eval:

@@ -19,11 +19,11 @@ from buffers.reader import read_trajectories
 from tests.conftest import assert_accounting, assert_no_secret, child_env
 
 ROOT = Path(__file__).resolve().parents[2]
-# The shared warm start gets 30 s: at 15 s (loss ~1.9) the policy sometimes never searched at all.
+# The shared warm start gets 12 epochs (~30 s): at 15 s (loss ~1.9) the policy sometimes never searched.
 # No periodic evaluation unless a test asks for it (local.yaml's would answer all 113 held-out
 # questions twice at step 0 in every run).
 SHORT = [
-    "--set", "model.warm_start_s=30", "--set", "learner.groups_per_step=1", "--set", "buffer.group_size=4",
+    "--set", "model.warm_start_epochs=12", "--set", "learner.groups_per_step=1", "--set", "buffer.group_size=4",
     "--set", "actors.concurrency=8", "--set", "actors.max_turns=2", "--set", "actors.max_new_tokens_per_turn=32",
     "--set", "actors.max_response_tokens=160", "--set", "learner.micro_batch_size=4", "--set", "metrics.port=0",
     "--set", "eval.every_steps=0", "--set", "eval.train_questions=0",

@@ -2,6 +2,7 @@
 run on the small world (cached on the second call), and the format measurement end to end."""
 
 import asyncio
+import hashlib
 import json
 import re
 import shutil
@@ -13,10 +14,11 @@ import pytest
 from actors.agent import AgentLoop
 from actors.engine import Generation
 from actors.tools import PythonTool, SearchTool
-from learner.sft import Training, learning_rate, sft_loss, shared_prefix, train_sft
+from learner.sft import SftTimeout, Training, learning_rate, sft_loss, shared_prefix, train_sft
 from pipeline.config import TinyModel
 from pipeline.warm_start import (
     CACHE_FILE,
+    DEFAULT_TRAINING,
     LOCAL_AGENT,
     WarmStartError,
     cache_key,
@@ -30,7 +32,7 @@ from pipeline.warm_start import (
 from retrieval.corpus import read_corpus
 from retrieval.world import build_world, write_world
 
-BUDGET_S = 25.0
+EPOCHS = 8  # about 20 s here: enough for the loss to fall by more than 0.5
 TOOLS = ("search", "python")
 # The local agent with room for the longest demo: the layout is compared where nothing is cut.
 ROOMY = replace(LOCAL_AGENT, max_response_tokens=1024)
@@ -45,10 +47,11 @@ def world(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def warm(world, tmp_path_factory):
-    """A 25-second warm start of the default-size policy: (directory, seconds it took)."""
-    start = time.monotonic()
-    path = warm_start(world, tmp_path_factory.mktemp("warm") / "policy", time_budget_s=BUDGET_S)
-    return path, time.monotonic() - start
+    """A short warm start (`EPOCHS`) of the default-size policy: (directory, its training)."""
+    training = replace(DEFAULT_TRAINING, max_epochs=EPOCHS)
+    return warm_start(
+        world, tmp_path_factory.mktemp("warm") / "policy", training=training
+    ), training
 
 
 @pytest.fixture(scope="module")
@@ -153,23 +156,53 @@ def test_the_shared_prefix_changes_nothing_in_the_loss(world, warm, tokenizer):
     assert fast.item() == pytest.approx(total / n, rel=1e-4)
 
 
-def test_the_weights_follow_the_steps_not_the_clock(world, warm, tokenizer):
-    """Same data and seed, a time budget 100x longer: the same weights (the schedule counts steps;
-    it once followed the share of the budget spent, so machine load changed the warm start)."""
+def test_the_weights_follow_the_epochs_not_the_clock(world, warm, tokenizer):
+    """Same data and seed on an idle CPU and beside two busy processes, with and without a
+    deadline: bit-identical weights (a time budget once cut a busy machine's warm start short)."""
+    import subprocess
+    import sys
+
     import torch
     from transformers import AutoModelForCausalLM
 
     agent = layout_agent(tokenizer, TOOLS, LOCAL_AGENT)
     batch = [demo_example(d, agent) for d in demos(world)[:24]]
     training = Training(batch_tokens=1024, max_epochs=2, warmup_steps=2)
-    trained = []
-    for budget_s in (600.0, 60_000.0):
+
+    def train(deadline):
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_pretrained(warm[0], local_files_only=True, dtype=torch.float32)  # fmt: skip
-        result = train_sft(model, batch, tokenizer.pad_token_id, training, time.monotonic() + budget_s, seed=0, progress=False)  # fmt: skip
-        assert result["stopped"] == "max_epochs" and result["steps"] >= 4
-        trained.append(model.state_dict())
-    assert all(torch.equal(trained[0][k], trained[1][k]) for k in trained[0])
+        result = train_sft(model, batch, tokenizer.pad_token_id, training, deadline, seed=0, progress=False)  # fmt: skip
+        assert len(result["epochs"]) == 2 and result["steps"] >= 4
+        return model.state_dict()
+
+    idle = train(None)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        loaded = train(time.monotonic() + 600)
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    assert all(torch.equal(idle[k], loaded[k]) for k in idle)
+
+
+def test_a_deadline_stops_training_instead_of_shortening_it(world, warm, tokenizer):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    agent = layout_agent(tokenizer, TOOLS, LOCAL_AGENT)
+    batch = [demo_example(d, agent) for d in demos(world)[:8]]
+    model = AutoModelForCausalLM.from_pretrained(warm[0], local_files_only=True, dtype=torch.float32)  # fmt: skip
+    with pytest.raises(SftTimeout, match="epoch 1 of 3, step 0"):
+        train_sft(model, batch, tokenizer.pad_token_id, Training(max_epochs=3), time.monotonic() - 1, seed=0, progress=False)  # fmt: skip
+
+
+def test_a_warm_start_past_its_guard_caches_nothing(world, tmp_path):
+    target = tmp_path / "policy"
+    with pytest.raises(WarmStartError, match=r"passed its 0\.001 s guard at epoch 1 of 60.*raise model\.warm_start_timeout_s"):  # fmt: skip
+        warm_start(world, target, timeout_s=0.001, progress=False)
+    assert not target.exists() and not list(tmp_path.iterdir())
 
 
 # -------------------------------------------------------------------------------- warm start
@@ -178,10 +211,14 @@ def test_the_weights_follow_the_steps_not_the_clock(world, warm, tokenizer):
 def test_a_short_warm_start_learns_and_writes_a_loadable_model(warm):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path, seconds = warm
+    path, _ = warm
     record = json.loads((path / CACHE_FILE).read_text())
-    assert seconds < BUDGET_S + 5
+    assert record["max_epochs"] == len(record["epochs"]) == EPOCHS
     assert record["steps"] > 0 and record["final_loss"] < record["first_loss"] - 0.5
+    assert (
+        record["weights_sha256"]
+        == hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
+    )
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     assert model.config.num_hidden_layers == 2 and model.config.hidden_size == 128
@@ -194,16 +231,17 @@ def test_a_second_call_is_served_from_the_cache(world, warm, capsys):
     weights = path / "model.safetensors"
     written = weights.stat().st_mtime_ns
     start = time.monotonic()
-    assert warm_start(world, path, time_budget_s=BUDGET_S) == path
+    assert warm_start(world, path, training=warm[1]) == path
     assert time.monotonic() - start < 2.0
     assert weights.stat().st_mtime_ns == written
-    assert "up to date" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert f"{EPOCHS} epochs" in said and "(cached)" in said and "weights sha256" in said
 
 
 def test_the_cache_key_follows_the_demos(world, warm, tmp_path):
     copy = tmp_path / "world"
     shutil.copytree(world, copy)
-    args = (TinyModel(), TOOLS, LOCAL_AGENT, Training(), BUDGET_S)
+    args = (TinyModel(), TOOLS, LOCAL_AGENT, warm[1])
     key = cache_key(copy, *args)
     assert key == cache_key(world, *args) and cached(warm[0], key) is not None
     lines = (copy / "demos.jsonl").read_text().splitlines(keepends=True)
@@ -212,6 +250,20 @@ def test_the_cache_key_follows_the_demos(world, warm, tmp_path):
     assert changed != key and cached(warm[0], changed) is None
     assert cache_key(world, TinyModel(seed=1), *args[1:]) != key
     assert cache_key(world, args[0], ("search",), *args[2:]) != key
+    assert cache_key(world, *args[:3], replace(warm[1], max_epochs=EPOCHS + 1)) != key
+
+
+def test_the_cache_key_names_the_float_kernels(world, warm):
+    import torch
+
+    args = (world, TinyModel(), TOOLS, LOCAL_AGENT, warm[1])
+    threads = torch.get_num_threads()
+    key = cache_key(*args)
+    try:
+        torch.set_num_threads(threads + 1)
+        assert cache_key(*args) != key  # another thread count rounds floats otherwise
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_a_world_without_demos_is_refused_in_one_line(tmp_path):
@@ -239,7 +291,7 @@ def test_demo_searches_show_what_the_runs_index_returns(world, tmp_path):
         assert same(before["response"]) == same(after["response"])  # only the results differ
         changed += before["response"] != after["response"]
     assert changed > 0
-    key = lambda r: cache_key(world, TinyModel(), TOOLS, LOCAL_AGENT, Training(), 10.0, r)  # noqa: E731
+    key = lambda r: cache_key(world, TinyModel(), TOOLS, LOCAL_AGENT, Training(), r)  # noqa: E731
     assert key(None) != key({"corpus_sha256": "x", "topk": 3})
 
 
