@@ -1,8 +1,10 @@
 """Read trajectory Parquet files (the spill's, or anyone's that follow the schema) for analysis.
 
-A file conforms when it has every column of TRAJECTORY_SCHEMA (`tool_names` optional) with a type
-that casts to ours; `status` and `consumed_version` are read when present. Only the columns asked
-for are loaded, so replaying a large run does not read its token arrays.
+A file conforms when it has every column of TRAJECTORY_SCHEMA with a type that casts to ours, but
+for `tool_names` (read as null where absent) and the columns added to the schema later
+(`records.ADDED_LATER`, read as their defaults); `status` and `consumed_version` are read when
+present. Only the columns asked for are loaded, so replaying a large run does not read its token
+arrays.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from buffers.records import ADDED_LATER
 from buffers.spill import SPILL_SCHEMA
 
-OPTIONAL = ("tool_names", "status", "consumed_version")
+OPTIONAL = ("tool_names", *ADDED_LATER, "status", "consumed_version")
+"""Columns a conforming file may lack."""
 
 
 class TrajectoryFileError(ValueError):
@@ -48,7 +52,8 @@ def _castable(source: pa.DataType, target: pa.DataType) -> bool:
 
 
 def read_trajectory_file(path: Path, columns: list[str]) -> pa.Table:
-    """`columns` of one conforming file, cast to the schema's types; optional ones are null-filled."""
+    """`columns` of one conforming file, cast to the schema's types; absent optional ones are
+    filled (null, or the default of a column added later)."""
     try:
         schema = pq.read_schema(path)
         names = schema.names
@@ -82,6 +87,8 @@ def read_trajectory_file(path: Path, columns: list[str]) -> pa.Table:
                 arrays.append(table.column(name).cast(target))
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 raise TrajectoryFileError(path, f"column '{name}': {_reason(exc)}") from None
+        elif name in ADDED_LATER:  # an earlier schema's file: what its rows meant
+            arrays.append(pa.array([ADDED_LATER[name]] * table.num_rows, target))
         else:
             arrays.append(pa.nulls(table.num_rows, target))
     return pa.Table.from_arrays(arrays, schema=pa.schema([SPILL_SCHEMA.field(c) for c in columns]))

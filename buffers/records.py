@@ -55,8 +55,10 @@ _TOKEN_COLUMNS = {
 }
 
 
-_ADDED_LATER = ("first_answer_turn", "first_answer_token", "latent_reward")
-"""Columns files written before them lack: read as the field defaults (no latent reward)."""
+ADDED_LATER = {"first_answer_turn": -1, "first_answer_token": -1, "latent_reward": 0.0}
+"""Columns that files written before them lack, with the value such a file's rows are read as
+(the `Trajectory` field defaults: no latent reward). The one list: `from_arrow` and the Parquet
+reader (`buffers.reader`) both take it from here."""
 
 _UINT32_MAX = np.iinfo(np.uint32).max
 _INT32_MAX = np.iinfo(np.int32).max
@@ -283,7 +285,7 @@ def from_arrow(batch: pa.RecordBatch | pa.Table) -> list[Trajectory]:
         if batch is None:
             return []
     present = set(batch.schema.names)
-    missing = [n for n in TRAJECTORY_SCHEMA.names if n not in present and n not in _ADDED_LATER]
+    missing = [n for n in TRAJECTORY_SCHEMA.names if n not in present and n not in ADDED_LATER]
     if missing:
         raise KeyError(f"trajectory columns missing: {', '.join(missing)}")
     col = {name: batch.column(name) for name in TRAJECTORY_SCHEMA.names if name in present}

@@ -174,6 +174,36 @@ def test_bad_files_stop_with_one_line_unless_skipped(tmp_path, capsys):
     assert err.count("\n") == 1 and "zz-wrong.parquet: column 'reward'" in err
 
 
+def test_a_run_spilled_before_the_latent_reward_columns_replays(tmp_path, capsys):
+    """Every file rewritten to the earlier schema (no first_answer_turn, first_answer_token,
+    latent_reward): it replays as the run did, and a corrupt file beside it is the one named."""
+    from buffers.reader import read_trajectories
+    from buffers.records import ADDED_LATER, from_arrow
+
+    write_run(tmp_path)
+    out = tmp_path / "now.parquet"
+    assert main([str(tmp_path), "--alpha", "0.6", "--out", str(out)]) == 0
+    for path in sorted((tmp_path / "trajectories").glob("*.parquet")):
+        pq.write_table(pq.read_table(path).drop_columns(list(ADDED_LATER)), path)
+    corrupt = tmp_path / "trajectories" / "zz-corrupt.parquet"
+    corrupt.write_bytes(b"PAR1 this is not parquet")
+    old = tmp_path / "old.parquet"
+    capsys.readouterr()
+    assert main([str(tmp_path), "--alpha", "0.6", "--out", str(old)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "zz-corrupt.parquet: not a readable Parquet file" in err
+    assert not old.exists()
+    corrupt.unlink()
+    assert main([str(tmp_path), "--alpha", "0.6", "--out", str(old)]) == 0
+    assert pq.read_table(old).equals(pq.read_table(out))
+    table, _ = read_trajectories(tmp_path / "trajectories", list(ADDED_LATER))
+    assert table.num_rows == 50 and table.to_pydict() == {
+        k: [v] * 50 for k, v in ADDED_LATER.items()
+    }
+    earlier = pq.read_table(tmp_path / "trajectories")
+    assert [t.latent_reward for t in from_arrow(earlier)] == [0.0] * 50
+
+
 def test_no_partial_output_on_failure(tmp_path, capsys):
     assert main([str(tmp_path / "absent")]) == 2
     assert "run directory not found" in capsys.readouterr().err
