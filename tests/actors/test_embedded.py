@@ -201,3 +201,59 @@ def test_the_engine_takes_the_models_dtype_from_config(tiny_policy_dir):
     assert engine.device.type == "cpu"
     default = make_engine(StrataConfig(), tiny_policy_dir)  # the tiny policy: float32
     assert {p.dtype for p in default.model.parameters()} == {torch.float32}
+
+
+# ------------------------------------------------------------------------ continuous batching
+
+
+def test_a_request_joins_a_running_batch_and_leaves_before_it(engine):
+    """A turn that arrives mid-batch is prefilled and decoded beside the running row at once,
+    not after the running row's 300 tokens; with join_running off it waits for them."""
+    tok = engine.tokenizer
+    handle = steer(engine, ban_ids=engine._end_ids)
+
+    async def scenario():
+        start = engine.generated_tokens
+        long = asyncio.create_task(engine.generate(tok.encode("A"), SamplingParams(max_new_tokens=300)))  # fmt: skip
+        while engine.generated_tokens < start + 10:
+            await asyncio.sleep(0.001)
+        short = await engine.generate(tok.encode("B"), SamplingParams(max_new_tokens=5))
+        running = not long.done()
+        return short, running, await long
+
+    try:
+        short, running, long = run(scenario())
+        assert len(short.token_ids) == 5 and running and len(long.token_ids) == 300
+        assert engine.waves == 2
+        engine.join_running = False
+        short, running, long = run(scenario())
+        assert len(short.token_ids) == 5 and not running  # it waited for the long row
+    finally:
+        handle.remove()
+
+
+def test_rows_that_join_and_leave_decode_as_they_would_alone(engine, tiny_policy_dir):
+    """Greedy rows joining a running batch at different steps, with prompts of very different
+    lengths (a long-prompt row leaving lets the cache drop its columns): the same tokens and
+    log-probs as each request alone."""
+    tok = engine.tokenizer
+    requests = [(tok.encode("x " * 60 + "where"), 4), (tok.encode("where"), 40),
+                (tok.encode("y " * 9 + "who"), 12), (tok.encode("z " * 30 + "what"), 25),
+                (tok.encode("when"), 30)]  # fmt: skip
+
+    async def staggered():
+        tasks = []
+        for prompt, n in requests:
+            tasks.append(asyncio.create_task(engine.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=n))))  # fmt: skip
+            target = engine.generated_tokens + 3
+            while engine.generated_tokens < target and not all(t.done() for t in tasks):
+                await asyncio.sleep(0.0005)
+        return await asyncio.gather(*tasks)
+
+    together = run(staggered())
+    assert engine.waves >= 3  # they did join at different steps
+    alone = EmbeddedEngine.from_pretrained(tiny_policy_dir, max_batch_size=1)
+    for (prompt, n), joint in zip(requests, together, strict=True):
+        single = run(alone.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=n)))
+        assert single.token_ids == joint.token_ids
+        assert single.logprobs == pytest.approx(joint.logprobs, abs=1e-4)
