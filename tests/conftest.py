@@ -15,7 +15,7 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (this machine has none)")
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
 
 
@@ -78,9 +78,14 @@ def assert_loopback_listeners(pid: int) -> list[tuple[str, int, str]]:
 
 @pytest.fixture(scope="session")
 def run_cache(tmp_path_factory):
-    """One `runtime.cache_dir` for every end-to-end run of the session: the world, its index and
-    the warm-started policy are built by the first run and reused by the others."""
-    return tmp_path_factory.mktemp("run-cache")
+    """One `runtime.cache_dir` for every end-to-end run of the session, shared by the xdist
+    workers: the world, its index and the warm-started policy are built by the first run that
+    needs them (the others wait on the asset's lock, pipeline/assets.py) and reused after."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # one process
+        return tmp_path_factory.mktemp("run-cache")
+    shared = tmp_path_factory.getbasetemp().parent / "run-cache"
+    shared.mkdir(exist_ok=True)
+    return shared
 
 
 def assert_accounting(run_dir) -> dict:

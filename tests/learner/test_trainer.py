@@ -1,4 +1,8 @@
-"""The DeepSpeed learner on the tiny model: real DeepSpeed (gloo, one process), real HF save/load."""
+"""The DeepSpeed learner on the tiny model: real DeepSpeed (one process), real HF save/load.
+
+Device-agnostic: tensors go to the device the learner chose (CUDA where there is one). The
+learners here train in float32 wherever they run: these tests compare steps that must agree to
+float tolerance (bf16 on CUDA, the learner's own default there, is compared in tests/gpu/)."""
 
 import asyncio
 import math
@@ -47,7 +51,12 @@ def groups(seed: int, n: int = 2, size: int = 4, version: int = 0, tokens=lambda
 def learner(policy, **overrides) -> Learner:
     options = dict(lr=5e-3, micro_batch_size=3, zero_stage=0, max_steps=50)
     options.update(overrides)
-    return Learner(policy, LearnerConfig(**options), group_size=4)
+    return Learner(policy, LearnerConfig(**options), group_size=4, dtype="float32")
+
+
+def device_of(model: Learner) -> torch.device:
+    """Where the learner put its weights."""
+    return next(model.model.parameters()).device
 
 
 def test_loss_decreases_on_a_fixed_batch(policy):
@@ -62,11 +71,12 @@ def test_mask_and_alignment_reach_the_loss(policy):
     model = learner(policy)
     trajectories = list(groups(1)[0].members)
     batch = build_batch(trajectories, torch.zeros(len(trajectories)), model.pad_id)
+    device = device_of(model)
     with torch.no_grad():
-        logits = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        logits = model.model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)).logits  # fmt: skip
         logp, _ = response_logprobs(logits, batch)
         t = trajectories[0]
-        ids = torch.tensor([list(t.prompt_token_ids) + list(t.token_ids)])
+        ids = torch.tensor([list(t.prompt_token_ids) + list(t.token_ids)], device=device)
         full = torch.log_softmax(model.model(input_ids=ids).logits[0].float(), -1)
     p = len(t.prompt_token_ids)
     expected = [full[p - 1 + j, tok].item() for j, tok in enumerate(t.token_ids)]
@@ -233,7 +243,8 @@ def test_checkpoint_resume_equals_straight_training(policy, tmp_path):
     hf = AutoModelForCausalLM.from_pretrained(saved / "hf")
     ids = torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():
-        torch.testing.assert_close(hf(ids).logits, first.model(ids).logits, atol=1e-5, rtol=1e-4)
+        trained = first.model(ids.to(device_of(first))).logits.cpu()
+        torch.testing.assert_close(hf(ids).logits, trained, atol=1e-5, rtol=1e-4)
 
 
 def test_resume_refuses_broken_or_foreign_checkpoints(policy, tmp_path):
@@ -308,10 +319,11 @@ def test_a_step_makes_rewarded_responses_more_likely(policy):
 
     def logp() -> torch.Tensor:
         b = build_batch(members, torch.zeros(len(members)), model.pad_id)
+        device = device_of(model)
         with torch.no_grad():
-            logits = model.model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
+            logits = model.model(input_ids=b.input_ids.to(device), attention_mask=b.attention_mask.to(device)).logits  # fmt: skip
             values, _ = response_logprobs(logits, b)
-        return (values * b.response_mask).sum(-1)
+        return (values.cpu() * b.response_mask).sum(-1)
 
     before = logp()
     model.step(batch)
@@ -324,7 +336,9 @@ def step_gradient(policy, batch, **options) -> torch.Tensor:
     model = learner(policy, **options)
     model.engine.step = lambda: None  # keep what the micro-batches accumulated
     model.step(batch)
-    return torch.cat([p.grad.flatten() for p in model.model.parameters() if p.grad is not None])
+    return torch.cat(
+        [p.grad.flatten().cpu() for p in model.model.parameters() if p.grad is not None]
+    )
 
 
 def test_importance_mask_weights_micro_batches_by_the_tokens_it_keeps(policy):
@@ -359,11 +373,11 @@ def test_model_dtype_and_gradient_checkpointing_act(policy):
     assert all(not torch.equal(before[k], after[k]) for k in before)  # every tensor trained
 
     def gradient(**options):
-        model = Learner(policy, LearnerConfig(micro_batch_size=3, lr=5e-3), group_size=4, **options)
+        model = Learner(policy, LearnerConfig(micro_batch_size=3, lr=5e-3), group_size=4, dtype="float32", **options)  # fmt: skip
         model.engine.step = lambda: None
         model.step(groups(3))
         return model, torch.cat(
-            [p.grad.flatten() for p in model.model.parameters() if p.grad is not None]
+            [p.grad.flatten().cpu() for p in model.model.parameters() if p.grad is not None]
         )
 
     checkpointed, with_checkpoints = gradient(gradient_checkpointing=True)

@@ -1,6 +1,6 @@
-"""The one-GPU measurements the cluster simulation is calibrated to or set beside
-(benchmarks/learner_gpu_cost.py, benchmarks/decode_gpu_cost.py): each says in one line that it
-needs a GPU, and its --tiny check runs the same passes on CPU."""
+"""The one-GPU measurements (benchmarks/learner_gpu_cost.py and decode_gpu_cost.py, which the
+cluster simulation is calibrated to or set beside, and engine_gpu.py, the GPU tier's figure): each
+says in one line that it needs a GPU, and its --tiny check runs the same passes on CPU."""
 
 import json
 import subprocess
@@ -14,6 +14,7 @@ BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
 NEEDS = {
     "learner_gpu_cost": "an 8B model's training passes",
     "decode_gpu_cost": "an 8B model's decode step",
+    "engine_gpu": "the embedded engine's tokens/s",
 }
 
 
@@ -51,3 +52,15 @@ def test_the_tiny_decoder_times_every_batch_and_fits_a_line(tmp_path):
     fit = figures["fit"]
     for batch, seconds in figures["steps"].items():  # two points: the line passes through both
         assert fit["step_s"] + fit["step_per_seq_s"] * int(batch) == pytest.approx(seconds)
+
+
+def test_the_tiny_engine_figures_compare_equal_work(tmp_path):
+    done = run("engine_gpu", "--tiny", "--batch", "4", "--tokens", "24", "--json", str(tmp_path / "f.json"))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    figures = json.loads((tmp_path / "f.json").read_text())
+    for key in ("engine", "generate", "agent_continuous", "agent_waves"):
+        assert figures[f"{key}_tokens_per_s"] > 0, key
+    assert figures["engine_vs_generate"] == pytest.approx(
+        figures["engine_tokens_per_s"] / figures["generate_tokens_per_s"]
+    )
+    assert "model.generate" in done.stderr and "continuous" in done.stderr
