@@ -1,14 +1,20 @@
 """What a run needs on disk, built once and reused: the mini-GAIA world, its faiss index and the
 warm-started tiny policy. Each lives in the cache under a name that says what it was built from,
-and each builder writes atomically, so an interrupted build is simply redone next time.
+and each builder writes atomically, so an interrupted build is simply redone next time. Runs that
+share a cache directory (a sweep, a test suite in several processes) build each asset once: the
+builder holds a lock file beside it (`NAME.lock`) and the others wait, then find it built.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+from filelock import FileLock
 
 from pipeline.config import PretrainedModel, StrataConfig, TinyModel
 
@@ -25,6 +31,14 @@ def _say(message: str, quiet: bool) -> None:
         print(f"strata: {message}", flush=True)
 
 
+@contextmanager
+def _building(target: Path) -> Iterator[None]:
+    """Hold `target`'s build lock: one process at a time checks whether it is built and builds it."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(target.with_name(f"{target.name}.lock")):
+        yield
+
+
 def _world_version(world_dir: Path) -> int | None:
     try:
         return json.loads((world_dir / "world.json").read_text(encoding="utf-8")).get("version")
@@ -39,10 +53,11 @@ def prepare_world(config: StrataConfig, quiet: bool = False) -> Path:
     # The default world keeps the directory name it had before the skew could be set.
     skew = "" if data.world_skew == SKEW else f"-skew{data.world_skew!r}"  # exact: 1.3 vs 1.3000001
     target = Path(config.runtime.cache_dir) / f"world-{data.world_size}-seed{data.seed}{skew}"
-    if _world_version(target) != VERSION:  # none yet, or one an earlier Strata wrote
-        _say(f"building the mini-GAIA world ({data.world_size}{skew}) in {target}", quiet)
-        world = build_world(data.seed, data.world_size, data.world_skew)
-        write_world(world, target, force=target.exists())
+    with _building(target):
+        if _world_version(target) != VERSION:  # none yet, or one an earlier Strata wrote
+            _say(f"building the mini-GAIA world ({data.world_size}{skew}) in {target}", quiet)
+            world = build_world(data.seed, data.world_size, data.world_skew)
+            write_world(world, target, force=target.exists())
     return target
 
 
@@ -56,18 +71,20 @@ def prepare_index(config: StrataConfig, corpus: Path, quiet: bool = False) -> Pa
     encoder = config.retrieval.encoder.replace("/", "_")
     target = Path(config.runtime.cache_dir) / f"index-{digest}-{encoder}-{config.retrieval.index}"
     meta = target / "meta.json"
-    if not (
-        meta.is_file() and json.loads(meta.read_text()).get("corpus_sha256", "").startswith(digest)
-    ):
-        _say(f"indexing {corpus} with {config.retrieval.encoder} into {target}", quiet)
-        build(
-            str(corpus),
-            str(target),
-            config.retrieval.encoder,
-            config.retrieval.index,
-            force=True,
-            quiet=quiet,
-        )
+    with _building(target):
+        if not (
+            meta.is_file()
+            and json.loads(meta.read_text()).get("corpus_sha256", "").startswith(digest)
+        ):
+            _say(f"indexing {corpus} with {config.retrieval.encoder} into {target}", quiet)
+            build(
+                str(corpus),
+                str(target),
+                config.retrieval.encoder,
+                config.retrieval.index,
+                force=True,
+                quiet=quiet,
+            )
     return target
 
 
@@ -97,17 +114,19 @@ def prepare_policy(config: StrataConfig, world_dir: Path | None, quiet: bool = F
     name = (
         f"policy-tiny-seed{config.model.seed}-{training.max_epochs}ep-{world_dir.name}-{key[:12]}"
     )
-    return warm_start(
-        world_dir,
-        Path(config.runtime.cache_dir) / name,
-        config.model,
-        tools=tools,
-        training=training,
-        timeout_s=config.model.warm_start_timeout_s,
-        progress=not quiet,
-        index_dir=index_dir,  # demos then show what this run's searches return
-        topk=config.retrieval.topk,
-    )
+    target = Path(config.runtime.cache_dir) / name
+    with _building(target):
+        return warm_start(
+            world_dir,
+            target,
+            config.model,
+            tools=tools,
+            training=training,
+            timeout_s=config.model.warm_start_timeout_s,
+            progress=not quiet,
+            index_dir=index_dir,  # demos then show what this run's searches return
+            topk=config.retrieval.topk,
+        )
 
 
 def prepare_assets(config: StrataConfig, quiet: bool = False) -> Assets:

@@ -64,6 +64,10 @@ def test_a_short_run_streams_trains_and_leaves_a_complete_run_dir(tmp_path, cach
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-2000:]
     assert "step    3/3" in out and "report" in out
+    said = out.splitlines()  # which warm start, how it was made: said before the first step
+    policy = next(i for i, line in enumerate(said) if line.startswith("strata: policy: warm start"))
+    assert policy < next(i for i, line in enumerate(said) if line.startswith("step "))
+    assert "12 epochs" in said[policy] and "weights sha256" in said[policy]
 
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [s["version"] for s in steps] == [1.0, 2.0, 3.0]  # versions increase, one per step
