@@ -32,7 +32,7 @@ from pipeline.warm_start import (
 from retrieval.corpus import read_corpus
 from retrieval.world import build_world, write_world
 
-EPOCHS = 8  # about 20 s here: enough for the loss to fall by more than 0.5
+EPOCHS = 4  # about 10 s here: enough for the loss to fall by more than 0.5
 TOOLS = ("search", "python")
 # The local agent with room for the longest demo: the layout is compared where nothing is cut.
 ROOMY = replace(LOCAL_AGENT, max_response_tokens=1024)
