@@ -23,6 +23,7 @@ import asyncio
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import torch
@@ -54,12 +55,7 @@ def one_batch(engine: EmbeddedEngine, prompts: list[list[int]], tokens: int) -> 
         outs = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
         return sum(len(o.token_ids) for o in outs)
 
-    asyncio.run(run())  # warm-up
-    sync(engine.device.type)
-    start = time.perf_counter()
-    made = asyncio.run(run())
-    sync(engine.device.type)
-    return made / (time.perf_counter() - start)
+    return tokens_per_s(engine.device.type, run)
 
 
 def with_generate(model, prompts: list[list[int]], tokens: int, pad: int) -> float:
@@ -95,11 +91,16 @@ def agent_loops(engine: EmbeddedEngine, prompts: list[list[int]], tokens: int) -
     async def run() -> int:
         return sum(await asyncio.gather(*(loop(p, i) for i, p in enumerate(prompts))))
 
-    asyncio.run(run())  # warm-up
-    sync(engine.device.type)
+    return tokens_per_s(engine.device.type, run)
+
+
+def tokens_per_s(device: str, run: Callable[[], Awaitable[int]]) -> float:
+    """Tokens/s of `run` (which returns the tokens it made), timed after a warm-up run."""
+    asyncio.run(run())
+    sync(device)
     start = time.perf_counter()
     made = asyncio.run(run())
-    sync(engine.device.type)
+    sync(device)
     return made / (time.perf_counter() - start)
 
 

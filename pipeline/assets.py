@@ -2,7 +2,7 @@
 warm-started tiny policy. Each lives in the cache under a name that says what it was built from,
 and each builder writes atomically, so an interrupted build is simply redone next time. Runs that
 share a cache directory (a sweep, a test suite in several processes) build each asset once: the
-builder holds a lock file beside it (`NAME.lock`) and the others wait, then find it built.
+builder holds a lock file beside it (`.NAME.lock`) and the others wait, then find it built.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def _say(message: str, quiet: bool) -> None:
 def _building(target: Path) -> Iterator[None]:
     """Hold `target`'s build lock: one process at a time checks whether it is built and builds it."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(target.with_name(f"{target.name}.lock")):
+    with FileLock(target.with_name(f".{target.name}.lock")):
         yield
 
 
