@@ -49,6 +49,7 @@ system-deps:
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	DS_BUILD_OPS=0 $(PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[dev]'
+	$(PY) -m learner.deepspeed_ops  # the op DeepSpeed would compile at the first run's start
 	touch $@
 
 # The main job needs no vLLM environment (actors.engine.type vllm without it is refused in one line

@@ -69,6 +69,7 @@ class _Batch:
             index = torch.tensor(keep, device=tokens.device)
             self.requests = [self.requests[i] for i in keep]
             self.budgets = [self.budgets[i] for i in keep]
+            self.produced_by = [self.produced_by[i] for i in keep]
             if not keep:
                 self.cache = self.mask = self.positions = self.logits = self.tokens = None
                 return
@@ -82,10 +83,12 @@ class _Batch:
 
     def _trim(self) -> None:
         """Drop the leading cache columns no row attends to any more (the rows that needed them
-        have left), once they are a quarter of the cache: the cost of a step follows its width."""
-        used = self.mask.any(0)
-        first = int(used.int().argmax()) if bool(used.any()) else 0
-        if first and first * 4 >= self.mask.shape[1]:
+        have left), once they are a quarter of the cache: the cost of a step follows its width.
+        A row attends to the rightmost columns only, its prompt and the tokens fed so far (all
+        but its last sampled one), so the host knows the span without asking the device."""
+        span = max(len(r.prompt_ids) + len(r.result.token_ids) - 1 for r in self.requests)
+        first = self.mask.shape[1] - span
+        if first > 0 and first * 4 >= self.mask.shape[1]:
             self.mask = self.mask[:, first:]
             for layer in self.cache.layers:
                 layer.keys, layer.values = layer.keys[..., first:, :], layer.values[..., first:, :]

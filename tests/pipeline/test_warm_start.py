@@ -157,8 +157,8 @@ def test_the_shared_prefix_changes_nothing_in_the_loss(world, warm, tokenizer):
 
 
 def test_the_weights_follow_the_epochs_not_the_clock(world, warm, tokenizer):
-    """Same data and seed on an idle CPU and beside two busy processes, with and without a
-    deadline: bit-identical weights (a time budget once cut a busy machine's warm start short)."""
+    """Same data and seed on an idle CPU and beside a busy process, with and without a deadline:
+    bit-identical weights (a time budget once cut a busy machine's warm start short)."""
     import subprocess
     import sys
 
@@ -166,18 +166,18 @@ def test_the_weights_follow_the_epochs_not_the_clock(world, warm, tokenizer):
     from transformers import AutoModelForCausalLM
 
     agent = layout_agent(tokenizer, TOOLS, LOCAL_AGENT)
-    batch = [demo_example(d, agent) for d in demos(world)[:24]]
+    batch = [demo_example(d, agent) for d in demos(world)[:16]]
     training = Training(batch_tokens=1024, max_epochs=2, warmup_steps=2)
 
     def train(deadline):
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_pretrained(warm[0], local_files_only=True, dtype=torch.float32)  # fmt: skip
         result = train_sft(model, batch, tokenizer.pad_token_id, training, deadline, seed=0, progress=False)  # fmt: skip
-        assert len(result["epochs"]) == 2 and result["steps"] >= 4
+        assert len(result["epochs"]) == 2 and result["steps"] >= 2
         return model.state_dict()
 
     idle = train(None)
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])]
     try:
         loaded = train(time.monotonic() + 600)
     finally:

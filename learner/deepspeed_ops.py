@@ -1,0 +1,37 @@
+"""Build the DeepSpeed op the CPU learner loads at start, once, at set-up time.
+
+    python -m learner.deepspeed_ops
+
+On a CPU, DeepSpeed's process group loads a shared-memory communication op that it compiles on
+first use (about 30 s on 2 cores, with g++ and ninja, into torch's extension cache). `make setup`
+runs this so that the first run, or the first test of a suite, does not wait for the compiler.
+On a GPU machine there is nothing to build; a machine without a compiler skips with one line (the
+op is then compiled, or done without, by DeepSpeed at run time as before).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main() -> int:
+    os.environ.setdefault("DS_BUILD_OPS", "0")
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+        print("learner.deepspeed_ops: no shared-memory op to build on this accelerator")
+        return 0
+    try:
+        builder.load(verbose=False)
+    except Exception as exc:  # no compiler here: DeepSpeed tries again at run time
+        print(f"learner.deepspeed_ops: could not build {builder.NAME} ({exc}); runs build it on first use")  # fmt: skip
+        return 0
+    print(f"learner.deepspeed_ops: {builder.NAME} is built")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
