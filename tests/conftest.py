@@ -8,8 +8,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 # Under pytest-xdist (make test: 2 workers on 2 cores) every worker, and every run it launches,
-# computes on one thread: two workers of 2-thread OpenMP pools on 2 cores spin against each other
-# (a 4-epoch warm start took 115 s beside the other worker instead of ~10 s).
+# computes on one thread: two workers' 2-thread OpenMP pools on 2 cores spin against each other.
+# On a clean clone (2026-11-26) this took the suite from 659-704 s of tests and 18-20 CPU-minutes
+# to 451 s and 12.
 if "PYTEST_XDIST_WORKER" in os.environ:
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(name, "1")
