@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from buffers import native
 
-# One row per trajectory (design.md §4). `tool_names` is ours: the tools called, in order.
+# One row per trajectory (the spill's Parquet files, docs/architecture.md). `tool_names` is ours: the tools called, in order.
 TRAJECTORY_SCHEMA = pa.schema(
     [
         ("prompt_id", pa.string()),
