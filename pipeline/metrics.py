@@ -1,4 +1,4 @@
-"""Prometheus metrics of a run (listed in ops/README.md), served on metrics.host:metrics.port.
+"""Prometheus metrics of a run (each `strata_*` series is defined below), served on metrics.host:metrics.port.
 
 One registry per run. The runtime calls `observe_step` after each learner step and `sample` for
 the gauges and counters it reads off the buffer, the pools and the engines; every name starts with
