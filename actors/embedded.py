@@ -74,7 +74,8 @@ class _Batch:
                 self.cache = self.mask = self.positions = self.logits = self.tokens = None
                 return
             self.cache.batch_select_indices(index)
-            self.mask, self.positions, tokens = self.mask[index], self.positions[index], tokens[index]  # fmt: skip
+            self.mask, self.positions = self.mask[index], self.positions[index]
+            tokens = tokens[index]
             self.temperature, self.top_p = self.temperature[index], self.top_p[index]
             self._trim()
         self.tokens = tokens
@@ -93,9 +94,17 @@ class _Batch:
             for layer in self.cache.layers:
                 layer.keys, layer.values = layer.keys[..., first:, :], layer.values[..., first:, :]
 
-    def join(self, requests: list[_Request], budgets: list[int], cache, mask: torch.Tensor,
-             positions: torch.Tensor, logits: torch.Tensor, sampling: torch.Tensor,
-             version: int) -> None:  # fmt: skip
+    def join(
+        self,
+        requests: list[_Request],
+        budgets: list[int],
+        cache,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        logits: torch.Tensor,
+        sampling: torch.Tensor,
+        version: int,
+    ) -> None:
         """Add prefilled rows: caches and masks are left-padded to a common width, then stacked."""
         if not self.requests:
             self.cache, self.mask, self.positions, self.logits = cache, mask, positions, logits
@@ -104,7 +113,7 @@ class _Batch:
             width = max(self.mask.shape[1], mask.shape[1])
             for old, new in zip(self.cache.layers, cache.layers, strict=True):
                 old.keys = torch.cat([_left_pad(old.keys, width), _left_pad(new.keys, width)])
-                old.values = torch.cat([_left_pad(old.values, width), _left_pad(new.values, width)])  # fmt: skip
+                old.values = torch.cat([_left_pad(old.values, width), _left_pad(new.values, width)])
             self.mask = torch.cat([_left_pad(self.mask, width), _left_pad(mask, width)])
             self.positions = torch.cat([self.positions, positions])
             self.logits = torch.cat([self.logits, logits])
@@ -137,8 +146,16 @@ def _answer(request: _Request, error: Exception | None) -> None:
 
 
 class EmbeddedEngine:
-    def __init__(self, model, tokenizer, *, max_batch_size: int = 16, version: int = 0,
-                 seed: int = 0, join_running: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        max_batch_size: int = 16,
+        version: int = 0,
+        seed: int = 0,
+        join_running: bool = True,
+    ) -> None:
         """`join_running`: queued requests join the running batch between decode steps
         (continuous batching); off, they wait until it has drained (for benchmarks to compare)."""
         self.model = model.eval()
@@ -339,7 +356,9 @@ class EmbeddedEngine:
                     raise
             if not batch.requests:
                 return
-            tokens, logprobs = self._sample(batch.logits, batch.temperature, batch.top_p, batch.greedy)  # fmt: skip
+            tokens, logprobs = self._sample(
+                batch.logits, batch.temperature, batch.top_p, batch.greedy
+            )
             values = torch.stack([tokens.double(), logprobs.double()]).tolist()  # one transfer
             keep = []
             for i, request in enumerate(batch.requests):
@@ -364,9 +383,13 @@ class EmbeddedEngine:
             if not batch.requests:
                 continue  # the queue may hold requests that arrived meanwhile
             self._apply_pending()  # between steps: the next logits are the new version's
-            out = self.model(input_ids=batch.tokens.unsqueeze(-1), attention_mask=batch.mask,
-                             position_ids=batch.positions.unsqueeze(-1),
-                             **{self._cache_kwarg: batch.cache}, use_cache=True)  # fmt: skip
+            out = self.model(
+                input_ids=batch.tokens.unsqueeze(-1),
+                attention_mask=batch.mask,
+                position_ids=batch.positions.unsqueeze(-1),
+                **{self._cache_kwarg: batch.cache},
+                use_cache=True,
+            )
             batch.logits = out.logits[:, -1].float()
             batch.produced_by = [self._version] * len(batch.requests)
 
@@ -376,8 +399,10 @@ class EmbeddedEngine:
 
         self.waves += 1
         device = self.device
-        budgets = [max(0, min(r.params.max_new_tokens, self._max_positions - len(r.prompt_ids)))
-                   for r in joining]  # fmt: skip
+        budgets = [
+            max(0, min(r.params.max_new_tokens, self._max_positions - len(r.prompt_ids)))
+            for r in joining
+        ]
         for request in [r for r, b in zip(joining, budgets, strict=True) if b == 0]:
             request.result.finish_reason = "length"  # no room left for a token
             batch.finish(request, None)
@@ -393,14 +418,34 @@ class EmbeddedEngine:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         self._apply_pending()
         cache = DynamicCache()
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                         **{self._cache_kwarg: cache}, use_cache=True)  # fmt: skip
-        sampling = torch.tensor([[r.params.temperature, r.params.top_p] for r in joining], device=device)  # fmt: skip
-        batch.join(joining, budgets, cache, mask, positions[:, -1], out.logits[:, -1].float(),
-                   sampling, self._version)  # fmt: skip
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            **{self._cache_kwarg: cache},
+            use_cache=True,
+        )
+        sampling = torch.tensor(
+            [[r.params.temperature, r.params.top_p] for r in joining], device=device
+        )
+        batch.join(
+            joining,
+            budgets,
+            cache,
+            mask,
+            positions[:, -1],
+            out.logits[:, -1].float(),
+            sampling,
+            self._version,
+        )
 
-    def _sample(self, logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
-                all_greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def _sample(
+        self,
+        logits: torch.Tensor,
+        temperature: torch.Tensor,
+        top_p: torch.Tensor,
+        all_greedy: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-row temperature and nucleus sampling; temperature 0 is greedy. Returns tokens and
         log_softmax(logits / temperature) at them (temperature 1 for greedy rows). `all_greedy`
         (known on the host): no row samples, so nothing is sorted or drawn."""

@@ -35,14 +35,18 @@ from pipeline.tiny_policy import build_tiny_policy
 
 QWEN2_05B = dict(layers=24, hidden_size=896, heads=14, kv_heads=2, intermediate_size=4864)
 TINY = dict(layers=2, hidden_size=128, heads=4, kv_heads=2, intermediate_size=512)
-TEXTS = [f"Question {i}: where was Varno Telik born? <search> Varno Telik </search> "
-         f"<information> Doc 1 born in Quorvex in {1900 + i % 90}. </information> <answer> Quorvex "
-         "</answer>" for i in range(3000)]  # fmt: skip
+TEXTS = [
+    f"Question {i}: where was Varno Telik born? <search> Varno Telik </search> "
+    f"<information> Doc 1 born in Quorvex in {1900 + i % 90}. </information> <answer> Quorvex "
+    "</answer>"
+    for i in range(3000)
+]
 
 
 def engine_for(path: Path, device: str, dtype: str, batch: int, join: bool) -> EmbeddedEngine:
-    engine = EmbeddedEngine.from_pretrained(path, device=device, dtype=dtype, max_batch_size=batch,
-                                            join_running=join)  # fmt: skip
+    engine = EmbeddedEngine.from_pretrained(
+        path, device=device, dtype=dtype, max_batch_size=batch, join_running=join
+    )
     engine._end_ids = set()  # every row runs to its token budget: equal work in both engines
     return engine
 
@@ -62,9 +66,16 @@ def with_generate(model, prompts: list[list[int]], tokens: int, pad: int) -> flo
     """Tokens/s of `model.generate` on the same prompts (left-padded, greedy, exact length)."""
     width = max(map(len, prompts))
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)  # fmt: skip
-    options = dict(attention_mask=mask, max_new_tokens=tokens, min_new_tokens=tokens,
-                   do_sample=False, pad_token_id=pad)  # fmt: skip
+    mask = torch.tensor(
+        [[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device
+    )
+    options = dict(
+        attention_mask=mask,
+        max_new_tokens=tokens,
+        min_new_tokens=tokens,
+        do_sample=False,
+        pad_token_id=pad,
+    )
     with torch.inference_mode():
         model.generate(ids, **options)  # warm-up
         sync(model.device.type)
@@ -76,8 +87,10 @@ def with_generate(model, prompts: list[list[int]], tokens: int, pad: int) -> flo
 
 def agent_loops(engine: EmbeddedEngine, prompts: list[list[int]], tokens: int) -> float:
     """Tokens/s of agent loops of 3 turns with uneven lengths; each turn's reply is fed back."""
-    lengths = [16 + (tokens - 16) * ((i * 7) % len(prompts)) // max(1, len(prompts) - 1)
-               for i in range(len(prompts))]  # fmt: skip
+    lengths = [
+        16 + (tokens - 16) * ((i * 7) % len(prompts)) // max(1, len(prompts) - 1)
+        for i in range(len(prompts))
+    ]
 
     async def loop(prompt: list[int], i: int) -> int:
         context, made = list(prompt), 0
@@ -120,11 +133,15 @@ def main() -> int:
         return 1
     shape, dtype = (TINY, "float32") if args.tiny else (QWEN2_05B, "bfloat16")
     with tempfile.TemporaryDirectory() as tmp:
-        path = build_tiny_policy(Path(tmp) / "policy", TEXTS, vocab_size=2000, max_position=2048, **shape)  # fmt: skip
+        path = build_tiny_policy(
+            Path(tmp) / "policy", TEXTS, vocab_size=2000, max_position=2048, **shape
+        )
         continuous = engine_for(path, device, dtype, args.batch, join=True)
         waves = engine_for(path, device, dtype, args.batch, join=False)
         tokenizer = continuous.tokenizer
-        prompts = [tokenizer.encode(f"Question {i}: where was person {i} born?") for i in range(args.batch)]  # fmt: skip
+        prompts = [
+            tokenizer.encode(f"Question {i}: where was person {i} born?") for i in range(args.batch)
+        ]
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         figures = {
             **describe(device),
@@ -140,13 +157,24 @@ def main() -> int:
     figures["engine_vs_generate"] = (
         figures["engine_tokens_per_s"] / figures["generate_tokens_per_s"]
     )
-    figures["continuous_vs_waves"] = figures["agent_continuous_tokens_per_s"] / figures["agent_waves_tokens_per_s"]  # fmt: skip
-    print(f"embedded engine on {figures['device']}: {figures['parameters'] / 1e6:.0f}M parameters "
-          f"({dtype}), {args.batch} rows x {args.tokens} tokens", file=sys.stderr)  # fmt: skip
-    print(f"  one batch: engine {figures['engine_tokens_per_s']:,.0f} tokens/s, model.generate "
-          f"{figures['generate_tokens_per_s']:,.0f} tokens/s: {figures['engine_vs_generate']:.2f}x", file=sys.stderr)  # fmt: skip
-    print(f"  agent loops, uneven turns: continuous {figures['agent_continuous_tokens_per_s']:,.0f} "
-          f"tokens/s, waves {figures['agent_waves_tokens_per_s']:,.0f}: {figures['continuous_vs_waves']:.2f}x", file=sys.stderr)  # fmt: skip
+    figures["continuous_vs_waves"] = (
+        figures["agent_continuous_tokens_per_s"] / figures["agent_waves_tokens_per_s"]
+    )
+    print(
+        f"embedded engine on {figures['device']}: {figures['parameters'] / 1e6:.0f}M parameters "
+        f"({dtype}), {args.batch} rows x {args.tokens} tokens",
+        file=sys.stderr,
+    )
+    print(
+        f"  one batch: engine {figures['engine_tokens_per_s']:,.0f} tokens/s, model.generate "
+        f"{figures['generate_tokens_per_s']:,.0f} tokens/s: {figures['engine_vs_generate']:.2f}x",
+        file=sys.stderr,
+    )
+    print(
+        f"  agent loops, uneven turns: continuous {figures['agent_continuous_tokens_per_s']:,.0f} "
+        f"tokens/s, waves {figures['agent_waves_tokens_per_s']:,.0f}: {figures['continuous_vs_waves']:.2f}x",
+        file=sys.stderr,
+    )
     report(figures, args.json)
     return 0
 

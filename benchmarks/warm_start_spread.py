@@ -45,8 +45,16 @@ def build(epochs: int, seed: int, threads: int, out: Path) -> None:
     index = prepare_index(config, world / "corpus.jsonl", quiet=True)
     model = config.model.model_copy(update={"seed": seed})
     training = replace(DEFAULT_TRAINING, max_epochs=epochs)
-    warm_start(world, out, model, tools=tuple(config.actors.tools), training=training,
-               progress=False, index_dir=index, topk=config.retrieval.topk)  # fmt: skip
+    warm_start(
+        world,
+        out,
+        model,
+        tools=tuple(config.actors.tools),
+        training=training,
+        progress=False,
+        index_dir=index,
+        topk=config.retrieval.topk,
+    )
 
 
 def measure(epochs: int, seed: int, threads: int, out: Path) -> dict:

@@ -27,7 +27,9 @@ def main() -> int:
     try:
         builder.load(verbose=False)
     except Exception as exc:  # no compiler here: DeepSpeed tries again at run time
-        print(f"learner.deepspeed_ops: could not build {builder.NAME} ({exc}); runs build it on first use")  # fmt: skip
+        print(
+            f"learner.deepspeed_ops: could not build {builder.NAME} ({exc}); runs build it on first use"
+        )
         return 0
     print(f"learner.deepspeed_ops: {builder.NAME} is built")
     return 0

@@ -134,8 +134,15 @@ def learning_rate(training: Training, step: int, progress: float) -> float:
     )
 
 
-def train_sft(model, examples: Sequence[SftExample] | Callable[[int], Sequence[SftExample]],
-              pad: int, training: Training, deadline: float | None, seed: int, progress: bool) -> dict:  # fmt: skip
+def train_sft(
+    model,
+    examples: Sequence[SftExample] | Callable[[int], Sequence[SftExample]],
+    pad: int,
+    training: Training,
+    deadline: float | None,
+    seed: int,
+    progress: bool,
+) -> dict:
     """AdamW on the generated tokens for `training.max_epochs` epochs.
 
     `examples`: the same every epoch, or a function of the epoch (from 1) giving that epoch's.
@@ -166,11 +173,24 @@ def train_sft(model, examples: Sequence[SftExample] | Callable[[int], Sequence[S
             total, generated, tokens = total + loss.item() * n, generated + n, tokens + attended
         if generated:
             seconds = time.monotonic() - start
-            epochs.append({"epoch": epoch, "loss": total / generated, "tokens_per_s": tokens / seconds,
-                           "seconds": seconds})  # fmt: skip
+            epochs.append(
+                {
+                    "epoch": epoch,
+                    "loss": total / generated,
+                    "tokens_per_s": tokens / seconds,
+                    "seconds": seconds,
+                }
+            )
             if progress:
-                print(f"epoch {epoch}/{training.max_epochs}: loss {total / generated:.3f} on generated "
-                      f"tokens, {tokens / seconds:,.0f} tokens/s, {seconds:.1f}s", flush=True)  # fmt: skip
+                print(
+                    f"epoch {epoch}/{training.max_epochs}: loss {total / generated:.3f} on generated "
+                    f"tokens, {tokens / seconds:,.0f} tokens/s, {seconds:.1f}s",
+                    flush=True,
+                )
     final = sum(losses[-10:]) / len(losses[-10:]) if losses else None
-    return {"steps": step, "first_loss": losses[0] if losses else None, "final_loss": final,
-            "epochs": epochs}  # fmt: skip
+    return {
+        "steps": step,
+        "first_loss": losses[0] if losses else None,
+        "final_loss": final,
+        "epochs": epochs,
+    }

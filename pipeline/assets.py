@@ -109,8 +109,9 @@ def prepare_policy(config: StrataConfig, world_dir: Path | None, quiet: bool = F
     tools = tuple(config.actors.tools)
     training: Training = replace(DEFAULT_TRAINING, max_epochs=config.model.warm_start_epochs)
     # The directory is named by the key: two recipes never share (or replace) a cache entry.
-    key = warm_start_key(world_dir, config.model, tools, LOCAL_AGENT, training, index_dir,
-                         config.retrieval.topk)  # fmt: skip
+    key = warm_start_key(
+        world_dir, config.model, tools, LOCAL_AGENT, training, index_dir, config.retrieval.topk
+    )
     name = (
         f"policy-tiny-seed{config.model.seed}-{training.max_epochs}ep-{world_dir.name}-{key[:12]}"
     )

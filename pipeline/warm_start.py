@@ -157,8 +157,14 @@ def _index_identity(index_dir: str | os.PathLike[str] | None, topk: int) -> dict
     }
 
 
-def cache_key(world_dir: str | os.PathLike[str], model: TinyModel, tools: Sequence[str],
-              settings: AgentSettings, training: Training, retrieval: dict | None = None) -> str:  # fmt: skip
+def cache_key(
+    world_dir: str | os.PathLike[str],
+    model: TinyModel,
+    tools: Sequence[str],
+    settings: AgentSettings,
+    training: Training,
+    retrieval: dict | None = None,
+) -> str:
     """sha256 over everything the warm-started weights depend on (the seed is in `model`); the
     float kernels are named by torch's version and thread count (the CPU itself is not)."""
     import torch
@@ -179,9 +185,15 @@ def cache_key(world_dir: str | os.PathLike[str], model: TinyModel, tools: Sequen
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
 
-def warm_start_key(world_dir: str | os.PathLike[str], model: TinyModel, tools: Sequence[str],
-                   settings: AgentSettings, training: Training,
-                   index_dir: str | os.PathLike[str] | None, topk: int) -> str:  # fmt: skip
+def warm_start_key(
+    world_dir: str | os.PathLike[str],
+    model: TinyModel,
+    tools: Sequence[str],
+    settings: AgentSettings,
+    training: Training,
+    index_dir: str | os.PathLike[str] | None,
+    topk: int,
+) -> str:
     """`cache_key` of a warm start built with `index_dir`'s search results (if it searches)."""
     index = index_dir if "search" in tools else None
     return cache_key(world_dir, model, tools, settings, training, _index_identity(index, topk))
@@ -293,7 +305,9 @@ def warm_start(world_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str
         torch.manual_seed(spec.seed)
         deadline = None if timeout_s is None else began + timeout_s
         try:
-            result = train_sft(policy, examples, tokenizer.pad_token_id, training, deadline, spec.seed, progress)  # fmt: skip
+            result = train_sft(
+                policy, examples, tokenizer.pad_token_id, training, deadline, spec.seed, progress
+            )
         except SftTimeout as exc:
             raise WarmStartError(
                 f"the warm start passed its {timeout_s:g} s guard at {exc} (nothing was cached): "
@@ -302,13 +316,22 @@ def warm_start(world_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str
         final = tmp / "model"
         policy.eval().save_pretrained(final)
         tokenizer.save_pretrained(final)
-        record = {"key": key, "code_version": CODE_VERSION, "model": _architecture(spec),
-                  "tools": list(tools), "demos": len(demos), "renamed": swap is not None,
-                  "retrieval": _index_identity(index_dir, topk), "max_epochs": training.max_epochs,
-                  "torch": torch.__version__, "threads": torch.get_num_threads(),
-                  "built": time.strftime("%Y-%m-%d %H:%M", time.localtime()),
-                  "seconds": round(time.monotonic() - began, 1), **result,
-                  "weights_sha256": _sha256(final / "model.safetensors")}  # fmt: skip
+        record = {
+            "key": key,
+            "code_version": CODE_VERSION,
+            "model": _architecture(spec),
+            "tools": list(tools),
+            "demos": len(demos),
+            "renamed": swap is not None,
+            "retrieval": _index_identity(index_dir, topk),
+            "max_epochs": training.max_epochs,
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "built": time.strftime("%Y-%m-%d %H:%M", time.localtime()),
+            "seconds": round(time.monotonic() - began, 1),
+            **result,
+            "weights_sha256": _sha256(final / "model.safetensors"),
+        }
         (final / CACHE_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         final.chmod(0o755)
         _replace_dir(final, target)
@@ -320,16 +343,20 @@ def warm_start(world_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str
 
 
 def _summary(record: Mapping) -> str:
-    return (f"{len(record['epochs'])} epochs, {record['steps']} steps, loss "
-            f"{record['first_loss']:.3f} -> {record['final_loss']:.3f}")  # fmt: skip
+    return (
+        f"{len(record['epochs'])} epochs, {record['steps']} steps, loss "
+        f"{record['first_loss']:.3f} -> {record['final_loss']:.3f}"
+    )
 
 
 def describe(policy_dir: Path) -> str:
     """How a cached warm start was made, in one line: the run prints it before it streams."""
     record = json.loads((policy_dir / CACHE_FILE).read_text(encoding="utf-8"))
-    return (f"warm start {policy_dir}: {_summary(record)}, seed {record['model']['seed']}, "
-            f"{record['threads']} threads, torch {record['torch']}, built {record['built']} in "
-            f"{record['seconds']:.0f} s; weights sha256 {record['weights_sha256'][:16]}")  # fmt: skip
+    return (
+        f"warm start {policy_dir}: {_summary(record)}, seed {record['model']['seed']}, "
+        f"{record['threads']} threads, torch {record['torch']}, built {record['built']} in "
+        f"{record['seconds']:.0f} s; weights sha256 {record['weights_sha256'][:16]}"
+    )
 
 
 # ------------------------------------------------------------------------------------ measuring
@@ -341,8 +368,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="HF model directory to write (cached by key)")
     p.add_argument("--size", default="small", help="size of the world if it is built (small)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights, the data order and a built world")  # fmt: skip
-    p.add_argument("--epochs", type=int, default=DEFAULT_TRAINING.max_epochs, help=f"epochs of training ({DEFAULT_TRAINING.max_epochs})")  # fmt: skip
-    p.add_argument("--timeout", type=float, help="seconds after which the build stops with an error (none)")  # fmt: skip
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=DEFAULT_TRAINING.max_epochs,
+        help=f"epochs of training ({DEFAULT_TRAINING.max_epochs})",
+    )
+    p.add_argument(
+        "--timeout", type=float, help="seconds after which the build stops with an error (none)"
+    )
     p.add_argument("--eval-n", type=int, help="test questions to measure (default: all)")
     p.add_argument("--no-eval", action="store_true", help="skip the format measurement")
     p.add_argument("--index", help="index of the world's corpus: the demos' search results and the measurement use it (built if missing)")  # fmt: skip
@@ -368,8 +402,14 @@ def main(argv: list[str] | None = None) -> int:
             build(str(world / "corpus.jsonl"), args.index, quiet=True)
         start = time.monotonic()
         training = replace(DEFAULT_TRAINING, max_epochs=args.epochs)
-        path = warm_start(world, args.out, TinyModel(seed=args.seed), training=training,
-                          timeout_s=args.timeout, index_dir=args.index)  # fmt: skip
+        path = warm_start(
+            world,
+            args.out,
+            TinyModel(seed=args.seed),
+            training=training,
+            timeout_s=args.timeout,
+            index_dir=args.index,
+        )
         record = json.loads((path / CACHE_FILE).read_text(encoding="utf-8"))
         print(f"warm start: {_summary(record)}; {time.monotonic() - start:.1f}s this call", flush=True)  # fmt: skip
         if not args.no_eval:

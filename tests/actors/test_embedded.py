@@ -214,7 +214,9 @@ def test_a_request_joins_a_running_batch_and_leaves_before_it(engine):
 
     async def scenario():
         start = engine.generated_tokens
-        long = asyncio.create_task(engine.generate(tok.encode("A"), SamplingParams(max_new_tokens=300)))  # fmt: skip
+        long = asyncio.create_task(
+            engine.generate(tok.encode("A"), SamplingParams(max_new_tokens=300))
+        )
         while engine.generated_tokens < start + 10:
             await asyncio.sleep(0.001)
         short = await engine.generate(tok.encode("B"), SamplingParams(max_new_tokens=5))
@@ -237,14 +239,22 @@ def test_rows_that_join_and_leave_decode_as_they_would_alone(engine, tiny_policy
     lengths (a long-prompt row leaving lets the cache drop its columns): the same tokens and
     log-probs as each request alone."""
     tok = engine.tokenizer
-    requests = [(tok.encode("x " * 60 + "where"), 4), (tok.encode("where"), 40),
-                (tok.encode("y " * 9 + "who"), 12), (tok.encode("z " * 30 + "what"), 25),
-                (tok.encode("when"), 30)]  # fmt: skip
+    requests = [
+        (tok.encode("x " * 60 + "where"), 4),
+        (tok.encode("where"), 40),
+        (tok.encode("y " * 9 + "who"), 12),
+        (tok.encode("z " * 30 + "what"), 25),
+        (tok.encode("when"), 30),
+    ]
 
     async def staggered():
         tasks = []
         for prompt, n in requests:
-            tasks.append(asyncio.create_task(engine.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=n))))  # fmt: skip
+            tasks.append(
+                asyncio.create_task(
+                    engine.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=n))
+                )
+            )
             target = engine.generated_tokens + 3
             while engine.generated_tokens < target and not all(t.done() for t in tasks):
                 await asyncio.sleep(0.0005)

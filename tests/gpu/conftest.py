@@ -24,6 +24,8 @@ def policy(tmp_path_factory):
     """The tiny policy's shape with random weights and a tokenizer trained on a few texts."""
     from pipeline.tiny_policy import build_tiny_policy
 
-    texts = [f"Question {i}: <search> Varno Telik </search> <answer> Quorvex {i} </answer>"
-             for i in range(1500)]  # fmt: skip
+    texts = [
+        f"Question {i}: <search> Varno Telik </search> <answer> Quorvex {i} </answer>"
+        for i in range(1500)
+    ]
     return build_tiny_policy(tmp_path_factory.mktemp("policy") / "tiny", texts, vocab_size=500)

@@ -49,8 +49,10 @@ def test_the_embedded_engine_on_the_gpu_matches_the_cpu_greedy(policy, device):
 
 def test_bf16_training_tracks_fp32(policy, device):
     config = LearnerConfig(lr=1e-3, micro_batch_size=4, max_steps=10)
-    learners = {dtype: Learner(policy, config, group_size=4, dtype=dtype)
-                for dtype in ("float32", "bfloat16")}  # fmt: skip
+    learners = {
+        dtype: Learner(policy, config, group_size=4, dtype=dtype)
+        for dtype in ("float32", "bfloat16")
+    }
     for model in learners.values():
         assert next(model.model.parameters()).device.type == torch.device(device).type
     batches = [groups(50 + i) for i in range(3)]
@@ -65,7 +67,9 @@ def test_bf16_training_tracks_fp32(policy, device):
         b = build_batch(members, torch.zeros(len(members)), model.pad_id)
         on = next(model.model.parameters()).device
         with torch.no_grad():
-            logits = model.model(input_ids=b.input_ids.to(on), attention_mask=b.attention_mask.to(on)).logits  # fmt: skip
+            logits = model.model(
+                input_ids=b.input_ids.to(on), attention_mask=b.attention_mask.to(on)
+            ).logits
             values, _ = response_logprobs(logits, b)
         mask = b.response_mask.bool()
         return values.float().cpu()[mask]
@@ -75,12 +79,26 @@ def test_bf16_training_tracks_fp32(policy, device):
 
 
 def launch(run_dir, cache, *extra):
-    argv = [sys.executable, "-m", "pipeline.launch", "configs/local.yaml", "--run-dir", str(run_dir),
-            "--set", f"runtime.cache_dir={cache}", *SHORT, *extra]  # fmt: skip
-    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=child_env(), timeout=900)  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "pipeline.launch",
+        "configs/local.yaml",
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        f"runtime.cache_dir={cache}",
+        *SHORT,
+        *extra,
+    ]
+    return subprocess.run(
+        argv, cwd=ROOT, capture_output=True, text=True, env=child_env(), timeout=900
+    )
 
 
-def test_the_local_pipeline_on_the_gpu_with_zero3_balances_its_books_and_resumes(tmp_path, run_cache, device):  # fmt: skip
+def test_the_local_pipeline_on_the_gpu_with_zero3_balances_its_books_and_resumes(
+    tmp_path, run_cache, device
+):
     run_dir = tmp_path / "run"
     zero = 3 if device == "cuda" else 2  # the launcher refuses ZeRO-3 without CUDA (a CPU check)
     on_gpu = ["--set", f"actors.engine.device={device}", "--set", f"learner.zero_stage={zero}"]

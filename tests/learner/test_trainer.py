@@ -73,7 +73,9 @@ def test_mask_and_alignment_reach_the_loss(policy):
     batch = build_batch(trajectories, torch.zeros(len(trajectories)), model.pad_id)
     device = device_of(model)
     with torch.no_grad():
-        logits = model.model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)).logits  # fmt: skip
+        logits = model.model(
+            input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)
+        ).logits
         logp, _ = response_logprobs(logits, batch)
         t = trajectories[0]
         ids = torch.tensor([list(t.prompt_token_ids) + list(t.token_ids)], device=device)
@@ -321,7 +323,9 @@ def test_a_step_makes_rewarded_responses_more_likely(policy):
         b = build_batch(members, torch.zeros(len(members)), model.pad_id)
         device = device_of(model)
         with torch.no_grad():
-            logits = model.model(input_ids=b.input_ids.to(device), attention_mask=b.attention_mask.to(device)).logits  # fmt: skip
+            logits = model.model(
+                input_ids=b.input_ids.to(device), attention_mask=b.attention_mask.to(device)
+            ).logits
             values, _ = response_logprobs(logits, b)
         return (values.cpu() * b.response_mask).sum(-1)
 
@@ -373,7 +377,13 @@ def test_model_dtype_and_gradient_checkpointing_act(policy):
     assert all(not torch.equal(before[k], after[k]) for k in before)  # every tensor trained
 
     def gradient(**options):
-        model = Learner(policy, LearnerConfig(micro_batch_size=3, lr=5e-3), group_size=4, dtype="float32", **options)  # fmt: skip
+        model = Learner(
+            policy,
+            LearnerConfig(micro_batch_size=3, lr=5e-3),
+            group_size=4,
+            dtype="float32",
+            **options,
+        )
         model.engine.step = lambda: None
         model.step(groups(3))
         return model, torch.cat(

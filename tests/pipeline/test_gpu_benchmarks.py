@@ -55,7 +55,9 @@ def test_the_tiny_decoder_times_every_batch_and_fits_a_line(tmp_path):
 
 
 def test_the_tiny_engine_figures_compare_equal_work(tmp_path):
-    done = run("engine_gpu", "--tiny", "--batch", "4", "--tokens", "24", "--json", str(tmp_path / "f.json"))  # fmt: skip
+    done = run(
+        "engine_gpu", "--tiny", "--batch", "4", "--tokens", "24", "--json", str(tmp_path / "f.json")
+    )
     assert done.returncode == 0, done.stderr
     figures = json.loads((tmp_path / "f.json").read_text())
     for key in ("engine", "generate", "agent_continuous", "agent_waves"):

@@ -8,8 +8,12 @@ from pipeline.report import initial_policy
 
 def test_initial_policy_names_the_warm_start_and_digests_its_weights(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"weights")
-    record = {"steps": 1470, "epochs": [{"epoch": e} for e in range(30)], "first_loss": 7.6,
-              "final_loss": 0.1057}  # fmt: skip
+    record = {
+        "steps": 1470,
+        "epochs": [{"epoch": e} for e in range(30)],
+        "first_loss": 7.6,
+        "final_loss": 0.1057,
+    }
     (tmp_path / "warm_start.json").write_text(json.dumps(record))
     line = initial_policy(tmp_path)
     digest = hashlib.sha256(b"weights").hexdigest()[:16]

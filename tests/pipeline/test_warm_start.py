@@ -172,7 +172,9 @@ def test_the_weights_follow_the_epochs_not_the_clock(world, warm, tokenizer):
     def train(deadline):
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_pretrained(warm[0], local_files_only=True, dtype=torch.float32)  # fmt: skip
-        result = train_sft(model, batch, tokenizer.pad_token_id, training, deadline, seed=0, progress=False)  # fmt: skip
+        result = train_sft(
+            model, batch, tokenizer.pad_token_id, training, deadline, seed=0, progress=False
+        )
         assert len(result["epochs"]) == 2 and result["steps"] >= 2
         return model.state_dict()
 
@@ -193,14 +195,27 @@ def test_a_deadline_stops_training_instead_of_shortening_it(world, warm, tokeniz
 
     agent = layout_agent(tokenizer, TOOLS, LOCAL_AGENT)
     batch = [demo_example(d, agent) for d in demos(world)[:8]]
-    model = AutoModelForCausalLM.from_pretrained(warm[0], local_files_only=True, dtype=torch.float32)  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(
+        warm[0], local_files_only=True, dtype=torch.float32
+    )
     with pytest.raises(SftTimeout, match="epoch 1 of 3, step 0"):
-        train_sft(model, batch, tokenizer.pad_token_id, Training(max_epochs=3), time.monotonic() - 1, seed=0, progress=False)  # fmt: skip
+        train_sft(
+            model,
+            batch,
+            tokenizer.pad_token_id,
+            Training(max_epochs=3),
+            time.monotonic() - 1,
+            seed=0,
+            progress=False,
+        )
 
 
 def test_a_warm_start_past_its_guard_caches_nothing(world, tmp_path):
     target = tmp_path / "policy"
-    with pytest.raises(WarmStartError, match=r"passed its 0\.001 s guard at epoch 1 of 60.*raise model\.warm_start_timeout_s"):  # fmt: skip
+    with pytest.raises(
+        WarmStartError,
+        match=r"passed its 0\.001 s guard at epoch 1 of 60.*raise model\.warm_start_timeout_s",
+    ):
         warm_start(world, target, timeout_s=0.001, progress=False)
     assert not target.exists() and not list(tmp_path.iterdir())
 
