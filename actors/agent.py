@@ -124,8 +124,14 @@ def parse_action(text: str, generation: Generation) -> tuple[str, str] | None:
 
 
 class AgentLoop:
-    def __init__(self, engine: RolloutEngine, tokenizer, tools: dict[str, Tool], settings: AgentSettings,
-                 actor_id: str = "actor-0") -> None:  # fmt: skip
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        tokenizer,
+        tools: dict[str, Tool],
+        settings: AgentSettings,
+        actor_id: str = "actor-0",
+    ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.tools = tools
@@ -143,7 +149,9 @@ class AgentLoop:
         if ids is None:
             if len(self._prompts) >= 1024:
                 self._prompts.clear()
-            ids = self._prompts[task.question] = prompt_ids(self.tokenizer, self.tools, task.question)  # fmt: skip
+            ids = self._prompts[task.question] = prompt_ids(
+                self.tokenizer, self.tools, task.question
+            )
         return list(ids)
 
     def _observation_ids(self, open_tag: str, body: str, close_tag: str) -> list[int]:

@@ -160,7 +160,9 @@ class EmbeddedEngine:
         (continuous batching); off, they wait until it has drained (for benchmarks to compare)."""
         self.model = model.eval()
         # transformers 5.24 renamed past_key_values to cache (the old name goes in 5.40)
-        self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"  # fmt: skip
+        self._cache_kwarg = (
+            "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        )
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.device = next(model.parameters()).device
@@ -185,8 +187,14 @@ class EmbeddedEngine:
         self.generated_tokens = 0
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike[str], *, device: str = "cpu",
-                        dtype: str = "float32", **kwargs: object) -> EmbeddedEngine:  # fmt: skip
+    def from_pretrained(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        **kwargs: object,
+    ) -> EmbeddedEngine:
         """The HF model at `path` on `device` ("cpu", "cuda") with parameters of `dtype`."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging

@@ -137,8 +137,11 @@ class ActorPool:
         now = time.monotonic()
         if now - self._last_report >= 30:  # the first failure, then at most one line per 30 s
             self._last_report = now
-            print(f"strata: {self.name}: {self.stats.aborted} aborted and {self.stats.rejected} "
-                  f"rejected trajectories so far; the last: {error}", flush=True)  # fmt: skip
+            print(
+                f"strata: {self.name}: {self.stats.aborted} aborted and {self.stats.rejected} "
+                f"rejected trajectories so far; the last: {error}",
+                flush=True,
+            )
         if prompt_id in self._abandoned:
             return
         self._abandoned.add(prompt_id)

@@ -209,8 +209,11 @@ class RemoteEngine:
                     server.version = await self._bring_up_to_date(server)
                     await self._resume(server)
                 except Exception as exc:
-                    print(f"strata: {server.url} answers again but could not rejoin, retrying "
-                          f"in {self.cooldown_s:g} s: {exc}", flush=True)  # fmt: skip
+                    print(
+                        f"strata: {server.url} answers again but could not rejoin, retrying "
+                        f"in {self.cooldown_s:g} s: {exc}",
+                        flush=True,
+                    )
                     continue
                 server.rejoins += 1
                 self._back_in_rotation(server)
@@ -332,8 +335,11 @@ class RemoteEngine:
             server.server_aborts += 1
         if generation.versions and min(generation.versions) < believed:
             # older weights than it was given: restarted behind our back (labelled as they are)
-            print(f"strata: {server.url} served version {min(generation.versions)}, not the "
-                  f"{believed} it was given (restarted?): reloading it", flush=True)  # fmt: skip
+            print(
+                f"strata: {server.url} served version {min(generation.versions)}, not the "
+                f"{believed} it was given (restarted?): reloading it",
+                flush=True,
+            )
             self._mark_down(server)
         self.generated_tokens += len(generation.token_ids)
         return generation

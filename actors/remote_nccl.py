@@ -46,9 +46,15 @@ def join_weights_group(address: str, port: int, world_size: int, group_name: str
     params = inspect.signature(_new_process_group_helper).parameters
     options = "backend_options" if "backend_options" in params else "pg_options"
     group, _ = _new_process_group_helper(
-        world_size, rank, [], Backend(backend), store, group_name=group_name,
-        **{options: None}, timeout=default_pg_timeout,
-    )  # fmt: skip
+        world_size,
+        rank,
+        [],
+        Backend(backend),
+        store,
+        group_name=group_name,
+        **{options: None},
+        timeout=default_pg_timeout,
+    )
     _world.pg_group_ranks[group] = {i: i for i in range(world_size)}
     return group
 
@@ -123,8 +129,12 @@ def join_vllm_group(address: str, port: int, world_size: int) -> Any:
 def vllm_init_info(address: str, port: int, rank_offset: int, world_size: int) -> dict:
     """The /init_weight_transfer_engine body's `init_info` for one server, whose workers take
     ranks rank_offset.. of the group (TCPStore rendezvous at address:port, unpacked tensors)."""
-    return {"master_address": address, "master_port": port, "rank_offset": rank_offset,
-            "world_size": world_size}  # fmt: skip
+    return {
+        "master_address": address,
+        "master_port": port,
+        "rank_offset": rank_offset,
+        "world_size": world_size,
+    }
 
 
 def vllm_update_info(items: list[tuple[str, Any]]) -> dict:

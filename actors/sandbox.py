@@ -225,8 +225,12 @@ def _command(
 def _interpreter_dirs() -> list[str]:
     """Where the interpreter lives: the venv, the base installation, the executable's real dir
     (a venv's python is often a link into a base installation elsewhere); outermost only."""
-    wanted = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.abspath(sys.executable)),
-              os.path.dirname(os.path.realpath(sys.executable))}  # fmt: skip
+    wanted = {
+        sys.prefix,
+        sys.base_prefix,
+        os.path.dirname(os.path.abspath(sys.executable)),
+        os.path.dirname(os.path.realpath(sys.executable)),
+    }
     kept: list[str] = []
     for path in sorted(wanted):  # a parent sorts before its children
         if not any(path == outer or path.startswith(outer + "/") for outer in kept):

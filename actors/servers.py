@@ -82,9 +82,14 @@ class ManagedServers:
         log_dir.mkdir(parents=True, exist_ok=True)
         log = log_dir / f"{self.log_name}-{index}.log"
         with log.open("ab") as out:
-            process = subprocess.Popen(self.command(port, index), stdout=out, stderr=subprocess.STDOUT,
-                                       env=self.environment(index), start_new_session=True,
-                                       preexec_fn=_die_with_parent)  # fmt: skip
+            process = subprocess.Popen(
+                self.command(port, index),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.environment(index),
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
         return ManagedServer(f"http://{self.host}:{port}", process, log)
 
     def respawn(self, index: int) -> ManagedServer:
@@ -188,8 +193,9 @@ class ServerWatch:
     with the launcher. A server that fails to come back `max_attempts` times in a row is left out.
     """
 
-    def __init__(self, servers: ManagedServers, hold, readmit, poll_s: float = 0.5,
-                 max_attempts: int = 3) -> None:  # fmt: skip
+    def __init__(
+        self, servers: ManagedServers, hold, readmit, poll_s: float = 0.5, max_attempts: int = 3
+    ) -> None:
         self.servers, self.hold, self.readmit = servers, hold, readmit
         self.poll_s, self.max_attempts = poll_s, max_attempts
         self.restarts = 0
@@ -207,8 +213,11 @@ class ServerWatch:
         from actors.engine import EngineError
 
         server, label = self.servers.servers[index], self.servers.label
-        print(f"strata: the {label} server at {server.url} exited with status "
-              f"{server.process.returncode}; restarting it (log {server.log})", flush=True)  # fmt: skip
+        print(
+            f"strata: the {label} server at {server.url} exited with status "
+            f"{server.process.returncode}; restarting it (log {server.log})",
+            flush=True,
+        )
         try:
             await self.hold(server.url)
             self.servers.respawn(index)  # here, in the thread that started the others
@@ -220,10 +229,15 @@ class ServerWatch:
             if tries >= self.max_attempts:
                 self.left_out.add(index)
             gave_up = "; left out of the run" if index in self.left_out else ""
-            print(f"strata: restarting the {label} server at {server.url} failed "
-                  f"({tries}/{self.max_attempts}){gave_up}: {exc}", flush=True)  # fmt: skip
+            print(
+                f"strata: restarting the {label} server at {server.url} failed "
+                f"({tries}/{self.max_attempts}){gave_up}: {exc}",
+                flush=True,
+            )
             return
         self._failures.pop(index, None)
         self.restarts += 1
-        print(f"strata: the {label} server at {server.url} is back, serving version {version}",
-              flush=True)  # fmt: skip
+        print(
+            f"strata: the {label} server at {server.url} is back, serving version {version}",
+            flush=True,
+        )

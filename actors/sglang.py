@@ -88,9 +88,13 @@ class SGLangEngine(RemoteEngine):
         return None if label is None else _as_version(label, -1)
 
     async def _load(self, server: _Server, version: int, path: str) -> None:
-        await self._post(server, "update_weights_from_disk",
-                         {"model_path": path, "weight_version": str(version)},
-                         self._control_timeout, check_success=True)  # fmt: skip
+        await self._post(
+            server,
+            "update_weights_from_disk",
+            {"model_path": path, "weight_version": str(version)},
+            self._control_timeout,
+            check_success=True,
+        )
 
     # ------------------------------------------------------------------------- weights: NCCL
 
@@ -126,9 +130,13 @@ class SGLangEngine(RemoteEngine):
 
         async def update(server: _Server) -> None:
             for i, bucket in enumerate(buckets):
-                await self._post(server, "update_weights_from_distributed",
-                                 remote_nccl.bucket_body(bucket, group_name, version, i == len(buckets) - 1),
-                                 self._control_timeout, check_success=True)  # fmt: skip
+                await self._post(
+                    server,
+                    "update_weights_from_distributed",
+                    remote_nccl.bucket_body(bucket, group_name, version, i == len(buckets) - 1),
+                    self._control_timeout,
+                    check_success=True,
+                )
 
         async def broadcast() -> None:  # a server failing mid-broadcast blocks it until timeout
             for bucket in buckets:
@@ -157,13 +165,22 @@ class SGLangEngine(RemoteEngine):
         world_size = 1 + sum(ranks)
         offsets = [1 + sum(ranks[:i]) for i in range(len(ranks))]
         joins = [
-            self._post(server, "init_weights_update_group",
-                       {"master_address": master_address, "master_port": master_port,
-                        "rank_offset": offset, "world_size": world_size,
-                        "group_name": group_name, "backend": backend},
-                       self._control_timeout, check_success=True)
+            self._post(
+                server,
+                "init_weights_update_group",
+                {
+                    "master_address": master_address,
+                    "master_port": master_port,
+                    "rank_offset": offset,
+                    "world_size": world_size,
+                    "group_name": group_name,
+                    "backend": backend,
+                },
+                self._control_timeout,
+                check_success=True,
+            )
             for server, offset in zip(self._servers, offsets, strict=True)
-        ]  # fmt: skip
+        ]
         group, *_ = await asyncio.gather(
             asyncio.to_thread(
                 remote_nccl.join_weights_group,

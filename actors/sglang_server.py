@@ -39,12 +39,25 @@ class SGLangServers(ManagedServers):
 
     def command(self, port: int, index: int = 0) -> list[str]:
         return [
-            self.python or sys.executable, "-m", "sglang.launch_server",
-            "--model-path", str(self.model_dir), "--host", self.host, "--port", str(port),
-            "--tp-size", str(self.tp_size), "--mem-fraction-static", f"{self.mem_fraction_static:g}",
-            "--dtype", self.dtype, "--random-seed", str(self.seed + index),
+            self.python or sys.executable,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            str(self.model_dir),
+            "--host",
+            self.host,
+            "--port",
+            str(port),
+            "--tp-size",
+            str(self.tp_size),
+            "--mem-fraction-static",
+            f"{self.mem_fraction_static:g}",
+            "--dtype",
+            self.dtype,
+            "--random-seed",
+            str(self.seed + index),
             *self.extra_args,
-        ]  # fmt: skip
+        ]
 
     def environment(self, index: int = 0) -> dict[str, str]:
         env = super().environment(index)

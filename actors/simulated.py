@@ -71,7 +71,9 @@ class Workload:
     """Words in a tool's observation (one token each with `pipeline.simulation.sim_tokenizer`)."""
 
     def turn_tokens(self, rng: random.Random) -> int:
-        return max(8, round(self.turn_tokens_median * math.exp(rng.gauss(0.0, self.turn_tokens_sigma))))  # fmt: skip
+        return max(
+            8, round(self.turn_tokens_median * math.exp(rng.gauss(0.0, self.turn_tokens_sigma)))
+        )
 
     def tool_latency(self, rng: random.Random) -> float:
         low, high = self.tool_latency_s

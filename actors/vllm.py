@@ -90,9 +90,11 @@ class VLLMEngine(RemoteEngine):
             "return_tokens_as_token_ids": True,
         }
         return await self._generate_on(
-            server, "v1/completions", body,
+            server,
+            "v1/completions",
+            body,
             lambda payload, believed: _parse_completion(payload, believed, server.url, params.stop),
-        )  # fmt: skip
+        )
 
     async def _pause(self, server: _Server) -> None:
         await self._post(server, "pause?mode=wait", {}, self._control_timeout)
@@ -146,7 +148,9 @@ class VLLMEngine(RemoteEngine):
         async def update(server: _Server) -> None:  # blocks until the broadcast has landed
             await self._post(server, "start_weight_update", {}, timeout)
             await self._post(server, "update_weights", {"update_info": info}, timeout)
-            await self._post(server, "finish_weight_update", {"weight_version": str(version)}, timeout)  # fmt: skip
+            await self._post(
+                server, "finish_weight_update", {"weight_version": str(version)}, timeout
+            )
 
         async def broadcast() -> None:
             await asyncio.to_thread(
@@ -164,12 +168,18 @@ class VLLMEngine(RemoteEngine):
             sizes.append(int(answer["world_size"]) if isinstance(answer, dict) else 1)
         world_size = 1 + sum(sizes)
         joins = [
-            self._post(server, "init_weight_transfer_engine",
-                       {"init_info": remote_nccl.vllm_init_info(master_address, master_port,
-                                                                1 + sum(sizes[:i]), world_size)},
-                       self._control_timeout)
+            self._post(
+                server,
+                "init_weight_transfer_engine",
+                {
+                    "init_info": remote_nccl.vllm_init_info(
+                        master_address, master_port, 1 + sum(sizes[:i]), world_size
+                    )
+                },
+                self._control_timeout,
+            )
             for i, server in enumerate(self._servers)
-        ]  # fmt: skip
+        ]
         group, *_ = await asyncio.gather(
             asyncio.to_thread(remote_nccl.join_vllm_group, master_address, master_port, world_size),
             *joins,
@@ -211,7 +221,9 @@ def checkpoint_problem(path: str) -> str | None:
     return None
 
 
-def _parse_completion(payload: object, believed: int, url: str, stops: tuple[str, ...] | list[str]) -> Generation:  # fmt: skip
+def _parse_completion(
+    payload: object, believed: int, url: str, stops: tuple[str, ...] | list[str]
+) -> Generation:
     try:
         choice = payload["choices"][0]  # type: ignore[index]
         logprobs = choice["logprobs"]

@@ -45,16 +45,35 @@ class VLLMServers(ManagedServers):
 
     def command(self, port: int, index: int = 0) -> list[str]:
         return [
-            str(vllm_python(self.python)), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(self.model_dir), "--served-model-name", SERVED_NAME,
-            "--host", self.host, "--port", str(port), "--dtype", self.dtype,
-            "--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.max_num_seqs),
-            "--enforce-eager", "--gpu-memory-utilization", "0.3",  # without these it refuses to start on CPU
-            "--logprobs-mode", "processed_logprobs",
-        ]  # fmt: skip
+            str(vllm_python(self.python)),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            SERVED_NAME,
+            "--host",
+            self.host,
+            "--port",
+            str(port),
+            "--dtype",
+            self.dtype,
+            "--max-model-len",
+            str(self.max_model_len),
+            "--max-num-seqs",
+            str(self.max_num_seqs),
+            "--enforce-eager",
+            "--gpu-memory-utilization",
+            "0.3",  # without these it refuses to start on CPU
+            "--logprobs-mode",
+            "processed_logprobs",
+        ]
 
     def environment(self, index: int = 0) -> dict[str, str]:
         env = super().environment(index)
-        env.update(VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE=f"{self.kv_cache_gb:g}",
-                   VLLM_NO_USAGE_STATS="1")  # fmt: skip
+        env.update(
+            VLLM_SERVER_DEV_MODE="1",
+            VLLM_CPU_KVCACHE_SPACE=f"{self.kv_cache_gb:g}",
+            VLLM_NO_USAGE_STATS="1",
+        )
         return env

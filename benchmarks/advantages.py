@@ -173,7 +173,9 @@ def main() -> None:
     contenders["stratified dense, torch"] = torch_path
     for name in ESTIMATORS:
         for kind, ids in (("dense", dense), ("hashed", hashed)):
-            contenders[f"{name} {kind}"] = lambda n=name, i=ids: estimate(n, rewards, i, strata).advantages  # fmt: skip
+            contenders[f"{name} {kind}"] = lambda n=name, i=ids: (
+                estimate(n, rewards, i, strata).advantages
+            )
     results = {name: run() for name, run in contenders.items()}
     for name in ESTIMATORS:  # the id values must not matter
         if not torch.equal(results[f"{name} dense"], results[f"{name} hashed"]):
@@ -195,14 +197,22 @@ def main() -> None:
     # The least any of them must move: rewards (4 B) and strata (8 B) in, advantages (4 B) out, and
     # the group ids (8 B); the peer reads no strata.
     floor_bytes = {"peer": args.n * 16}
-    print(f"advantages of {args.n:,} trajectories, groups of {args.group_size}, 5 strata, float32, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads; copy bandwidth "
-          f"{bandwidth / 1e9:.1f} GB/s; median of {args.repeats}, interleaved; the blend's C loops "
-          f"{'in use' if native.library() else 'unavailable (torch path only)'}")  # fmt: skip
-    print(f"  glibc's default heap (page faults on every fresh temporary): peer "
-          f"{cold['peer'] * 1e3:.2f} ms, stratified dense {cold['stratified dense'] * 1e3:.2f} ms, "
-          f"{cold['stratified dense'] / cold['peer']:.2f}x")  # fmt: skip
-    print("  heap kept warm (mallopt):" if warm else "  (not glibc: the heap is as the C library keeps it)")  # fmt: skip
+    print(
+        f"advantages of {args.n:,} trajectories, groups of {args.group_size}, 5 strata, float32, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; copy bandwidth "
+        f"{bandwidth / 1e9:.1f} GB/s; median of {args.repeats}, interleaved; the blend's C loops "
+        f"{'in use' if native.library() else 'unavailable (torch path only)'}"
+    )
+    print(
+        f"  glibc's default heap (page faults on every fresh temporary): peer "
+        f"{cold['peer'] * 1e3:.2f} ms, stratified dense {cold['stratified dense'] * 1e3:.2f} ms, "
+        f"{cold['stratified dense'] / cold['peer']:.2f}x"
+    )
+    print(
+        "  heap kept warm (mallopt):"
+        if warm
+        else "  (not glibc: the heap is as the C library keeps it)"
+    )
     print(f"  {'':<23} {'ms':>8} {'vs peer':>8} {'memory floor':>13}")
     for name, s in seconds.items():
         floor = floor_bytes.get(name, args.n * 24) / bandwidth
@@ -216,8 +226,10 @@ def main() -> None:
         diff = (results["stratified dense"] - torch.tensor(want)).abs().max().item()
         if diff > 1e-4:
             raise SystemExit(f"stratified: the loop disagrees, max |difference| {diff:.3g}")
-        print(f"  {'stratified':<10} {loop_s * 1e3:9.0f} ms  {loop_s / seconds['stratified dense']:6.0f}x "
-              f"the vectorised  max |difference| {diff:.1e}")  # fmt: skip
+        print(
+            f"  {'stratified':<10} {loop_s * 1e3:9.0f} ms  {loop_s / seconds['stratified dense']:6.0f}x "
+            f"the vectorised  max |difference| {diff:.1e}"
+        )
         for name in sorted(set(ESTIMATORS) - {"stratified"}):
             start = time.perf_counter()
             want, keep = loop_estimate(name, rewards.tolist(), dense.tolist())
@@ -226,15 +238,19 @@ def main() -> None:
             diff = (got.advantages - torch.tensor(want)).abs().max().item()
             if diff > 1e-4 or got.keep.tolist() != keep:
                 raise SystemExit(f"{name}: the loop disagrees, max |difference| {diff:.3g}")
-            print(f"  {name:<10} {loop_s * 1e3:9.0f} ms  {loop_s / seconds[f'{name} dense']:6.0f}x "
-                  f"the vectorised  max |difference| {diff:.1e}")  # fmt: skip
+            print(
+                f"  {name:<10} {loop_s * 1e3:9.0f} ms  {loop_s / seconds[f'{name} dense']:6.0f}x "
+                f"the vectorised  max |difference| {diff:.1e}"
+            )
 
     ratio = seconds["stratified dense"] / seconds["peer"]
     together = seconds["stratified grouped"] / seconds["peer grouped"]
     spread = round_ratios(times, "stratified dense", "peer")
-    print(f"stratified blend vs bincount GRPO peer: {ratio:.2f}x (round by round {spread} over "
-          f"{args.repeats}; hash-like ids {seconds['stratified hashed'] / seconds['peer']:.2f}x; "
-          f"groups side by side as in the learner's batches {together:.2f}x; target <= 2x)")  # fmt: skip
+    print(
+        f"stratified blend vs bincount GRPO peer: {ratio:.2f}x (round by round {spread} over "
+        f"{args.repeats}; hash-like ids {seconds['stratified hashed'] / seconds['peer']:.2f}x; "
+        f"groups side by side as in the learner's batches {together:.2f}x; target <= 2x)"
+    )
 
 
 if __name__ == "__main__":

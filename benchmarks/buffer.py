@@ -141,8 +141,10 @@ def main() -> None:
         f"  parquet spill    : {mb_s:10.1f} MB/s of raw payload, zstd, {files} files, "
         f"{disk / 1e6:.1f} MB on disk for {sum(t.nbytes for t in trajectories) / 1e6:.1f} MB raw"
     )
-    print(f"buffer ingest: {rate / 50_000:.2f}x the 50k trajectories/s target, "
-          f"resident {measured / raw:.2f}x raw (target <= 1.3x)")  # fmt: skip
+    print(
+        f"buffer ingest: {rate / 50_000:.2f}x the 50k trajectories/s target, "
+        f"resident {measured / raw:.2f}x raw (target <= 1.3x)"
+    )
 
 
 if __name__ == "__main__":

@@ -73,22 +73,38 @@ class Case:
     def overrides(self) -> list[str]:
         s = TOKEN_SCALE
         return [
-            "actors.engine.type=simulated", f"actors.engine.num_servers={self.servers}",
-            f"actors.engine.step_s={0.010 * s}", f"actors.engine.step_per_seq_s={0.0003 * s}",
-            f"actors.engine.prefill_per_token_s={0.0001 * s}", "actors.engine.max_batch=64",
-            f"actors.engine.turn_tokens_median={200 / s}", "actors.engine.turn_tokens_sigma=0.8",
-            "actors.engine.tool_call_p=0.6", "actors.engine.tool_latency_s=[0.2,2.0]",
+            "actors.engine.type=simulated",
+            f"actors.engine.num_servers={self.servers}",
+            f"actors.engine.step_s={0.010 * s}",
+            f"actors.engine.step_per_seq_s={0.0003 * s}",
+            f"actors.engine.prefill_per_token_s={0.0001 * s}",
+            "actors.engine.max_batch=64",
+            f"actors.engine.turn_tokens_median={200 / s}",
+            "actors.engine.turn_tokens_sigma=0.8",
+            "actors.engine.tool_call_p=0.6",
+            "actors.engine.tool_latency_s=[0.2,2.0]",
             f"actors.engine.partial_rollouts={str(self.partial).lower()}",
-            f"actors.engine.train_s_per_token={LEARNER_S_PER_TOKEN * s}", "actors.engine.train_step_s=1.0",
-            f"actors.engine.learner_ranks={self.ranks}", "actors.engine.params_b=8",
-            "actors.engine.sync_gb_per_s=25", "actors.tools=[search]", "actors.max_turns=6",
-            f"actors.max_new_tokens_per_turn={2048 // s}", f"actors.max_response_tokens={16384 // s}",
-            f"actors.max_observation_tokens={512 // s}", f"actors.concurrency={self.servers * 64 * 4}",
-            f"buffer.group_size={GROUP_SIZE}", f"buffer.max_staleness={self.eta}",
-            "buffer.max_groups_in_flight=100000", "buffer.spill=false",
-            f"learner.groups_per_step={self.groups()}", f"learner.max_steps={self.steps}",
-            "data.num_questions=100000", "eval.every_steps=0", "metrics.enabled=false",
-        ]  # fmt: skip
+            f"actors.engine.train_s_per_token={LEARNER_S_PER_TOKEN * s}",
+            "actors.engine.train_step_s=1.0",
+            f"actors.engine.learner_ranks={self.ranks}",
+            "actors.engine.params_b=8",
+            "actors.engine.sync_gb_per_s=25",
+            "actors.tools=[search]",
+            "actors.max_turns=6",
+            f"actors.max_new_tokens_per_turn={2048 // s}",
+            f"actors.max_response_tokens={16384 // s}",
+            f"actors.max_observation_tokens={512 // s}",
+            f"actors.concurrency={self.servers * 64 * 4}",
+            f"buffer.group_size={GROUP_SIZE}",
+            f"buffer.max_staleness={self.eta}",
+            "buffer.max_groups_in_flight=100000",
+            "buffer.spill=false",
+            f"learner.groups_per_step={self.groups()}",
+            f"learner.max_steps={self.steps}",
+            "data.num_questions=100000",
+            "eval.every_steps=0",
+            "metrics.enabled=false",
+        ]
 
 
 def run(case: Case, root: Path) -> SimResult:
@@ -119,7 +135,9 @@ def share_gap(result: SimResult) -> float:
     """The largest shortfall of a stratum's trained share below its generated share (finished
     trajectories that left the buffer), in percentage points."""
     rows = result.per_stratum.values()
-    left = {k: r["trained"] + r["dropped_stale"] + r["abandoned"] for k, r in result.per_stratum.items()}  # fmt: skip
+    left = {
+        k: r["trained"] + r["dropped_stale"] + r["abandoned"] for k, r in result.per_stratum.items()
+    }
     generated, trained = sum(left.values()), sum(r["trained"] for r in rows)
     if not generated or not trained:
         return float("nan")
@@ -167,14 +185,36 @@ def bound(sync: SimResult) -> float:
 def row(case: Case, r: SimResult, sync: SimResult | None) -> list[str]:
     stale = "/".join(str(r.staleness.get(k, 0)) for k in range(max(r.staleness, default=0) + 1))
     gain = r.trajectories_per_s / sync.trajectories_per_s if sync and case.eta else None
-    return [str(case.servers), str(case.ranks), mode(case), f"{r.trajectories_per_s:.2f}",
-            "–" if gain is None else f"{gain:.2f}x", "–" if gain is None else f"{gain / bound(sync):.0%}",
-            f"{r.learner_idle_fraction:.0%}", f"{r.server_busy_fraction:.0%}",
-            f"{r.server_draining_fraction:.0%}", stale, f"{share_gap(r):.1f}", f"{r.real_seconds:.0f}"]  # fmt: skip
+    return [
+        str(case.servers),
+        str(case.ranks),
+        mode(case),
+        f"{r.trajectories_per_s:.2f}",
+        "–" if gain is None else f"{gain:.2f}x",
+        "–" if gain is None else f"{gain / bound(sync):.0%}",
+        f"{r.learner_idle_fraction:.0%}",
+        f"{r.server_busy_fraction:.0%}",
+        f"{r.server_draining_fraction:.0%}",
+        stale,
+        f"{share_gap(r):.1f}",
+        f"{r.real_seconds:.0f}",
+    ]
 
 
-HEAD = ["servers", "learner ranks", "mode", "trajectories/s", "vs sync", "of overlap bound", "learner idle",
-        "servers busy", "servers draining", "staleness 0/1/2/..", "worst stratum gap (pp)", "real s"]  # fmt: skip
+HEAD = [
+    "servers",
+    "learner ranks",
+    "mode",
+    "trajectories/s",
+    "vs sync",
+    "of overlap bound",
+    "learner idle",
+    "servers busy",
+    "servers draining",
+    "staleness 0/1/2/..",
+    "worst stratum gap (pp)",
+    "real s",
+]
 
 
 def plot(results: list[tuple[Case, SimResult]], path: Path) -> None:
@@ -186,11 +226,18 @@ def plot(results: list[tuple[Case, SimResult]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ((bars, stale), (by_eta, by_ranks)) = plt.subplots(2, 2, figsize=(13, 10), gridspec_kw={"width_ratios": [3, 2]})  # fmt: skip
+    fig, ((bars, stale), (by_eta, by_ranks)) = plt.subplots(
+        2, 2, figsize=(13, 10), gridspec_kw={"width_ratios": [3, 2]}
+    )
     ys = list(range(len(results)))[::-1]
-    colours = ["tab:grey" if c.eta == 0 else ("tab:orange" if not c.partial else "tab:blue") for c, _ in results]  # fmt: skip
+    colours = [
+        "tab:grey" if c.eta == 0 else ("tab:orange" if not c.partial else "tab:blue")
+        for c, _ in results
+    ]
     bars.barh(ys, [r.trajectories_per_s for _, r in results], color=colours)
-    bars.set_yticks(ys, [f"{c.servers} servers, {c.ranks} ranks, {mode(c)}" for c, _ in results], fontsize=7)  # fmt: skip
+    bars.set_yticks(
+        ys, [f"{c.servers} servers, {c.ranks} ranks, {mode(c)}" for c, _ in results], fontsize=7
+    )
     bars.set_xlabel("trajectories/s (simulated time)")
     bars.set_title("grey: synchronous; blue: streaming; orange: no partial rollouts", fontsize=9)
     for y, (_, r) in zip(ys, results, strict=True):
@@ -201,7 +248,11 @@ def plot(results: list[tuple[Case, SimResult]], path: Path) -> None:
         return r.trajectories_per_s / sync[c.servers, c.ranks].trajectories_per_s
 
     for servers, ranks in sorted({(c.servers, c.ranks) for c, _ in results if c.eta > 1}):
-        line = sorted((c.eta, speedup(c, r)) for c, r in results if (c.servers, c.ranks) == (servers, ranks) and c.eta and c.partial)  # fmt: skip
+        line = sorted(
+            (c.eta, speedup(c, r))
+            for c, r in results
+            if (c.servers, c.ranks) == (servers, ranks) and c.eta and c.partial
+        )
         if len(line) > 1:
             by_eta.plot(
                 *zip(*line, strict=True), marker="o", label=f"{servers} servers, {ranks} ranks"
@@ -211,7 +262,11 @@ def plot(results: list[tuple[Case, SimResult]], path: Path) -> None:
     by_eta.set_ylabel("trajectories/s over synchronous")
     by_eta.set_xticks([1, 2, 4])
     by_eta.legend(fontsize=8)
-    scan = sorted((c.ranks, speedup(c, r), r.learner_idle_fraction, bound(sync[c.servers, c.ranks])) for c, r in results if c.servers == 32 and c.eta == 2 and c.partial)  # fmt: skip
+    scan = sorted(
+        (c.ranks, speedup(c, r), r.learner_idle_fraction, bound(sync[c.servers, c.ranks]))
+        for c, r in results
+        if c.servers == 32 and c.eta == 2 and c.partial
+    )
     if scan:
         ranks_, gains, idle, bounds = zip(*scan, strict=True)
         by_ranks.plot(ranks_, gains, marker="o", label="streaming η=2 over synchronous")
@@ -221,7 +276,13 @@ def plot(results: list[tuple[Case, SimResult]], path: Path) -> None:
         by_ranks.set_xlabel("learner ranks (32 servers)")
         by_ranks.set_ylabel("speed-up")
         twin = by_ranks.twinx()
-        twin.plot(ranks_, [100 * i for i in idle], marker="s", color="tab:red", label="learner idle (streaming)")  # fmt: skip
+        twin.plot(
+            ranks_,
+            [100 * i for i in idle],
+            marker="s",
+            color="tab:red",
+            label="learner idle (streaming)",
+        )
         twin.set_ylabel("learner idle %", color="tab:red")
         by_ranks.legend(loc="upper left", fontsize=8)
         twin.legend(loc="lower right", fontsize=8)
@@ -230,8 +291,12 @@ def plot(results: list[tuple[Case, SimResult]], path: Path) -> None:
     for i, (case, r) in enumerate(shown):
         total = sum(r.staleness.values())
         ks = sorted(r.staleness)
-        stale.bar([k + (i - (len(shown) - 1) / 2) * width for k in ks],
-                  [r.staleness[k] / total for k in ks], width, label=mode(case))  # fmt: skip
+        stale.bar(
+            [k + (i - (len(shown) - 1) / 2) * width for k in ks],
+            [r.staleness[k] / total for k in ks],
+            width,
+            label=mode(case),
+        )
     stale.set_xticks(range(max((max(r.staleness, default=0) for _, r in shown), default=0) + 1))
     stale.set_xlabel("staleness (learner version - oldest token version)")
     stale.set_ylabel("share of trained trajectories")
@@ -271,8 +336,10 @@ def main() -> None:
     stream = next(r for c, r in results if (c.servers, c.eta, c.partial) == (32, 2, True))
     t_gen, t_train = per_step(sync)
     speedup = stream.trajectories_per_s / sync.trajectories_per_s
-    print(f"32 servers, synchronous: T_gen {t_gen:.1f} s (learner waiting), T_train {t_train:.1f} s "
-          f"(step + publish) per step; overlap bound {bound(sync):.2f}x; {time.perf_counter() - began:.0f} s in all")  # fmt: skip
+    print(
+        f"32 servers, synchronous: T_gen {t_gen:.1f} s (learner waiting), T_train {t_train:.1f} s "
+        f"(step + publish) per step; overlap bound {bound(sync):.2f}x; {time.perf_counter() - began:.0f} s in all"
+    )
     last = f"streaming vs sync at eta=2: {speedup:.2f}x, {speedup / bound(sync):.0%} of the overlap bound"
     if args.doc:
         doc = Path(args.doc)
@@ -280,19 +347,38 @@ def main() -> None:
         plot(results, doc.with_suffix(".png"))
         about = "\n\n".join(__doc__.split("\n\n")[1:-1])  # without the title and usage
         json_path = doc.with_suffix(".json")
-        json_path.write_text(json.dumps([{"case": asdict(c), "result": asdict(r)} for c, r in results], indent=1) + "\n")  # fmt: skip
-        text = ["# Throughput at cluster scale, by simulation", "", about, "",
-                "Staleness counts trained trajectories by learner version minus their oldest token's "
-                "version. The stratum gap is the largest amount (percentage points) by which a "
-                "stratum's share of the trained trajectories falls below its share of those generated.",
-                "", *lines, "", f"![throughput]({doc.with_suffix('.png').name})", "",
-                f"32 servers, synchronous: T_gen {t_gen:.1f} s, T_train {t_train:.1f} s per step; "
-                f"overlap bound {bound(sync):.2f}x.", "", f"`{last}`", "",
-                *([Path(args.notes).read_text().strip(), ""] if args.notes else []),
-                f"Every run's figures: `{json_path.name}`. Regenerate (about "
-                f"{time.perf_counter() - began:.0f} s on {os.cpu_count()} cores, {args.jobs} cases at a time):", "", "```bash",
-                f"python benchmarks/cluster_sim.py --doc {args.doc}" + (f" --notes {args.notes}" if args.notes else ""),
-                "```", ""]  # fmt: skip
+        json_path.write_text(
+            json.dumps([{"case": asdict(c), "result": asdict(r)} for c, r in results], indent=1)
+            + "\n"
+        )
+        text = [
+            "# Throughput at cluster scale, by simulation",
+            "",
+            about,
+            "",
+            "Staleness counts trained trajectories by learner version minus their oldest token's "
+            "version. The stratum gap is the largest amount (percentage points) by which a "
+            "stratum's share of the trained trajectories falls below its share of those generated.",
+            "",
+            *lines,
+            "",
+            f"![throughput]({doc.with_suffix('.png').name})",
+            "",
+            f"32 servers, synchronous: T_gen {t_gen:.1f} s, T_train {t_train:.1f} s per step; "
+            f"overlap bound {bound(sync):.2f}x.",
+            "",
+            f"`{last}`",
+            "",
+            *([Path(args.notes).read_text().strip(), ""] if args.notes else []),
+            f"Every run's figures: `{json_path.name}`. Regenerate (about "
+            f"{time.perf_counter() - began:.0f} s on {os.cpu_count()} cores, {args.jobs} cases at a time):",
+            "",
+            "```bash",
+            f"python benchmarks/cluster_sim.py --doc {args.doc}"
+            + (f" --notes {args.notes}" if args.notes else ""),
+            "```",
+            "",
+        ]
         doc.write_text("\n".join(text))
     print(last)
 

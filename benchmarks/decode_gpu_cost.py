@@ -112,8 +112,11 @@ def main() -> int:
             decoder = Decoder(shape, batch, args.context, device)
             seconds = seconds_per_step(decoder, device, args.steps)
             figures["steps"][str(batch)] = seconds
-            print(f"batch {batch:4d}, context {args.context}: {seconds * 1e3:7.2f} ms a step, "
-                  f"{batch / seconds:8.0f} tokens/s", flush=True)  # fmt: skip
+            print(
+                f"batch {batch:4d}, context {args.context}: {seconds * 1e3:7.2f} ms a step, "
+                f"{batch / seconds:8.0f} tokens/s",
+                flush=True,
+            )
             del decoder
             if device == "cuda":
                 torch.cuda.empty_cache()

@@ -32,7 +32,10 @@ def default_policy(scratch: Path) -> Path:
         return cached[0]
     from pipeline.tiny_policy import build_tiny_policy
 
-    texts = [f"Question {i}: <search> Varno Telik </search> <answer> Quorvex {i} </answer>" for i in range(2000)]  # fmt: skip
+    texts = [
+        f"Question {i}: <search> Varno Telik </search> <answer> Quorvex {i} </answer>"
+        for i in range(2000)
+    ]
     return build_tiny_policy(scratch / "tiny", texts)
 
 
@@ -99,12 +102,19 @@ def main() -> int:
         print(f"policy {policy}; {args.requests} requests x {args.tokens} new tokens, T=1")
         results = {"embedded": asyncio.run(embedded(policy, batch, args.tokens))}
         for count in (1, 2):
-            servers = VLLMServers(str(policy), count=count, python=str(VLLM_PYTHON),
-                                  max_num_seqs=args.requests, log_dir=str(scratch / "logs"))  # fmt: skip
+            servers = VLLMServers(
+                str(policy),
+                count=count,
+                python=str(VLLM_PYTHON),
+                max_num_seqs=args.requests,
+                log_dir=str(scratch / "logs"),
+            )
             start = time.perf_counter()
             with servers:
                 print(f"{count} vLLM server(s) healthy after {time.perf_counter() - start:.1f}s")
-                results[f"vllm x{count}"] = asyncio.run(served([s.url for s in servers.servers], batch, args.tokens))  # fmt: skip
+                results[f"vllm x{count}"] = asyncio.run(
+                    served([s.url for s in servers.servers], batch, args.tokens)
+                )
                 if count == 1:
                     seconds = asyncio.run(
                         reloads([s.url for s in servers.servers], policy, scratch, 5)
@@ -112,9 +122,13 @@ def main() -> int:
         base = results["embedded"][0] / results["embedded"][1]
         for name, (n, secs) in results.items():
             rate = n / secs
-            print(f"{name:>10}: {n:6d} tokens in {secs:6.2f}s = {rate:8.1f} tokens/s ({rate / base:.2f}x embedded)")  # fmt: skip
-        print("publish to 1 server (write checkpoint + pause/reload/resume/version): "
-              + ", ".join(f"{s * 1000:.0f} ms" for s in seconds))  # fmt: skip
+            print(
+                f"{name:>10}: {n:6d} tokens in {secs:6.2f}s = {rate:8.1f} tokens/s ({rate / base:.2f}x embedded)"
+            )
+        print(
+            "publish to 1 server (write checkpoint + pause/reload/resume/version): "
+            + ", ".join(f"{s * 1000:.0f} ms" for s in seconds)
+        )
     return 0
 
 

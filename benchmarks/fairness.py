@@ -32,18 +32,29 @@ def run_once(eta: int, due_first: bool, steps: int, per_call_s: float) -> tuple[
         learner=LearnerConfig(groups_per_step=per_step, max_steps=steps),
     )
     engine = SimulatedEngine()
-    buffer = GroupBuffer(group_size=group_size, max_staleness=eta, groups_per_step=per_step,
-                         due_first=due_first)  # fmt: skip
+    buffer = GroupBuffer(
+        group_size=group_size, max_staleness=eta, groups_per_step=per_step, due_first=due_first
+    )
     tasks = (SimulatedTask(str(i)) for i in itertools.count())
     pools = [
-        ActorPool(SimulatedAgent(engine, per_call_s=per_call_s, actor_id=f"pool-{i}"), buffer, tasks,
-                  group_size=group_size, concurrency=32, name=f"pool-{i}")
+        ActorPool(
+            SimulatedAgent(engine, per_call_s=per_call_s, actor_id=f"pool-{i}"),
+            buffer,
+            tasks,
+            group_size=group_size,
+            concurrency=32,
+            name=f"pool-{i}",
+        )
         for i in range(2)
-    ]  # fmt: skip
+    ]
     summary = RunSummary()
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as run_dir:
-        asyncio.run(stream(config, SimulatedRoles(engine, step_s=0.02), buffer, pools, Path(run_dir), summary))  # fmt: skip
+        asyncio.run(
+            stream(
+                config, SimulatedRoles(engine, step_s=0.02), buffer, pools, Path(run_dir), summary
+            )
+        )
     return (
         summary.accounting["per_stratum"],
         time.perf_counter() - start,
@@ -66,8 +77,10 @@ def main() -> None:
             for stratum in sorted(books, key=int):
                 generated_share = left[stratum] / sum(left.values())
                 trained_share = books[stratum]["trained"] / trained
-                print(f"{eta:>3}  {order:<11} {stratum:>8}  {generated_share:9.3f}  {trained_share:7.3f}  "
-                      f"{trained_share / generated_share:17.3f}")  # fmt: skip
+                print(
+                    f"{eta:>3}  {order:<11} {stratum:>8}  {generated_share:9.3f}  {trained_share:7.3f}  "
+                    f"{trained_share / generated_share:17.3f}"
+                )
             print(
                 f"{eta:>3}  {order:<11} dropped as stale {dropped}, {args.steps} steps in {seconds:.1f} s"
             )

@@ -14,7 +14,9 @@ import torch
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tiny", action="store_true", help="two layers, any device: checks the script")  # fmt: skip
+    parser.add_argument(
+        "--tiny", action="store_true", help="two layers, any device: checks the script"
+    )
     parser.add_argument("--json", help="also write the figures here")
 
 
@@ -25,13 +27,19 @@ def device_for(script: str, what: str, tiny: bool) -> str | None:
         return "cuda"
     if tiny:
         return "cpu"
-    print(f"{script}: no CUDA GPU here; this measures {what} on one GPU (--tiny checks the script "
-          "on CPU)", file=sys.stderr)  # fmt: skip
+    print(
+        f"{script}: no CUDA GPU here; this measures {what} on one GPU (--tiny checks the script "
+        "on CPU)",
+        file=sys.stderr,
+    )
     return None
 
 
 def describe(device: str) -> dict[str, object]:
-    return {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__}  # fmt: skip
+    return {
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+    }
 
 
 def report(figures: dict, path: str | None) -> None:
@@ -42,7 +50,9 @@ def report(figures: dict, path: str | None) -> None:
             json.dump(figures, f, indent=1)
 
 
-def timed(fn: Callable[[], object], device: str, repeats: int, calls: int = 1, warmup: int = 2) -> float:  # fmt: skip
+def timed(
+    fn: Callable[[], object], device: str, repeats: int, calls: int = 1, warmup: int = 2
+) -> float:
     """Median seconds a call of `fn`, over `repeats` timings of `calls` calls each, after `warmup`
     calls; the GPU's queue is drained before and after each timing."""
     for _ in range(warmup):

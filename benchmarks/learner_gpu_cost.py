@@ -25,12 +25,28 @@ import torch
 from gpu_figures import add_options, describe, device_for, report, timed
 
 QWEN3_8B = dict(
-    vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-    num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-    rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
-)  # fmt: skip
-TINY = dict(QWEN3_8B, vocab_size=1000, hidden_size=128, intermediate_size=256,
-            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32)  # fmt: skip
+    vocab_size=151936,
+    hidden_size=4096,
+    intermediate_size=12288,
+    num_hidden_layers=36,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=40960,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+)
+TINY = dict(
+    QWEN3_8B,
+    vocab_size=1000,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+)
 
 
 def build(shape: dict, device: str, checkpointing: bool):
@@ -86,15 +102,27 @@ def main() -> int:
             figures[key] = "out of memory"
             print(f"{key}: out of memory at {args.batch} x {args.seq} tokens", flush=True)
         else:
-            figures[key] = {"s_per_token": seconds / tokens, "tflops_6n": 6 * matmul * tokens / seconds / 1e12}  # fmt: skip
-            print(f"{key}: {seconds:.3f} s a micro-batch, {seconds / tokens:.3e} s a token, "
-                  f"{6 * matmul * tokens / seconds / 1e12:.0f} TFLOP/s (6N)", flush=True)  # fmt: skip
+            figures[key] = {
+                "s_per_token": seconds / tokens,
+                "tflops_6n": 6 * matmul * tokens / seconds / 1e12,
+            }
+            print(
+                f"{key}: {seconds:.3f} s a micro-batch, {seconds / tokens:.3e} s a token, "
+                f"{6 * matmul * tokens / seconds / 1e12:.0f} TFLOP/s (6N)",
+                flush=True,
+            )
         if checkpointing:
             model.eval()
             seconds = timed(forward, device, args.repeats)
-            figures["forward"] = {"s_per_token": seconds / tokens, "tflops_2n": 2 * matmul * tokens / seconds / 1e12}  # fmt: skip
-            print(f"forward (no grad): {seconds:.3f} s a micro-batch, {seconds / tokens:.3e} s a "
-                  f"token, {2 * matmul * tokens / seconds / 1e12:.0f} TFLOP/s (2N)", flush=True)  # fmt: skip
+            figures["forward"] = {
+                "s_per_token": seconds / tokens,
+                "tflops_2n": 2 * matmul * tokens / seconds / 1e12,
+            }
+            print(
+                f"forward (no grad): {seconds:.3f} s a micro-batch, {seconds / tokens:.3e} s a "
+                f"token, {2 * matmul * tokens / seconds / 1e12:.0f} TFLOP/s (2N)",
+                flush=True,
+            )
         figures["parameters"] = params  # the same for both builds
         if device == "cuda" and isinstance(figures[key], dict):  # not for a run out of memory
             figures[f"{key}_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30

@@ -51,8 +51,9 @@ def batch(seed: int, vocab: int) -> list[Group]:
     return out
 
 
-def tokens_per_second(path: str, stage: int, steps: int, vocab: int, ranks: int = 1,
-                      reuse: bool = True, **options) -> float:  # fmt: skip
+def tokens_per_second(
+    path: str, stage: int, steps: int, vocab: int, ranks: int = 1, reuse: bool = True, **options
+) -> float:
     """Trained tokens/s; `reuse` False (one rank only) makes the proximal pass of its own."""
     assert ranks == 1 or reuse, "the ranks' processes read their own Learner class"
     config = LearnerConfig(micro_batch_size=8, zero_stage=stage, max_steps=100, **options)
@@ -122,8 +123,17 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         heads = max(2, args.hidden // 32)
-        path = str(build_tiny_policy(f"{tmp}/policy", TEXTS, layers=args.layers, hidden_size=args.hidden,
-                                     heads=heads, kv_heads=heads // 2, intermediate_size=4 * args.hidden))  # fmt: skip
+        path = str(
+            build_tiny_policy(
+                f"{tmp}/policy",
+                TEXTS,
+                layers=args.layers,
+                hidden_size=args.hidden,
+                heads=heads,
+                kv_heads=heads // 2,
+                intermediate_size=4 * args.hidden,
+            )
+        )
         vocab = 1900
         two_ranks = ranked_tokens_per_second(path, args.steps, vocab, 2)
         zero0 = tokens_per_second(path, 0, args.steps, vocab)
@@ -134,7 +144,10 @@ def main() -> None:
         proximal = {False: 0.0, True: 0.0}
         for _ in range(2):
             for reuse in (False, True):
-                proximal[reuse] = max(proximal[reuse], tokens_per_second(path, 0, args.steps, vocab, reuse=reuse, **gaia))  # fmt: skip
+                proximal[reuse] = max(
+                    proximal[reuse],
+                    tokens_per_second(path, 0, args.steps, vocab, reuse=reuse, **gaia),
+                )
         published, copied, size = publish_times(path, args.repeats)
     print(
         f"learner on CPU, Qwen2 {args.layers} layers x hidden {args.hidden}, {torch.get_num_threads()} threads"
@@ -147,8 +160,10 @@ def main() -> None:
     print(
         f"  importance tis + KL, proximal pass of its own : {proximal[False]:8.0f} trained tokens/s"
     )
-    print(f"  importance tis + KL, proximal from the forward: {proximal[True]:8.0f} trained tokens/s  "
-          f"({proximal[True] / proximal[False]:.2f}x)")  # fmt: skip
+    print(
+        f"  importance tis + KL, proximal from the forward: {proximal[True]:8.0f} trained tokens/s  "
+        f"({proximal[True] / proximal[False]:.2f}x)"
+    )
     print(
         f"  publish to 4 embedded engines : {published * 1e3:7.2f} ms  ({size / 1e6:.1f} MB state dict)"
     )

@@ -20,14 +20,28 @@ from pipeline.assets import prepare_assets
 from pipeline.config_loader import load_config
 from pipeline.local_runtime import RunSummary, run_local
 
-WORKLOAD = ["learner.groups_per_step=2", "buffer.group_size=4", "actors.concurrency=8", "actors.max_turns=2",
-            "actors.max_new_tokens_per_turn=32", "actors.max_response_tokens=192", "learner.micro_batch_size=8",
-            "metrics.enabled=false"]  # fmt: skip
+WORKLOAD = [
+    "learner.groups_per_step=2",
+    "buffer.group_size=4",
+    "actors.concurrency=8",
+    "actors.max_turns=2",
+    "actors.max_new_tokens_per_turn=32",
+    "actors.max_response_tokens=192",
+    "learner.micro_batch_size=8",
+    "metrics.enabled=false",
+]
 
 
 def measure(steps: int, eta: int, cache: str, run_dir: Path) -> RunSummary:
-    config = load_config("configs/local.yaml", [*WORKLOAD, f"learner.max_steps={steps}",
-                                                f"buffer.max_staleness={eta}", f"runtime.cache_dir={cache}"])  # fmt: skip
+    config = load_config(
+        "configs/local.yaml",
+        [
+            *WORKLOAD,
+            f"learner.max_steps={steps}",
+            f"buffer.max_staleness={eta}",
+            f"runtime.cache_dir={cache}",
+        ],
+    )
     assets = prepare_assets(config, quiet=True)
     run_dir.mkdir(parents=True)
     return asyncio.run(run_local(config, assets, run_dir))
@@ -48,10 +62,14 @@ def main() -> None:
         f"local runtime, embedded default, {args.steps} learner steps of 2 groups x 4 trajectories"
     )
     for name, s in rows:
-        print(f"  {name:<20}: {s.trajectories / s.seconds:6.2f} trajectories/s, learner busy {s.busy_fraction:5.0%}, "
-              f"{s.seconds:6.1f} s")  # fmt: skip
-    print(f"  streaming / synchronous: {streaming.trajectories / streaming.seconds / (synchronous.trajectories / synchronous.seconds):.2f}x "
-          f"trajectories/s, busy fraction {streaming.busy_fraction / max(synchronous.busy_fraction, 1e-9):.2f}x")  # fmt: skip
+        print(
+            f"  {name:<20}: {s.trajectories / s.seconds:6.2f} trajectories/s, learner busy {s.busy_fraction:5.0%}, "
+            f"{s.seconds:6.1f} s"
+        )
+    print(
+        f"  streaming / synchronous: {streaming.trajectories / streaming.seconds / (synchronous.trajectories / synchronous.seconds):.2f}x "
+        f"trajectories/s, busy fraction {streaming.busy_fraction / max(synchronous.busy_fraction, 1e-9):.2f}x"
+    )
 
 
 if __name__ == "__main__":

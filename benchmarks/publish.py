@@ -40,9 +40,16 @@ def qwen25_05b(layers: int):
     embeddings), built from config with random weights: nothing is downloaded."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=layers,
-                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151_936,
-                         max_position_embeddings=4096, tie_word_embeddings=True)  # fmt: skip
+    config = Qwen2Config(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=layers,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151_936,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+    )
     with torch.device("meta"):
         model = Qwen2ForCausalLM(config)
     model = model.to_empty(device="cpu")  # memory without the slow random init, then fill it
@@ -60,8 +67,11 @@ def tokenizer():
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<unk>": 0, "<|endoftext|>": 1}
-    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")),
-                                   unk_token="<unk>", eos_token="<|endoftext|>")  # fmt: skip
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")),
+        unk_token="<unk>",
+        eos_token="<|endoftext|>",
+    )
 
 
 def engine_model(model):
@@ -150,22 +160,28 @@ def main() -> None:
     assert all(e.version == 2 * args.repeats for e in engines)
 
     mb = size / 1e6
-    print(f"weight publishing, Qwen2.5-0.5B shape ({args.layers} layers, {params / 1e6:.0f}M parameters, "
-          f"{mb:,.0f} MB float32), {args.engines} embedded engines, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; median of {args.repeats}")  # fmt: skip
+    print(
+        f"weight publishing, Qwen2.5-0.5B shape ({args.layers} layers, {params / 1e6:.0f}M parameters, "
+        f"{mb:,.0f} MB float32), {args.engines} embedded engines, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads; median of {args.repeats}"
+    )
     print(
         f"  plain copy of the state dict     : {copy_s * 1e3:8.0f} ms  ({mb / copy_s / 1e3:.1f} GB/s)"
     )
-    print(f"  in-process publish ({args.engines} engines)    : {statistics.median(inproc) * 1e3:8.0f} ms  "
-          f"(every engine checked to hold the published weights)")  # fmt: skip
+    print(
+        f"  in-process publish ({args.engines} engines)    : {statistics.median(inproc) * 1e3:8.0f} ms  "
+        f"(every engine checked to hold the published weights)"
+    )
     print(
         f"  checkpoint publish (save + {args.engines} loads) : {statistics.median(on_disk) * 1e3:8.0f} ms"
     )
     print(
         f"    of which save_pretrained       : {save_s * 1e3:8.0f} ms  ({mb / save_s / 1e3:.2f} GB/s)"
     )
-    print(f"    plain write of as many bytes   : {write_s * 1e3:8.0f} ms  ({mb / write_s / 1e3:.2f} GB/s; "
-          f"save is {save_s / write_s:.2f}x)")  # fmt: skip
+    print(
+        f"    plain write of as many bytes   : {write_s * 1e3:8.0f} ms  ({mb / write_s / 1e3:.2f} GB/s; "
+        f"save is {save_s / write_s:.2f}x)"
+    )
     ratio = statistics.median(inproc) / copy_s
     print(f"in-process publish vs plain copy at 0.5B: {ratio:.2f}x (target <= 2x)")
 

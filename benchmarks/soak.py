@@ -64,7 +64,9 @@ def sample(proc: psutil.Process, t: float) -> Sample:
         with contextlib.suppress(psutil.NoSuchProcess):  # a sandboxed python call that just ended
             tree_rss += p.memory_info().rss
     rss = proc.memory_info().rss
-    return Sample(round(t, 1), rss / 2**20, tree_rss / 2**20, proc.num_fds(), proc.num_threads(), len(tree))  # fmt: skip
+    return Sample(
+        round(t, 1), rss / 2**20, tree_rss / 2**20, proc.num_fds(), proc.num_threads(), len(tree)
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -101,10 +103,14 @@ def verdict(samples: list[Sample]) -> dict:
     }
     problems = []
     if rss_growth > RSS_TOLERANCE:
-        problems.append(f"resident memory grew {rss_growth:+.1%} after warm-up (limit {RSS_TOLERANCE:.0%})")  # fmt: skip
+        problems.append(
+            f"resident memory grew {rss_growth:+.1%} after warm-up (limit {RSS_TOLERANCE:.0%})"
+        )
     for key in ("fds", "processes"):
         if figures[f"{key}_growth"] > COUNT_SLACK:
-            problems.append(f"{key} grew by {figures[f'{key}_growth']:g} after warm-up (limit {COUNT_SLACK})")  # fmt: skip
+            problems.append(
+                f"{key} grew by {figures[f'{key}_growth']:g} after warm-up (limit {COUNT_SLACK})"
+            )
     return {**figures, "pass": not problems, "problems": problems}
 
 
@@ -139,9 +145,20 @@ def plot(samples: list[Sample], out: Path) -> None:
 
 def soak(minutes: float, interval: float, out: Path, sets: list[str]) -> dict:
     run_dir = out / "run"
-    argv = [sys.executable, "-m", "pipeline.launch", "configs/local.yaml", "--run-dir", str(run_dir),
-            "--set", "learner.max_steps=100000000", "--set", "learner.lr=1e-8",
-            "--set", "metrics.port=0"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "pipeline.launch",
+        "configs/local.yaml",
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        "learner.max_steps=100000000",
+        "--set",
+        "learner.lr=1e-8",
+        "--set",
+        "metrics.port=0",
+    ]
     for item in sets:
         argv += ["--set", item]
     log = (out / "launch.log").open("w", buffering=1)
@@ -168,8 +185,11 @@ def soak(minutes: float, interval: float, out: Path, sets: list[str]) -> dict:
     while (now := time.monotonic() - started) < minutes * 60 and child.poll() is None:
         samples.append(sample(proc, now))
         seen.update(p.pid for p in proc.children(recursive=True))
-        print(f"soak: {now / 60:5.1f} min  rss {samples[-1].rss_mb:7.1f} MB  fds {samples[-1].fds:4d}  "
-              f"processes {samples[-1].processes:3d}", flush=True)  # fmt: skip
+        print(
+            f"soak: {now / 60:5.1f} min  rss {samples[-1].rss_mb:7.1f} MB  fds {samples[-1].fds:4d}  "
+            f"processes {samples[-1].processes:3d}",
+            flush=True,
+        )
         time.sleep(interval)
     child.send_signal(signal.SIGTERM)
     child.wait(timeout=300)
@@ -180,12 +200,18 @@ def soak(minutes: float, interval: float, out: Path, sets: list[str]) -> dict:
     result = verdict(samples)
     problems = result["problems"]
     if child.returncode != 130:
-        problems.append(f"the run exited {child.returncode}, not 130 after SIGTERM (see {out / 'launch.log'})")  # fmt: skip
+        problems.append(
+            f"the run exited {child.returncode}, not 130 after SIGTERM (see {out / 'launch.log'})"
+        )
     if left:
         problems.append(f"processes left behind: {left}")
     problems += audit(run_dir)
-    result.update({"pass": not problems, "minutes": round(samples[-1].t / 60, 1) if samples else 0.0})  # fmt: skip
-    (out / "soak.json").write_text(json.dumps({**result, "samples": [asdict(s) for s in samples]}, indent=1))  # fmt: skip
+    result.update(
+        {"pass": not problems, "minutes": round(samples[-1].t / 60, 1) if samples else 0.0}
+    )
+    (out / "soak.json").write_text(
+        json.dumps({**result, "samples": [asdict(s) for s in samples]}, indent=1)
+    )
     if samples:
         plot(samples, out / "soak.png")
     return result
@@ -196,7 +222,9 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--interval", type=float, default=10.0, help="seconds between samples")
     parser.add_argument("--out", type=Path, default=Path("runs/soak"))
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="passed to pipeline.launch")  # fmt: skip
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="passed to pipeline.launch"
+    )
     args = parser.parse_args()
     if args.out.exists():
         raise SystemExit(f"soak: {args.out} exists: name a new --out")
@@ -205,10 +233,12 @@ def main() -> None:
     for problem in result["problems"]:
         print(f"soak: problem: {problem}")
     low, high = result.get("rss_mb_after_warmup", [0, 0])
-    print(f"soak: {result['minutes']:.1f} min, launcher RSS after warm-up {low:.0f}-{high:.0f} MB "
-          f"({result.get('rss_growth', 0):+.1%} last third vs first), fds {result.get('fds_growth', 0):+g}, "
-          f"processes {result.get('processes_growth', 0):+g}: {'PASS' if result['pass'] else 'FAIL'} "
-          f"({args.out / 'soak.png'})")  # fmt: skip
+    print(
+        f"soak: {result['minutes']:.1f} min, launcher RSS after warm-up {low:.0f}-{high:.0f} MB "
+        f"({result.get('rss_growth', 0):+.1%} last third vs first), fds {result.get('fds_growth', 0):+g}, "
+        f"processes {result.get('processes_growth', 0):+g}: {'PASS' if result['pass'] else 'FAIL'} "
+        f"({args.out / 'soak.png'})"
+    )
     sys.exit(0 if result["pass"] else 1)
 
 

@@ -24,9 +24,27 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-COLUMNS = ("epochs", "seed", "threads", "steps", "loss", "seconds", "all", "L1", "L2", "L3", "training", "weights")  # fmt: skip
-SOURCES = {"all": "all", "L1": "minigaia_l1", "L2": "minigaia_l2", "L3": "minigaia_l3",
-           "training": "training questions"}  # fmt: skip
+COLUMNS = (
+    "epochs",
+    "seed",
+    "threads",
+    "steps",
+    "loss",
+    "seconds",
+    "all",
+    "L1",
+    "L2",
+    "L3",
+    "training",
+    "weights",
+)
+SOURCES = {
+    "all": "all",
+    "L1": "minigaia_l1",
+    "L2": "minigaia_l2",
+    "L3": "minigaia_l3",
+    "training": "training questions",
+}
 
 
 def build(epochs: int, seed: int, threads: int, out: Path) -> None:
@@ -63,17 +81,36 @@ def measure(epochs: int, seed: int, threads: int, out: Path) -> dict:
     subprocess.run(one, check=True, cwd=ROOT)
     record = json.loads((out / "warm_start.json").read_text(encoding="utf-8"))
     evaluation = out.with_suffix(".eval.json")
-    subprocess.run([sys.executable, "-m", "pipeline.evaluate", str(out), "--config", "configs/local.yaml",
-                    "--out", str(evaluation)], check=True, cwd=ROOT, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.evaluate",
+            str(out),
+            "--config",
+            "configs/local.yaml",
+            "--out",
+            str(evaluation),
+        ],
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
+    )
     rows = {
         r["name"]: r["accuracy"] for r in json.loads(evaluation.read_text())["rows"] if r["tools"]
     }
     from pipeline.report import weights_digest
 
-    return {"epochs": epochs, "seed": seed, "threads": threads, "steps": record["steps"],
-            "loss": f"{record['final_loss']:.3f}", "seconds": f"{time.monotonic() - began:.0f}",
-            **{k: f"{rows[v]:.3f}" for k, v in SOURCES.items()},
-            "weights": weights_digest(out)}  # fmt: skip
+    return {
+        "epochs": epochs,
+        "seed": seed,
+        "threads": threads,
+        "steps": record["steps"],
+        "loss": f"{record['final_loss']:.3f}",
+        "seconds": f"{time.monotonic() - began:.0f}",
+        **{k: f"{rows[v]:.3f}" for k, v in SOURCES.items()},
+        "weights": weights_digest(out),
+    }
 
 
 def main() -> int:

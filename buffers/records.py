@@ -149,14 +149,22 @@ class Trajectory:
 
     def _payload_bytes(self) -> int:
         arrays = (
-            self.prompt_token_ids.nbytes + self.token_ids.nbytes + self.loss_mask.nbytes
-            + self.behavior_logprobs.nbytes + self.token_versions.nbytes
-        )  # fmt: skip
+            self.prompt_token_ids.nbytes
+            + self.token_ids.nbytes
+            + self.loss_mask.nbytes
+            + self.behavior_logprobs.nbytes
+            + self.token_versions.nbytes
+        )
         strings = (
-            len(self.prompt_id) + len(self.data_source) + len(self.question) + len(self.finish_reason)
-            + len(self.text) + len(self.actor_id) + sum(map(len, self.ground_truth))
+            len(self.prompt_id)
+            + len(self.data_source)
+            + len(self.question)
+            + len(self.finish_reason)
+            + len(self.text)
+            + len(self.actor_id)
+            + sum(map(len, self.ground_truth))
             + sum(map(len, self.tool_names))
-        )  # fmt: skip
+        )
         return arrays + strings
 
     def _invalid(self, problem: str) -> InvalidTrajectory:
@@ -193,7 +201,9 @@ class Trajectory:
         self._policy_version = verdict  # of the arrays just checked, not one cached before
         if not math.isfinite(self.reward):
             raise self._invalid(f"reward {self.reward!r} is not finite")
-        if not (-1 <= self.first_answer_token <= n) or (self.first_answer_token < 0) != (self.first_answer_turn < 0):  # fmt: skip
+        if not (-1 <= self.first_answer_token <= n) or (self.first_answer_token < 0) != (
+            self.first_answer_turn < 0
+        ):
             raise self._invalid(
                 f"first_answer_turn {self.first_answer_turn} / first_answer_token "
                 f"{self.first_answer_token}: both -1, or a turn and a token index in [0, {n}]"

@@ -237,16 +237,29 @@ def _blend(rewards, group_ids, strata, alpha: float, eps: float) -> _Blend:
         return torch.zeros(num_groups, dtype=v.dtype, device=device).index_add_(0, owner, v)
 
     cell_count, cell_head, cell_tail, cell_squares = _sums(rewards, c, num_cells)
-    group_count, group_head, group_squares = (to_groups(v) for v in (cell_count, cell_head, cell_squares))  # fmt: skip
+    group_count, group_head, group_squares = (
+        to_groups(v) for v in (cell_count, cell_head, cell_squares)
+    )
     group_tail = None if cell_tail is None else to_groups(cell_tail)
     cell_mean, cell_std = _moments(cell_count, cell_head, cell_tail, cell_squares, rewards.dtype)
-    group_mean, group_std = _moments(group_count, group_head, group_tail, group_squares, rewards.dtype)  # fmt: skip
+    group_mean, group_std = _moments(
+        group_count, group_head, group_tail, group_squares, rewards.dtype
+    )
     return _Blend(
-        c=c, group_values=group_values, stratum_values=stratum_values, occurring=occurring,
-        owner=owner, cell_count=cell_count, cell_mean=cell_mean, cell_std=cell_std,
-        cell_scale=_scale(cell_std, eps), group_count=group_count, group_mean=group_mean,
-        group_std=group_std, group_scale=_scale(group_std, eps),
-    )  # fmt: skip
+        c=c,
+        group_values=group_values,
+        stratum_values=stratum_values,
+        occurring=occurring,
+        owner=owner,
+        cell_count=cell_count,
+        cell_mean=cell_mean,
+        cell_std=cell_std,
+        cell_scale=_scale(cell_std, eps),
+        group_count=group_count,
+        group_mean=group_mean,
+        group_std=group_std,
+        group_scale=_scale(group_std, eps),
+    )
 
 
 def _blended(b: _Blend, alpha: float, rewards: torch.Tensor) -> torch.Tensor:

@@ -35,8 +35,15 @@ class CheckpointError(ValueError):
 def model_fingerprint(model: torch.nn.Module) -> str:
     """sha256 of the model's architecture config: a checkpoint of another model is refused."""
     config = model.config.to_dict()
-    keys = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "intermediate_size")  # fmt: skip
+    keys = (
+        "model_type",
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "intermediate_size",
+    )
     return hashlib.sha256(
         json.dumps({k: config.get(k) for k in keys}, sort_keys=True).encode()
     ).hexdigest()

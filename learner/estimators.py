@@ -147,8 +147,14 @@ ESTIMATORS: dict[str, Callable[..., Estimate]] = {
 }
 
 
-def estimate(name: str, rewards: torch.Tensor, group_ids: torch.Tensor, strata: torch.Tensor,
-             alpha: float = 0.6, eps: float = 1e-6) -> Estimate:  # fmt: skip
+def estimate(
+    name: str,
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    strata: torch.Tensor,
+    alpha: float = 0.6,
+    eps: float = 1e-6,
+) -> Estimate:
     """The advantages of estimator `name` (a key of `ESTIMATORS`)."""
     if name not in ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {name!r}: use {', '.join(ESTIMATORS)}")

@@ -156,7 +156,9 @@ def policy_loss(
     mask = loss_mask.to(logprobs.dtype)
     advantages = advantages.to(logprobs.dtype).detach()
     base = (proximal_logprobs if proximal_logprobs is not None else behavior_logprobs).detach()
-    kept = kept_by_importance(mask, behavior_logprobs, proximal_logprobs, importance, is_cap, is_floor)  # fmt: skip
+    kept = kept_by_importance(
+        mask, behavior_logprobs, proximal_logprobs, importance, is_cap, is_floor
+    )
     if ratio_level == "sequence":  # GSPO: exp of the mean log-ratio over the sequence's kept tokens
         log_s = ((logprobs - base) * kept).sum(-1) / kept.sum(-1).clamp(min=1)
         ratio = torch.exp(log_s).unsqueeze(-1).expand_as(logprobs)

@@ -65,7 +65,10 @@ def cell_sums(values: torch.Tensor, ids: torch.Tensor, num_cells: int):
     if lib is None or values.dtype not in (torch.float32, torch.float64) or not _fits(ids, values):
         return None
     count = torch.empty(num_cells, dtype=torch.int64)  # the C loop zeroes them, bucket by bucket
-    sums = [torch.empty(num_cells, dtype=torch.float64) for _ in range(2 if values.dtype == torch.float32 else 3)]  # fmt: skip
+    sums = [
+        torch.empty(num_cells, dtype=torch.float64)
+        for _ in range(2 if values.dtype == torch.float32 else 3)
+    ]
     kernel = lib.cell_sums_f32 if values.dtype == torch.float32 else lib.cell_sums_f64
     status = kernel(_ptr(ids), _ptr(values), len(values), num_cells, _ptr(count), *map(_ptr, sums))
     if status < 0:
@@ -89,5 +92,7 @@ def affine(values: torch.Tensor, ids: torch.Tensor, table: torch.Tensor) -> torc
         return None
     out = torch.empty_like(values)
     kernel = lib.affine_f32 if values.dtype == torch.float32 else lib.affine_f64
-    _check(kernel(_ptr(ids), _ptr(values), len(values), len(table), _ptr(table), _ptr(out)), "affine")  # fmt: skip
+    _check(
+        kernel(_ptr(ids), _ptr(values), len(values), len(table), _ptr(table), _ptr(out)), "affine"
+    )
     return out

@@ -103,8 +103,15 @@ def init_rank_group(rank: int, world: int, where: str | TcpRendezvous) -> None:
     if torch.cuda.is_available():
         torch.cuda.set_device(rank % torch.cuda.device_count())
     if isinstance(where, TcpRendezvous):
-        store = dist.TCPStore(where.host, where.port, world, rank == 0, timeout=timedelta(minutes=10),
-                              wait_for_workers=False, master_listen_fd=where.listen_fd)  # fmt: skip
+        store = dist.TCPStore(
+            where.host,
+            where.port,
+            world,
+            rank == 0,
+            timeout=timedelta(minutes=10),
+            wait_for_workers=False,
+            master_listen_fd=where.listen_fd,
+        )
     else:
         store = dist.FileStore(where, world)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world)
@@ -135,9 +142,13 @@ class RayPlacement:
 
 
 def ranked_learner(
-    model_path: str | os.PathLike[str], config: Any, world: int, threads: int,
-    placement: RayPlacement | None = None, **kwargs,
-):  # fmt: skip
+    model_path: str | os.PathLike[str],
+    config: Any,
+    world: int,
+    threads: int,
+    placement: RayPlacement | None = None,
+    **kwargs,
+):
     """Rank 0 of a learner of `world` ranks, in this process (which must not be in a process
     group yet), with ranks 1..world-1 started as processes, or as Ray actors with `placement`;
     `learner.peers.close()` stops them."""
@@ -151,8 +162,14 @@ def ranked_learner(
 
         peers, where = RayPeers.start(world, spec, placement)
     try:
-        learner = Learner(model_path, config, rank=(0, world, where), peers=peers,
-                          before_join=lambda: peers.gather("model load"), **kwargs)  # fmt: skip
+        learner = Learner(
+            model_path,
+            config,
+            rank=(0, world, where),
+            peers=peers,
+            before_join=lambda: peers.gather("model load"),
+            **kwargs,
+        )
         peers.gather("start")
     except BaseException:
         peers.close()
@@ -203,8 +220,13 @@ def _rank_main(rank: int, world: int, store_path: str, spec: RankSpec, conn) -> 
 
     torch.set_num_threads(spec.threads)
     try:
-        learner = Learner(spec.model_path, spec.config, rank=(rank, world, store_path),
-                          before_join=lambda: _send(conn, ("ok", None)), **spec.kwargs)  # fmt: skip
+        learner = Learner(
+            spec.model_path,
+            spec.config,
+            rank=(rank, world, store_path),
+            before_join=lambda: _send(conn, ("ok", None)),
+            **spec.kwargs,
+        )
     except BaseException as exc:
         _report(conn, rank, exc)
         return
@@ -292,7 +314,9 @@ class RankPeers:
         if self.broken is None:
             for rank in range(1, self.world):
                 if self._dead(rank, wait_s=2.0):  # its socket can close before its exit shows
-                    return self._fail(f"learner rank {rank} died during {during}: {self._how(rank)}")  # fmt: skip
+                    return self._fail(
+                        f"learner rank {rank} died during {during}: {self._how(rank)}"
+                    )
             if isinstance(exc, RankError):
                 return self._fail(str(exc))
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -325,8 +349,12 @@ class ProcessPeers(RankPeers):
         processes, conns = [], []
         for rank in range(1, world):
             here, there = context.Pipe()
-            process = context.Process(target=_rank_main, args=(rank, world, store_path, spec, there),
-                                      name=f"strata-learner-rank-{rank}", daemon=True)  # fmt: skip
+            process = context.Process(
+                target=_rank_main,
+                args=(rank, world, store_path, spec, there),
+                name=f"strata-learner-rank-{rank}",
+                daemon=True,
+            )
             process.start()
             there.close()
             processes.append(process)

@@ -44,8 +44,13 @@ class RankActor:
             from learner.trainer import Learner
 
             try:
-                self.learner = Learner(spec.model_path, spec.config, rank=(rank, world, where),
-                                       before_join=self._loaded.set, **spec.kwargs)  # fmt: skip
+                self.learner = Learner(
+                    spec.model_path,
+                    spec.config,
+                    rank=(rank, world, where),
+                    before_join=self._loaded.set,
+                    **spec.kwargs,
+                )
             except BaseException as exc:
                 self._failed(exc)
             self._loaded.set()
@@ -54,7 +59,11 @@ class RankActor:
         threading.Thread(target=build, name=f"strata-rank-{rank}-build", daemon=True).start()
 
     def _failed(self, exc: BaseException) -> tuple[str, str]:
-        print(f"strata: learner rank {self.rank}:\n{traceback.format_exc()}", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"strata: learner rank {self.rank}:\n{traceback.format_exc()}",
+            file=sys.stderr,
+            flush=True,
+        )
         self.error = self.error or first_line(exc)
         return "error", self.error
 
@@ -92,7 +101,9 @@ class RayPeers(RankPeers):
         self.pending: list[deque] = [deque() for _ in actors]
 
     @classmethod
-    def start(cls, world: int, spec: RankSpec, placement: RayPlacement) -> tuple[RayPeers, TcpRendezvous]:  # fmt: skip
+    def start(
+        cls, world: int, spec: RankSpec, placement: RayPlacement
+    ) -> tuple[RayPeers, TcpRendezvous]:
         """Bind the rendezvous socket, start ranks 1..world-1; returns the peers and the
         rendezvous rank 0 joins with (the one with the socket)."""
         import ray
@@ -104,14 +115,20 @@ class RayPeers(RankPeers):
                 (host, placement.port), family=_family(host), backlog=128
             )
         except OSError as exc:
-            raise RankError(f"the learner's rendezvous cannot listen on {host}:{placement.port}: "
-                            f"{exc.strerror or exc}: set runtime.learner_rendezvous_host/port") from None  # fmt: skip
+            raise RankError(
+                f"the learner's rendezvous cannot listen on {host}:{placement.port}: "
+                f"{exc.strerror or exc}: set runtime.learner_rendezvous_host/port"
+            ) from None
         where = TcpRendezvous(host, listener.getsockname()[1])
         actors = []
         remote = ray.remote(RankActor)
         for rank in range(1, world):
-            options: dict[str, Any] = dict(num_cpus=placement.num_cpus, num_gpus=placement.num_gpus,
-                                           name=f"strata-learner-rank-{rank}", max_restarts=0)  # fmt: skip
+            options: dict[str, Any] = dict(
+                num_cpus=placement.num_cpus,
+                num_gpus=placement.num_gpus,
+                name=f"strata-learner-rank-{rank}",
+                max_restarts=0,
+            )
             if placement.placement_group is not None:
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                     placement.placement_group, placement_group_bundle_index=rank

@@ -10,8 +10,9 @@ import statistics
 from collections.abc import Sequence
 
 
-def loop_estimate(name: str, rewards: Sequence[float], groups: Sequence[int],
-                  eps: float = 1e-6) -> tuple[list[float], list[bool]]:  # fmt: skip
+def loop_estimate(
+    name: str, rewards: Sequence[float], groups: Sequence[int], eps: float = 1e-6
+) -> tuple[list[float], list[bool]]:
     """(advantages, keep) of estimator `name` (grpo, dr_grpo, rloo, mc_grpo)."""
     adv, keep = [0.0] * len(rewards), [True] * len(rewards)
     members: dict[int, list[int]] = {}

@@ -121,7 +121,11 @@ def sft_loss(model, batch: Sequence[SftExample], prefix: Sequence[int], pad: int
     ).last_hidden_state
     where = labels != -100
     logits = model.get_output_embeddings()(hidden[where])
-    return F.cross_entropy(logits.float(), labels[where]), int(where.sum()), int(attention.sum()) + p * rows  # fmt: skip
+    return (
+        F.cross_entropy(logits.float(), labels[where]),
+        int(where.sum()),
+        int(attention.sum()) + p * rows,
+    )
 
 
 def learning_rate(training: Training, step: int, progress: float) -> float:
@@ -149,7 +153,9 @@ def train_sft(
     `deadline` (time.monotonic()): a guard; passing it raises `SftTimeout` naming how far it got.
     """
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=training.lr, betas=(0.9, 0.95), weight_decay=0.0)  # fmt: skip
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=training.lr, betas=(0.9, 0.95), weight_decay=0.0
+    )
     rng = random.Random(seed)
     step, epochs, losses, planned = 0, [], [], 0
     model.train()

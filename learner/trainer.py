@@ -61,12 +61,22 @@ def rank_metrics(ranks: list[dict[str, float]]) -> dict[str, float]:
         out[f"rank/{i}/tokens"] = r["tokens"]
         out[f"rank/{i}/seconds"] = r["seconds"]
         out[f"rank/{i}/idle_seconds"] = slowest - r["seconds"]
-    out["rank_idle_fraction"] = sum(slowest - r["seconds"] for r in ranks) / (len(ranks) * slowest) if slowest > 0 else 0.0  # fmt: skip
+    out["rank_idle_fraction"] = (
+        sum(slowest - r["seconds"] for r in ranks) / (len(ranks) * slowest) if slowest > 0 else 0.0
+    )
     return out
 
 
-DROPOUT_KEYS = ("attention_dropout", "hidden_dropout", "hidden_dropout_prob", "dropout",
-                "attention_probs_dropout_prob", "resid_pdrop", "embd_pdrop", "attn_pdrop")  # fmt: skip
+DROPOUT_KEYS = (
+    "attention_dropout",
+    "hidden_dropout",
+    "hidden_dropout_prob",
+    "dropout",
+    "attention_probs_dropout_prob",
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+)
 """Model config keys of dropout probabilities, in the HF architectures that have them."""
 
 
@@ -78,10 +88,20 @@ class Learner:
     recomputes them in a pass of their own, for one-rank tests and benchmarks to compare against
     (ranks must agree on it: set it on the class, before the ranks start)."""
 
-    def __init__(self, model_path: str | os.PathLike[str], config: Any, *, group_size: int,
-                 temperature: float = 1.0, version: int = 0, dtype: str | None = None,
-                 gradient_checkpointing: bool = False, rank: tuple[int, int, str | TcpRendezvous] | None = None,
-                 peers: RankPeers | None = None, before_join: Callable[[], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        config: Any,
+        *,
+        group_size: int,
+        temperature: float = 1.0,
+        version: int = 0,
+        dtype: str | None = None,
+        gradient_checkpointing: bool = False,
+        rank: tuple[int, int, str | TcpRendezvous] | None = None,
+        peers: RankPeers | None = None,
+        before_join: Callable[[], None] | None = None,
+    ) -> None:
         """`dtype` (float32, bfloat16, float16): the parameters' dtype, None: bfloat16 on CUDA,
         else float32. `gradient_checkpointing`: recompute activations in the backward pass.
         `rank`: (rank, world size, where they meet) of a learner of several ranks (learner/ranks.py);
@@ -200,15 +220,33 @@ class Learner:
         if self.config.advantage.type == "stratified":  # already computed: not twice
             chosen = Estimate(result.advantages, torch.ones(len(rewards), dtype=torch.bool))
         else:
-            chosen = estimate(self.config.advantage.type, rewards, group_ids, strata,
-                              self.config.alpha, self.config.eps)  # fmt: skip
+            chosen = estimate(
+                self.config.advantage.type,
+                rewards,
+                group_ids,
+                strata,
+                self.config.alpha,
+                self.config.eps,
+            )
         # every rank trains whole groups, dealt by tokens so the ranks' shares weigh alike
         sizes = [sum(len(t.prompt_token_ids) + len(t.token_ids) for t in g.members) for g in usable]
         shares = []
         for groups_of_rank in split_by_tokens(sizes, self.world):
-            rows = torch.tensor([r for g in groups_of_rank for r in range(g * self.group_size, (g + 1) * self.group_size)],
-                                dtype=torch.int64)  # fmt: skip
-            shares.append(([trajectories[r] for r in rows.tolist()], chosen.advantages[rows], chosen.keep[rows]))  # fmt: skip
+            rows = torch.tensor(
+                [
+                    r
+                    for g in groups_of_rank
+                    for r in range(g * self.group_size, (g + 1) * self.group_size)
+                ],
+                dtype=torch.int64,
+            )
+            shares.append(
+                (
+                    [trajectories[r] for r in rows.tolist()],
+                    chosen.advantages[rows],
+                    chosen.keep[rows],
+                )
+            )
         if self.peers is None:
             sums = self.train_rows(*shares[0])
         else:
@@ -222,7 +260,9 @@ class Learner:
         metrics.update(rank_metrics(self.rank_stats))  # one rank too: the same series either way
         return metrics
 
-    def train_rows(self, trajectories: list, advantages: torch.Tensor, keep: torch.Tensor) -> Counter[str]:  # fmt: skip
+    def train_rows(
+        self, trajectories: list, advantages: torch.Tensor, keep: torch.Tensor
+    ) -> Counter[str]:
         """One optimiser step on this rank's rows (every rank calls it for the same step): the
         step's token totals and micro-batch count agree over the ranks first, so each micro-batch
         loss carries its share of the whole step. Returns the step's sums over all ranks."""
@@ -244,9 +284,11 @@ class Learner:
         # them: no pass of their own, unless the correction drops tokens (each micro-batch's
         # weight counts the kept tokens of the whole step, so they are needed before the first)
         # or the model has dropout (a training forward is then one noisy sample of the policy).
-        reuse = self.config.importance != "none" and self.reuse_forward_for_proximal and (
-            self.config.importance not in MASKS and not self.dropout
-        )  # fmt: skip
+        reuse = (
+            self.config.importance != "none"
+            and self.reuse_forward_for_proximal
+            and (self.config.importance not in MASKS and not self.dropout)
+        )
         if batch is not None and self.config.importance != "none":
             if not reuse:
                 proximal = self._proximal(batch, steps)
@@ -257,14 +299,29 @@ class Learner:
         if batch is not None:
             # The tokens the loss is taken over (importance "mask" drops some before the loss
             # sees them): each micro-batch's share of the step is its share of these.
-            kept = kept_by_importance(batch.response_mask, batch.behavior_logprobs, proximal,
-                                      self.config.importance, self.config.is_cap, self.config.is_floor)  # fmt: skip
-        local = [0.0, 0.0, 0.0] if batch is None else [
-            float(kept.sum()), float((kept.sum(-1) > 0).sum()), float(batch.response_mask.sum())
-        ]  # fmt: skip
+            kept = kept_by_importance(
+                batch.response_mask,
+                batch.behavior_logprobs,
+                proximal,
+                self.config.importance,
+                self.config.is_cap,
+                self.config.is_floor,
+            )
+        local = (
+            [0.0, 0.0, 0.0]
+            if batch is None
+            else [
+                float(kept.sum()),
+                float((kept.sum(-1) > 0).sum()),
+                float(batch.response_mask.sum()),
+            ]
+        )
         tokens, sequences, response_tokens = self._all_sum(local)
-        totals = {"tokens": max(tokens, 1.0), "sequences": max(sequences, 1.0),
-                  "response_tokens": max(response_tokens, 1.0)}  # fmt: skip
+        totals = {
+            "tokens": max(tokens, 1.0),
+            "sequences": max(sequences, 1.0),
+            "response_tokens": max(response_tokens, 1.0),
+        }
         sums: Counter[str] = Counter()
         work = 0.0  # seconds in this rank's own micro-batches (a reduction's wait included)
         self.engine.train()
@@ -276,9 +333,13 @@ class Learner:
                 self.engine.set_gradient_accumulation_boundary(boundary)
                 own = batch is not None and i * micro < batch.size
                 if own:
-                    loss, stats = self._micro_step(batch.select(rows),
-                                                   None if proximal is None else proximal[rows], kept[rows], totals,
-                                                   fill_proximal=reuse and epoch == 0)  # fmt: skip
+                    loss, stats = self._micro_step(
+                        batch.select(rows),
+                        None if proximal is None else proximal[rows],
+                        kept[rows],
+                        totals,
+                        fill_proximal=reuse and epoch == 0,
+                    )
                 else:  # this rank has no rows left: an empty micro-batch keeps the collectives in step
                     loss, stats = self._empty_micro_step(), {}
                 self.engine.backward(loss * self.world)  # DeepSpeed averages over the ranks
@@ -349,8 +410,10 @@ class Learner:
         for first in range(0, batch.size, self.config.micro_batch_size):
             rows = slice(first, first + self.config.micro_batch_size)
             micro = batch.select(rows)
-            logits = self.engine(input_ids=micro.input_ids.to(self.engine.device),
-                                 attention_mask=micro.attention_mask.to(self.engine.device)).logits  # fmt: skip
+            logits = self.engine(
+                input_ids=micro.input_ids.to(self.engine.device),
+                attention_mask=micro.attention_mask.to(self.engine.device),
+            ).logits
             logp, _ = response_logprobs(logits, micro, self.temperature)
             out[rows, : logp.shape[1]] = logp.float().cpu()[:, :width]
         return out
@@ -380,22 +443,34 @@ class Learner:
         else:
             proximal_now = None if proximal is None else proximal[:, :width].to(device)
         loss, stats = policy_loss(
-            logp, micro.behavior_logprobs.to(device), micro.advantages.to(device), mask,
+            logp,
+            micro.behavior_logprobs.to(device),
+            micro.advantages.to(device),
+            mask,
             proximal_logprobs=proximal_now,
-            clip_low=self.config.clip_low, clip_high=self.config.clip_high, dual_clip=self.config.dual_clip,
-            importance=self.config.importance, is_cap=self.config.is_cap, is_floor=self.config.is_floor,
-            ratio_level=self.config.ratio, agg=self.config.loss_agg,
-        )  # fmt: skip
+            clip_low=self.config.clip_low,
+            clip_high=self.config.clip_high,
+            dual_clip=self.config.dual_clip,
+            importance=self.config.importance,
+            is_cap=self.config.is_cap,
+            is_floor=self.config.is_floor,
+            ratio_level=self.config.ratio,
+            agg=self.config.loss_agg,
+        )
         tokens = float(mask.sum())
-        share = float(kept.sum()) / totals["tokens"] if self.config.loss_agg == "token-mean" else (
-            float((kept.sum(-1) > 0).sum()) / totals["sequences"]
-        )  # fmt: skip
+        share = (
+            float(kept.sum()) / totals["tokens"]
+            if self.config.loss_agg == "token-mean"
+            else (float((kept.sum(-1) > 0).sum()) / totals["sequences"])
+        )
         loss = loss * share
         kl_value = 0.0
         if self.reference is not None:
             with torch.no_grad():
-                ref_logits = self.reference(input_ids=micro.input_ids.to(device),
-                                            attention_mask=micro.attention_mask.to(device)).logits  # fmt: skip
+                ref_logits = self.reference(
+                    input_ids=micro.input_ids.to(device),
+                    attention_mask=micro.attention_mask.to(device),
+                ).logits
                 ref_logp, _ = response_logprobs(ref_logits, micro, self.temperature)
             kl = kl_penalty(logp, ref_logp, self.config.kl_kind)
             kl_mean = (kl * mask).sum() / mask.sum().clamp(min=1)
@@ -406,8 +481,12 @@ class Learner:
             for k, v in stats.items()
             if k not in ("tokens", "ratio_max", "importance_weight_max")
         }
-        weighted.update(tokens=tokens, loss_sum=float(loss.detach()) * totals["response_tokens"],
-                        entropy_sum=float((entropy * mask).sum()), kl_sum=kl_value * tokens)  # fmt: skip
+        weighted.update(
+            tokens=tokens,
+            loss_sum=float(loss.detach()) * totals["response_tokens"],
+            entropy_sum=float((entropy * mask).sum()),
+            kl_sum=kl_value * tokens,
+        )
         return loss, weighted
 
     def _telemetry(self, result, rewards, strata, trajectories, sums, start) -> dict[str, float]:

@@ -34,8 +34,9 @@ class WeightTarget(Protocol):
         """The version it serves now."""
         ...
 
-    async def update_weights(self, version: int, *, state_dict: Mapping[str, Any] | None = None,
-                             path: str | None = None) -> None: ...  # fmt: skip
+    async def update_weights(
+        self, version: int, *, state_dict: Mapping[str, Any] | None = None, path: str | None = None
+    ) -> None: ...
 
 
 @dataclass
@@ -49,8 +50,11 @@ class PublishReport:
     """Why each target that failed did, this publish."""
 
     def metrics(self) -> dict[str, float | bool]:
-        return {"published": self.published, "weight_sync_seconds": self.seconds,
-                "served_version": self.served_version}  # fmt: skip
+        return {
+            "published": self.published,
+            "weight_sync_seconds": self.seconds,
+            "served_version": self.served_version,
+        }
 
 
 class Publisher:
@@ -66,8 +70,9 @@ class Publisher:
             raise ValueError(f"weight versions must increase: {version} after {self.last_version}")
         return time.perf_counter()
 
-    async def _deliver(self, version: int, start: float,
-                       load: Callable[[WeightTarget], Awaitable[None]]) -> PublishReport:  # fmt: skip
+    async def _deliver(
+        self, version: int, start: float, load: Callable[[WeightTarget], Awaitable[None]]
+    ) -> PublishReport:
         outcomes = await asyncio.gather(*(load(t) for t in self.targets), return_exceptions=True)
         failures = []
         for outcome in outcomes:
@@ -85,7 +90,9 @@ class InProcessSync(Publisher):
         start = self._check(version)
         # One copy, detached from the learner's live parameters, shared by every engine.
         snapshot = {name: tensor.detach().clone() for name, tensor in state_dict.items()}
-        return await self._deliver(version, start, lambda t: t.update_weights(version, state_dict=snapshot))  # fmt: skip
+        return await self._deliver(
+            version, start, lambda t: t.update_weights(version, state_dict=snapshot)
+        )
 
 
 class CheckpointSync(Publisher):
@@ -93,8 +100,14 @@ class CheckpointSync(Publisher):
     `publish` takes the state dict (written here, with `model`'s save_pretrained) or the path of
     a checkpoint another process wrote (the Ray learner: `write_checkpoint`)."""
 
-    def __init__(self, targets: Sequence[WeightTarget], directory: str | os.PathLike[str],
-                 model: Any = None, tokenizer: Any = None, keep: int = 2) -> None:  # fmt: skip
+    def __init__(
+        self,
+        targets: Sequence[WeightTarget],
+        directory: str | os.PathLike[str],
+        model: Any = None,
+        tokenizer: Any = None,
+        keep: int = 2,
+    ) -> None:
         super().__init__(targets)
         self.directory = Path(directory)
         self.model = model  # anything with save_pretrained(dir, state_dict=...)
@@ -108,8 +121,9 @@ class CheckpointSync(Publisher):
         if isinstance(weights, str):
             path = weights
         else:
-            written = await asyncio.to_thread(write_checkpoint, self.directory, version, dict(weights),
-                                              self.model, self.tokenizer)  # fmt: skip
+            written = await asyncio.to_thread(
+                write_checkpoint, self.directory, version, dict(weights), self.model, self.tokenizer
+            )
             path = str(written)
         report = await self._deliver(version, start, lambda t: t.update_weights(version, path=path))
         prune_checkpoints(self.directory, self.keep)
@@ -127,7 +141,9 @@ class RaySync(Publisher):
         start = self._check(version)
         if not isinstance(weights, ray.ObjectRef):
             weights = ray.put({name: tensor.detach().cpu() for name, tensor in weights.items()})
-        return await self._deliver(version, start, lambda t: t.update_weights(version, state_dict=weights))  # fmt: skip
+        return await self._deliver(
+            version, start, lambda t: t.update_weights(version, state_dict=weights)
+        )
 
 
 class NcclSync(Publisher):
@@ -136,14 +152,24 @@ class NcclSync(Publisher):
     forms the NCCL group at master_address:master_port on first use. Without CUDA every target
     fails with one line saying so."""
 
-    def __init__(self, targets: Sequence[Any], master_address: str = "127.0.0.1", master_port: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self, targets: Sequence[Any], master_address: str = "127.0.0.1", master_port: int = 0
+    ) -> None:
         super().__init__(targets)
         self.master_address, self.master_port = master_address, master_port or _free_port()
 
     async def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> PublishReport:
         start = self._check(version)
-        return await self._deliver(version, start, lambda t: t.update_weights_distributed(
-            version, state_dict, master_address=self.master_address, master_port=self.master_port))  # fmt: skip
+        return await self._deliver(
+            version,
+            start,
+            lambda t: t.update_weights_distributed(
+                version,
+                state_dict,
+                master_address=self.master_address,
+                master_port=self.master_port,
+            ),
+        )
 
 
 def _free_port() -> int:
@@ -152,14 +178,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def write_checkpoint(directory: str | os.PathLike[str], version: int,
-                     state_dict: Mapping[str, torch.Tensor], model: Any, tokenizer: Any = None) -> Path:  # fmt: skip
+def write_checkpoint(
+    directory: str | os.PathLike[str],
+    version: int,
+    state_dict: Mapping[str, torch.Tensor],
+    model: Any,
+    tokenizer: Any = None,
+) -> Path:
     """`directory/vNNNNNN`, an HF checkpoint of `state_dict` (saved by `model.save_pretrained`)."""
     return save_hf(Path(directory) / f"v{version:06d}", model, tokenizer, state_dict)
 
 
-def save_hf(target: str | os.PathLike[str], model: Any, tokenizer: Any = None,
-            state_dict: Mapping[str, torch.Tensor] | None = None) -> Path:  # fmt: skip
+def save_hf(
+    target: str | os.PathLike[str],
+    model: Any,
+    tokenizer: Any = None,
+    state_dict: Mapping[str, torch.Tensor] | None = None,
+) -> Path:
     """`model` (with `state_dict`'s weights if given) and `tokenizer` as an HF directory at
     `target`, made whole under a temporary name first: a reader never sees a half-written one,
     and one left by an interrupted run is replaced."""

@@ -38,11 +38,18 @@ class Acting:
     retrieval: Any = None
     """The retrieval server's aiohttp runner, when it was started here."""
 
-    def agent(self, actor_id: str, settings: AgentSettings | None = None, tools: dict | None = None) -> AgentLoop:  # fmt: skip
+    def agent(
+        self, actor_id: str, settings: AgentSettings | None = None, tools: dict | None = None
+    ) -> AgentLoop:
         """An agent loop on these parts: the config's settings and tools unless given."""
         settings = settings or agent_settings(self.config.actors, self.config.learner.stratifier)
-        return AgentLoop(self.engine, self.tokenizer, self.tools if tools is None else tools,
-                         settings, actor_id=actor_id)  # fmt: skip
+        return AgentLoop(
+            self.engine,
+            self.tokenizer,
+            self.tools if tools is None else tools,
+            settings,
+            actor_id=actor_id,
+        )
 
     async def close(self) -> None:
         if "search" in self.tools:
@@ -76,7 +83,9 @@ async def open_acting(
         if "search" in config.actors.tools and search_url is None:
             if index_dir is None:
                 raise ValueError("the search tool is enabled but there is no index to serve")
-            retrieval, port = await serve(load_app(str(index_dir)), config.retrieval.host, config.retrieval.port)  # fmt: skip
+            retrieval, port = await serve(
+                load_app(str(index_dir)), config.retrieval.host, config.retrieval.port
+            )
             search_url = f"http://{config.retrieval.host}:{port}"
         tools = make_tools(config.actors, config.retrieval, search_url)
         if urls is None:
@@ -91,20 +100,24 @@ async def open_acting(
     return Acting(config, engine, tokenizer, tools, servers, retrieval)
 
 
-def start_servers(config: StrataConfig, policy_dir: str | os.PathLike[str],
-                  log_dir: str | os.PathLike[str] | None):  # fmt: skip
+def start_servers(
+    config: StrataConfig, policy_dir: str | os.PathLike[str], log_dir: str | os.PathLike[str] | None
+):
     """(servers, their URLs) when `config` generates on vLLM or SGLang servers given by no URL:
     started here (call from the main thread: they die with it), else (None, None)."""
     servers = managed_servers(config, policy_dir, log_dir)
     if servers is None:
         return None, None
-    print(f"strata: starting {servers.count} {servers.label} server(s) (logs in {servers.log_dir})",
-          flush=True)  # fmt: skip
+    print(
+        f"strata: starting {servers.count} {servers.label} server(s) (logs in {servers.log_dir})",
+        flush=True,
+    )
     return servers, servers.start()
 
 
-def managed_servers(config: StrataConfig, policy_dir: str | os.PathLike[str],
-                    log_dir: str | os.PathLike[str] | None) -> ManagedServers | None:  # fmt: skip
+def managed_servers(
+    config: StrataConfig, policy_dir: str | os.PathLike[str], log_dir: str | os.PathLike[str] | None
+) -> ManagedServers | None:
     """The servers the launcher starts for `config` (not started yet), or None when it names
     running ones or generates in-process."""
     engine = config.actors.engine
@@ -114,20 +127,35 @@ def managed_servers(config: StrataConfig, policy_dir: str | os.PathLike[str],
     if isinstance(engine, VLLMEngine):
         from actors.vllm_server import VLLMServers
 
-        return VLLMServers(str(policy_dir), engine.num_servers, engine.startup_timeout_s, logs,
-                           python=engine.python, max_num_seqs=engine.max_batch_size,
-                           max_model_len=engine.max_model_len, kv_cache_gb=engine.kv_cache_gb,
-                           dtype=model_dtype(config))  # fmt: skip
+        return VLLMServers(
+            str(policy_dir),
+            engine.num_servers,
+            engine.startup_timeout_s,
+            logs,
+            python=engine.python,
+            max_num_seqs=engine.max_batch_size,
+            max_model_len=engine.max_model_len,
+            kv_cache_gb=engine.kv_cache_gb,
+            dtype=model_dtype(config),
+        )
     import torch
 
     from actors.sglang_server import SGLangServers, gpu_sets
 
     sets = gpu_sets(engine.num_servers, engine.tp_size, engine.gpus, torch.cuda.device_count())
-    return SGLangServers(str(policy_dir), engine.num_servers, engine.startup_timeout_s, logs,
-                        gpu_sets=sets, tp_size=engine.tp_size,
-                        mem_fraction_static=engine.mem_fraction_static, python=engine.python,
-                        dtype=model_dtype(config), seed=config.runtime.seed,
-                        extra_args=list(engine.extra_args))  # fmt: skip
+    return SGLangServers(
+        str(policy_dir),
+        engine.num_servers,
+        engine.startup_timeout_s,
+        logs,
+        gpu_sets=sets,
+        tp_size=engine.tp_size,
+        mem_fraction_static=engine.mem_fraction_static,
+        python=engine.python,
+        dtype=model_dtype(config),
+        seed=config.runtime.seed,
+        extra_args=list(engine.extra_args),
+    )
 
 
 class _NoEngine:

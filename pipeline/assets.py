@@ -88,8 +88,9 @@ def prepare_index(config: StrataConfig, corpus: Path, quiet: bool = False) -> Pa
     return target
 
 
-def prepare_policy(config: StrataConfig, world_dir: Path | None, quiet: bool = False,
-                   index_dir: Path | None = None) -> Path:  # fmt: skip
+def prepare_policy(
+    config: StrataConfig, world_dir: Path | None, quiet: bool = False, index_dir: Path | None = None
+) -> Path:
     if isinstance(config.model, PretrainedModel):
         path = Path(config.model.path)
         if not (path / "config.json").is_file():

@@ -24,13 +24,20 @@ def accounting(stats: BufferStats, pools: Sequence[ActorPool]) -> dict:
     generation failed (`aborted`: engine errors, generations the server cut off) never got a
     stratum: they are counted in all only."""
     per_stratum = {
-        int(s): {"generated": c["put"] + c["rejected"], "trained": c["released"],
-                 "dropped_stale": c["dropped_stale"], "abandoned": c["abandoned"],
-                 "failed": c["rejected"], "in_flight": c["pending"]}
+        int(s): {
+            "generated": c["put"] + c["rejected"],
+            "trained": c["released"],
+            "dropped_stale": c["dropped_stale"],
+            "abandoned": c["abandoned"],
+            "failed": c["rejected"],
+            "in_flight": c["pending"],
+        }
         for s, c in stats.per_stratum.items()
-    }  # fmt: skip
-    total = {k: sum(row[k] for row in per_stratum.values()) for k in
-             ("generated", "trained", "dropped_stale", "abandoned", "failed", "in_flight")}  # fmt: skip
+    }
+    total = {
+        k: sum(row[k] for row in per_stratum.values())
+        for k in ("generated", "trained", "dropped_stale", "abandoned", "failed", "in_flight")
+    }
     total["aborted"] = sum(p.stats.aborted for p in pools)
     return {"per_stratum": per_stratum, "total": total}
 
@@ -53,8 +60,12 @@ def add_accounting(earlier: dict, now: dict) -> dict:
     return {"per_stratum": per_stratum, "total": total}
 
 
-SPILLED_AS = {"trained": "released", "dropped_stale": "dropped_stale", "abandoned": "abandoned",
-              "in_flight": "pending"}  # fmt: skip
+SPILLED_AS = {
+    "trained": "released",
+    "dropped_stale": "dropped_stale",
+    "abandoned": "abandoned",
+    "in_flight": "pending",
+}
 """The spill status of each kind of trajectory the books count (`failed` ones are not spilled)."""
 
 
@@ -78,10 +89,14 @@ def audit(run_dir: Path) -> list[str]:
             row[k] for k in ("trained", "dropped_stale", "abandoned", "failed", "in_flight")
         )
         if row["generated"] != parts:
-            problems.append(f"stratum {stratum}: generated {row['generated']} != {parts}, the sum of its parts ({row})")  # fmt: skip
+            problems.append(
+                f"stratum {stratum}: generated {row['generated']} != {parts}, the sum of its parts ({row})"
+            )
         for key, status in SPILLED_AS.items():
             if spilled[int(stratum), status] != row[key]:
-                problems.append(f"stratum {stratum}: {row[key]} {key} in the books, {spilled[int(stratum), status]} rows {status!r} in the spill")  # fmt: skip
+                problems.append(
+                    f"stratum {stratum}: {row[key]} {key} in the books, {spilled[int(stratum), status]} rows {status!r} in the spill"
+                )
     expected = sum(row["generated"] - row["failed"] for row in books["per_stratum"].values())
     if sum(spilled.values()) != expected:
         problems.append(f"the spill holds {sum(spilled.values())} rows, the books {expected}")

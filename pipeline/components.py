@@ -56,8 +56,9 @@ def make_buffer(
     )
 
 
-def make_publisher(config: StrataConfig, targets: list, run_dir: str | os.PathLike[str],
-                   model=None, tokenizer=None) -> Publisher:  # fmt: skip
+def make_publisher(
+    config: StrataConfig, targets: list, run_dir: str | os.PathLike[str], model=None, tokenizer=None
+) -> Publisher:
     """The weight publisher of the run's transport: in-process engines get a snapshot (under Ray,
     through the object store); servers an HF checkpoint under run_dir/weights/ (or, with
     `weight_sync: nccl` on GPUs, a broadcast)."""
@@ -75,9 +76,12 @@ def make_learner(config: StrataConfig, policy_dir: str | os.PathLike[str]):
     under Ray as actors on bundles 1..N-1 of this actor's placement group (learner/ray_ranks.py;
     `close_learner` stops them)."""
     pretrained = isinstance(config.model, PretrainedModel)
-    kwargs = dict(group_size=config.buffer.group_size, temperature=config.actors.temperature,
-                  dtype=model_dtype(config) if pretrained else None,
-                  gradient_checkpointing=pretrained and config.model.gradient_checkpointing)  # fmt: skip
+    kwargs = dict(
+        group_size=config.buffer.group_size,
+        temperature=config.actors.temperature,
+        dtype=model_dtype(config) if pretrained else None,
+        gradient_checkpointing=pretrained and config.model.gradient_checkpointing,
+    )
     if config.learner.num_ranks == 1:
         return Learner(policy_dir, config.learner, **kwargs)
     placement = None
@@ -85,11 +89,21 @@ def make_learner(config: StrataConfig, policy_dir: str | os.PathLike[str]):
     if isinstance(runtime, RayRuntime):  # in the learner's actor, on bundle 0 of its group
         import ray
 
-        placement = RayPlacement(ray.util.get_current_placement_group(), runtime.learner_num_cpus,
-                                 runtime.learner_num_gpus, runtime.learner_rendezvous_host,
-                                 runtime.learner_rendezvous_port)  # fmt: skip
-    return ranked_learner(policy_dir, config.learner, config.learner.num_ranks, torch.get_num_threads(),
-                          placement, **kwargs)  # fmt: skip
+        placement = RayPlacement(
+            ray.util.get_current_placement_group(),
+            runtime.learner_num_cpus,
+            runtime.learner_num_gpus,
+            runtime.learner_rendezvous_host,
+            runtime.learner_rendezvous_port,
+        )
+    return ranked_learner(
+        policy_dir,
+        config.learner,
+        config.learner.num_ranks,
+        torch.get_num_threads(),
+        placement,
+        **kwargs,
+    )
 
 
 def close_learner(learner) -> None:
@@ -99,22 +113,33 @@ def close_learner(learner) -> None:
         learner.peers = None
 
 
-def _embedded(config: StrataConfig, model_path: str | os.PathLike[str], urls: list[str] | None) -> RolloutEngine:  # fmt: skip
+def _embedded(
+    config: StrataConfig, model_path: str | os.PathLike[str], urls: list[str] | None
+) -> RolloutEngine:
     from actors.embedded import EmbeddedEngine
 
     engine = config.actors.engine
-    return EmbeddedEngine.from_pretrained(model_path, device=engine.device, dtype=model_dtype(config),
-                                          max_batch_size=engine.max_batch_size, seed=config.runtime.seed)  # fmt: skip
+    return EmbeddedEngine.from_pretrained(
+        model_path,
+        device=engine.device,
+        dtype=model_dtype(config),
+        max_batch_size=engine.max_batch_size,
+        seed=config.runtime.seed,
+    )
 
 
-def _sglang(config: StrataConfig, model_path: str | os.PathLike[str], urls: list[str] | None) -> RolloutEngine:  # fmt: skip
+def _sglang(
+    config: StrataConfig, model_path: str | os.PathLike[str], urls: list[str] | None
+) -> RolloutEngine:
     from actors.sglang import SGLangEngine
 
     engine = config.actors.engine
     return SGLangEngine(list(urls or engine.urls), timeout_s=engine.timeout_s)
 
 
-def _vllm(config: StrataConfig, model_path: str | os.PathLike[str], urls: list[str] | None) -> RolloutEngine:  # fmt: skip
+def _vllm(
+    config: StrataConfig, model_path: str | os.PathLike[str], urls: list[str] | None
+) -> RolloutEngine:
     from actors.vllm import VLLMEngine
 
     engine = config.actors.engine
@@ -153,8 +178,11 @@ def _search_tool(config: ActorsConfig, retrieval: RetrievalConfig, search_url: s
 
 
 def _python_tool(config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None) -> Tool:
-    return PythonTool(timeout_s=config.python_timeout_s, memory_mb=config.python_memory_mb,
-                      isolation=config.python_isolation)  # fmt: skip
+    return PythonTool(
+        timeout_s=config.python_timeout_s,
+        memory_mb=config.python_memory_mb,
+        isolation=config.python_isolation,
+    )
 
 
 TOOLS: dict[str, Callable[[ActorsConfig, RetrievalConfig, str | None], Tool]] = {
@@ -175,8 +203,9 @@ def agent_settings(config: ActorsConfig, strata: StratifierConfig | None = None)
     """The agent loop's settings; `strata` (learner.stratifier) picks the stratifier that
     assigns each trajectory's stratum at collection (default: the number of tool calls)."""
     strata = strata or StratifierConfig()
-    stratifier = make_stratifier(strata.type, tools=config.tools, max_calls=config.max_turns,
-                                 k=strata.k, seed=strata.seed)  # fmt: skip
+    stratifier = make_stratifier(
+        strata.type, tools=config.tools, max_calls=config.max_turns, k=strata.k, seed=strata.seed
+    )
     return AgentSettings(
         max_turns=config.max_turns,
         max_new_tokens_per_turn=config.max_new_tokens_per_turn,

@@ -124,8 +124,10 @@ class DataConfig(Section):
         fields = type(self).model_fields
         worldly = [k for k in ("world_size", "world_skew") if getattr(self, k) != fields[k].default]
         if self.type != "mini_gaia" and worldly:
-            raise ValueError(f"data.{worldly[0]} shapes the mini_gaia world only; data.type is "
-                             f"{self.type!r}: remove it")  # fmt: skip
+            raise ValueError(
+                f"data.{worldly[0]} shapes the mini_gaia world only; data.type is "
+                f"{self.type!r}: remove it"
+            )
         return self
 
 
@@ -284,7 +286,9 @@ class LearnerConfig(Section):
 
     @model_validator(mode="after")
     def _corrections_make_sense(self) -> LearnerConfig:
-        if self.is_floor != LearnerConfig.model_fields["is_floor"].default and self.importance not in ("icepop", "seq_mask"):  # fmt: skip
+        if self.is_floor != LearnerConfig.model_fields[
+            "is_floor"
+        ].default and self.importance not in ("icepop", "seq_mask"):
             raise ValueError(
                 f"is_floor applies to importance icepop or seq_mask, not {self.importance}"
             )

@@ -29,7 +29,13 @@ def _default(field: FieldInfo) -> str:
 def _constraints(field: FieldInfo) -> str:
     parts = []
     for item in field.metadata:
-        for name, symbol in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="), ("min_length", "length >=")):  # fmt: skip
+        for name, symbol in (
+            ("gt", ">"),
+            ("ge", ">="),
+            ("lt", "<"),
+            ("le", "<="),
+            ("min_length", "length >="),
+        ):
             value = getattr(item, name, None)
             if value is not None:
                 parts.append(f"{symbol} {value}")

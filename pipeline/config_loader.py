@@ -252,7 +252,9 @@ def _node_at(raw: dict[str, Any], parts: Sequence[str]) -> dict[str, Any] | None
     return node if isinstance(node, dict) else None
 
 
-def _drop_file_keys(node: dict[str, Any], section: str, keys: list[str], applied: dict[str, str]) -> str | None:  # fmt: skip
+def _drop_file_keys(
+    node: dict[str, Any], section: str, keys: list[str], applied: dict[str, str]
+) -> str | None:
     """Delete `keys` of the raw `section` except those an earlier --set gave; the dropped ones
     as "section.key, ..." (None if none)."""
     dropped = [k for k in keys if f"{section}.{k}" not in applied]
@@ -261,8 +263,9 @@ def _drop_file_keys(node: dict[str, Any], section: str, keys: list[str], applied
     return ", ".join(f"{section}.{k}" for k in dropped) if dropped else None
 
 
-def _switch_to_urls(raw: dict[str, Any], key: str, value: Any, applied: dict[str, str], text: str,
-                    source: str) -> str | None:  # fmt: skip
+def _switch_to_urls(
+    raw: dict[str, Any], key: str, value: Any, applied: dict[str, str], text: str, source: str
+) -> str | None:
     """Before `--set SECTION.urls=[...]` on a server engine: the servers are running elsewhere, so
     the file's settings of servers the launcher would start (`STARTED_ONLY`) are dropped (those
     an earlier --set gave stay, and validation refuses them), and said."""
@@ -276,12 +279,15 @@ def _switch_to_urls(raw: dict[str, Any], key: str, value: Any, applied: dict[str
     keys = _drop_file_keys(node, section, [k for k in started if k in node], applied)
     if keys is None:
         return None
-    return (f"--set {text}: the servers run elsewhere, so the launcher starts none; dropped {keys} "
-            f"(settings of started servers) from {source}")  # fmt: skip
+    return (
+        f"--set {text}: the servers run elsewhere, so the launcher starts none; dropped {keys} "
+        f"(settings of started servers) from {source}"
+    )
 
 
-def _switch_type(raw: dict[str, Any], key: str, value: Any, applied: dict[str, str], text: str,
-                 source: str) -> str | None:  # fmt: skip
+def _switch_type(
+    raw: dict[str, Any], key: str, value: Any, applied: dict[str, str], text: str, source: str
+) -> str | None:
     """Before `--set SECTION.type=VALUE` is applied: if it changes the section's backend, drop
     the file's keys of that section the new backend does not have (those an earlier --set gave
     stay), and say so."""
@@ -308,8 +314,10 @@ def _switch_type(raw: dict[str, Any], key: str, value: Any, applied: dict[str, s
     keys = _drop_file_keys(node, section, [k for k in node if k not in accepted], applied)
     if keys is None:
         return None
-    return (f"--set {text}: {section} starts from the {value} defaults; dropped {keys} "
-            f"(of the {current} backend, not of {value}) from {source}")  # fmt: skip
+    return (
+        f"--set {text}: {section} starts from the {value} defaults; dropped {keys} "
+        f"(of the {current} backend, not of {value}) from {source}"
+    )
 
 
 def dump_config(config: StrataConfig, notes: Sequence[str] = ()) -> str:

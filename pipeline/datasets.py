@@ -21,9 +21,15 @@ from actors.agent import prompt_ids
 from retrieval.world import VERSION as WORLD_VERSION
 
 SEARCH_R1_COLUMNS = (
-    "id", "question", "prompt", "data_source", "reward_model", "golden_answers", "ability",
+    "id",
+    "question",
+    "prompt",
+    "data_source",
+    "reward_model",
+    "golden_answers",
+    "ability",
     "extra_info",
-)  # fmt: skip
+)
 GAIA_FIELDS = ("task_id", "Question", "Level", "Final answer")
 
 

@@ -166,8 +166,16 @@ def training_items(config: StrataConfig) -> list[Item]:
 EVAL_ATTEMPTS = 3
 
 
-async def run_items(engine, tokenizer, tools: dict, settings, items: Sequence[Item], samples: int,
-                    concurrency: int, actor_id: str) -> list:  # fmt: skip
+async def run_items(
+    engine,
+    tokenizer,
+    tools: dict,
+    settings,
+    items: Sequence[Item],
+    samples: int,
+    concurrency: int,
+    actor_id: str,
+) -> list:
     """One trajectory per (question, sample), `concurrency` agent loops at a time, in input order.
     A trajectory the engine fails is run again (EVAL_ATTEMPTS in all; the last failure raises)."""
     loop = AgentLoop(engine, tokenizer, tools, settings, actor_id=actor_id)
@@ -187,8 +195,11 @@ async def run_items(engine, tokenizer, tools: dict, settings, items: Sequence[It
 
     made = list(await asyncio.gather(*(one(i, k) for i in items for k in range(samples))))
     if again["count"]:
-        print(f"strata: {actor_id}: {again['count']} trajectories cut off by the engine were run "
-              f"again (first: {again['first']})", flush=True)  # fmt: skip
+        print(
+            f"strata: {actor_id}: {again['count']} trajectories cut off by the engine were run "
+            f"again (first: {again['first']})",
+            flush=True,
+        )
     return made
 
 
@@ -197,8 +208,9 @@ def eval_settings(config: StrataConfig, samples: int):
     format bonus and no latent reward (`actors.latent_reward` credits wrong answers in training)."""
     settings = agent_settings(config.actors, config.learner.stratifier)
     temperature = 0.0 if samples == 1 else settings.temperature
-    return dataclasses.replace(settings, temperature=temperature, format_weight=0.0,
-                               latent_reward=0.0)  # fmt: skip
+    return dataclasses.replace(
+        settings, temperature=temperature, format_weight=0.0, latent_reward=0.0
+    )
 
 
 def generated_text(trajectory, tokenizer) -> str:
@@ -207,8 +219,9 @@ def generated_text(trajectory, tokenizer) -> str:
     return tokenizer.decode(ids.tolist(), skip_special_tokens=False)
 
 
-def summarize(trajectories: Sequence, items: Sequence[Item], samples: int, tools: bool,
-              tokenizer) -> list[Row]:  # fmt: skip
+def summarize(
+    trajectories: Sequence, items: Sequence[Item], samples: int, tools: bool, tokenizer
+) -> list[Row]:
     """One row per table row name, in first-seen order, then `all`."""
     row_of = {item.key: item.row for item in items}
     by_row: dict[str, list] = defaultdict(list)
@@ -221,14 +234,23 @@ def summarize(trajectories: Sequence, items: Sequence[Item], samples: int, tools
         per_question: dict[str, list[float]] = defaultdict(list)
         for t in members:
             per_question[t.prompt_id].append(float(t.reward))
-        rows.append(Row(
-            name=name, tools=tools, questions=len(per_question), samples=samples,
-            accuracy=float(np.mean([t.reward for t in members])),
-            pass_at_k=float(np.mean([max(r) for r in per_question.values()])) if samples > 1 else None,
-            tool_calls=float(np.mean([len(t.tool_names) for t in members])),
-            response_tokens=float(np.mean([int(np.sum(t.loss_mask)) for t in members])),
-            format_errors=float(np.mean([format_reward(generated_text(t, tokenizer)) == 0 for t in members])),
-        ))  # fmt: skip
+        rows.append(
+            Row(
+                name=name,
+                tools=tools,
+                questions=len(per_question),
+                samples=samples,
+                accuracy=float(np.mean([t.reward for t in members])),
+                pass_at_k=float(np.mean([max(r) for r in per_question.values()]))
+                if samples > 1
+                else None,
+                tool_calls=float(np.mean([len(t.tool_names) for t in members])),
+                response_tokens=float(np.mean([int(np.sum(t.loss_mask)) for t in members])),
+                format_errors=float(
+                    np.mean([format_reward(generated_text(t, tokenizer)) == 0 for t in members])
+                ),
+            )
+        )
     return rows
 
 
@@ -249,7 +271,9 @@ def markdown(rows: Sequence[Row], samples: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_outputs(out: Path, result: dict, rows: Sequence[Row], trajectories: Sequence) -> list[Path]:  # fmt: skip
+def write_outputs(
+    out: Path, result: dict, rows: Sequence[Row], trajectories: Sequence
+) -> list[Path]:
     """FILE.trajectories.parquet, FILE.md, then FILE.json (last: its presence means complete),
     each written to a temporary name first."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -274,8 +298,14 @@ def write_outputs(out: Path, result: dict, rows: Sequence[Row], trajectories: Se
 # ------------------------------------------------------------------------------------ engines
 
 
-async def evaluate(config: StrataConfig, checkpoint: Path, items: Sequence[Item], samples: int,
-                   index_dir: Path | None, log_dir: Path) -> tuple[list[Row], list]:  # fmt: skip
+async def evaluate(
+    config: StrataConfig,
+    checkpoint: Path,
+    items: Sequence[Item],
+    samples: int,
+    index_dir: Path | None,
+    log_dir: Path,
+) -> tuple[list[Row], list]:
     """Rows (with tools, then the no-tools baseline if configured) and every trajectory."""
     settings = eval_settings(config, samples)
     acting = await open_acting(config, checkpoint, index_dir=index_dir, log_dir=log_dir)
@@ -283,14 +313,30 @@ async def evaluate(config: StrataConfig, checkpoint: Path, items: Sequence[Item]
         if not isinstance(config.actors.engine, EmbeddedEngine) and acting.servers is None:
             await acting.engine.update_weights(1, path=str(checkpoint))  # running servers: load it
         concurrency = config.actors.concurrency * config.actors.num_pools
-        return await with_and_without_tools(config, acting.engine, acting.tokenizer, acting.tools,
-                                            settings, items, samples, concurrency)  # fmt: skip
+        return await with_and_without_tools(
+            config,
+            acting.engine,
+            acting.tokenizer,
+            acting.tools,
+            settings,
+            items,
+            samples,
+            concurrency,
+        )
     finally:
         await acting.close()
 
 
-async def with_and_without_tools(config: StrataConfig, engine, tokenizer, tools: dict, settings,
-                                 items: Sequence[Item], samples: int, concurrency: int) -> tuple[list[Row], list]:  # fmt: skip
+async def with_and_without_tools(
+    config: StrataConfig,
+    engine,
+    tokenizer,
+    tools: dict,
+    settings,
+    items: Sequence[Item],
+    samples: int,
+    concurrency: int,
+) -> tuple[list[Row], list]:
     """The rows and trajectories of the held-out `items` with `tools`, then (eval.no_tools_baseline)
     without; then those of the training questions among them (row TRAIN_ROW), with tools only."""
     held_out = [i for i in items if i.row != TRAIN_ROW]
@@ -302,7 +348,9 @@ async def with_and_without_tools(config: StrataConfig, engine, tokenizer, tools:
     for chosen, enabled, actor in runs:
         if not chosen:
             continue
-        made = await run_items(engine, tokenizer, enabled, settings, chosen, samples, concurrency, actor)  # fmt: skip
+        made = await run_items(
+            engine, tokenizer, enabled, settings, chosen, samples, concurrency, actor
+        )
         summary = summarize(made, chosen, samples, bool(enabled), tokenizer)
         rows += summary[:1] if actor == TRAIN_ACTOR else summary  # one row, not "all" again
         trajectories += made
@@ -321,8 +369,15 @@ class PeriodicEval:
     that comes due while an evaluation runs waits for it; only the newest waits (older ones are
     skipped, said each time), so the last step of a finished run is always evaluated."""
 
-    def __init__(self, config: StrataConfig, items: Sequence[Item], snapshot, run, run_dir: Path,
-                 run_metrics=None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: StrataConfig,
+        items: Sequence[Item],
+        snapshot,
+        run,
+        run_dir: Path,
+        run_metrics=None,
+    ) -> None:
         self.config, self.items, self.snapshot, self.run = config, list(items), snapshot, run
         self.run_dir, self.run_metrics = run_dir, run_metrics
         self.samples = config.eval.samples
@@ -343,8 +398,11 @@ class PeriodicEval:
             self.task = asyncio.create_task(self._run(*job))
             return
         if self.waiting is not None:
-            print(f"strata: eval at step {self.waiting[0]} skipped for step {step}: evaluations "
-                  "take longer than eval.every_steps learner steps", flush=True)  # fmt: skip
+            print(
+                f"strata: eval at step {self.waiting[0]} skipped for step {step}: evaluations "
+                "take longer than eval.every_steps learner steps",
+                flush=True,
+            )
         self.waiting = job
 
     async def _run(self, step: int, version: int, weights) -> None:
@@ -363,10 +421,14 @@ class PeriodicEval:
         # Servers are evaluated as they serve: the learner may publish while an evaluation runs,
         # and a trajectory run again after a server restart meets its newer weights.
         served = [t.policy_version for t in trajectories]
-        record = {"step": step, "version": version, "samples": self.samples,
-                  "seconds": round(time.perf_counter() - started, 1),
-                  "served_versions": [min(served), max(served)] if served else [],
-                  "rows": [dataclasses.asdict(r) for r in rows]}  # fmt: skip
+        record = {
+            "step": step,
+            "version": version,
+            "samples": self.samples,
+            "seconds": round(time.perf_counter() - started, 1),
+            "served_versions": [min(served), max(served)] if served else [],
+            "rows": [dataclasses.asdict(r) for r in rows],
+        }
         out = self.run_dir / "eval" / f"step-{step:06d}.json"
         await asyncio.to_thread(write_outputs, out, record, rows, trajectories)
         with (self.run_dir / "eval.jsonl").open("a") as fh:
@@ -376,10 +438,15 @@ class PeriodicEval:
             self.run_metrics.observe_eval(step, rows)
         overall = {r.tools: r.accuracy for r in rows if r.name == "all"}
         baseline = f", no tools {overall[False]:.3f}" if False in overall else ""
-        trained = next((f", training questions {r.accuracy:.3f}" for r in rows if r.name == TRAIN_ROW), "")  # fmt: skip
+        trained = next(
+            (f", training questions {r.accuracy:.3f}" for r in rows if r.name == TRAIN_ROW), ""
+        )
         held_out = sum(item.row != TRAIN_ROW for item in self.items)
-        print(f"strata: eval at step {step}: accuracy {overall[True]:.3f}{baseline}{trained} on "
-              f"{held_out} held-out questions ({record['seconds']:.0f} s)", flush=True)  # fmt: skip
+        print(
+            f"strata: eval at step {step}: accuracy {overall[True]:.3f}{baseline}{trained} on "
+            f"{held_out} held-out questions ({record['seconds']:.0f} s)",
+            flush=True,
+        )
 
     async def close(self, wait: bool) -> None:
         """At the end of a run: let a running evaluation finish (`wait`) or cancel it."""
@@ -392,8 +459,9 @@ class PeriodicEval:
             await engine.close()
 
 
-def periodic_eval(config: StrataConfig, snapshot, run, run_dir: Path,
-                  run_metrics=None) -> PeriodicEval | None:  # fmt: skip
+def periodic_eval(
+    config: StrataConfig, snapshot, run, run_dir: Path, run_metrics=None
+) -> PeriodicEval | None:
     """The run's PeriodicEval when eval.every_steps is set (questions read now: a bad file stops
     the run before it trains), else None."""
     if not config.eval.every_steps:
@@ -457,9 +525,14 @@ def main(argv: list[str] | None = None) -> int:
     index_dir = None
     if "search" in config.actors.tools and config.retrieval.url is None:
         corpus = config.retrieval.corpus
-        index_dir = prepare_index(config, Path(corpus) if corpus else prepare_world(config) / "corpus.jsonl")  # fmt: skip
-    print(f"strata: evaluating {checkpoint} on {len(items)} questions × {samples} sample(s)"
-          f"{' with and without tools' if config.eval.no_tools_baseline else ''}", flush=True)  # fmt: skip
+        index_dir = prepare_index(
+            config, Path(corpus) if corpus else prepare_world(config) / "corpus.jsonl"
+        )
+    print(
+        f"strata: evaluating {checkpoint} on {len(items)} questions × {samples} sample(s)"
+        f"{' with and without tools' if config.eval.no_tools_baseline else ''}",
+        flush=True,
+    )
     started = time.perf_counter()
 
     try:
@@ -470,12 +543,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"strata: error: generation failed, nothing written: {exc}", file=sys.stderr)
         return 1
     result = {
-        "checkpoint": str(checkpoint), "config": str(args.config), "overrides": list(args.set),
-        "data": [str(f) for f in files], "samples": samples,
-        "temperature": eval_settings(config, samples).temperature, "engine": config.actors.engine.type,
-        "tools": list(config.actors.tools), "seconds": round(time.perf_counter() - started, 1),
+        "checkpoint": str(checkpoint),
+        "config": str(args.config),
+        "overrides": list(args.set),
+        "data": [str(f) for f in files],
+        "samples": samples,
+        "temperature": eval_settings(config, samples).temperature,
+        "engine": config.actors.engine.type,
+        "tools": list(config.actors.tools),
+        "seconds": round(time.perf_counter() - started, 1),
         "rows": [dataclasses.asdict(r) for r in rows],
-    }  # fmt: skip
+    }
     paths = write_outputs(out, result, rows, trajectories)
     print(markdown(rows, samples), end="")
     print(f"strata: wrote {', '.join(str(p) for p in paths)}", flush=True)

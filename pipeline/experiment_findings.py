@@ -105,7 +105,11 @@ def _generated_tokens(run: RunData) -> float | None:
     """Tokens the run generated, from its last step's rate and elapsed time (None without)."""
     last = run.metrics[-1] if run.metrics else {}
     rate, elapsed = last.get("generated_tokens_per_s"), last.get("elapsed_s")
-    return rate * elapsed if isinstance(rate, int | float) and isinstance(elapsed, int | float) else None  # fmt: skip
+    return (
+        rate * elapsed
+        if isinstance(rate, int | float) and isinstance(elapsed, int | float)
+        else None
+    )
 
 
 def accuracy_findings(groups: Groups, baseline: str | None) -> list[str]:
@@ -219,9 +223,11 @@ def _stratum_variance(run: RunData) -> float | None:
         values = [
             v
             for k, v in m.items()
-            if k.startswith("stratum/") and k.endswith("/in_stratum_adv_var")
-            and isinstance(v, int | float) and np.isfinite(v)
-        ]  # fmt: skip
+            if k.startswith("stratum/")
+            and k.endswith("/in_stratum_adv_var")
+            and isinstance(v, int | float)
+            and np.isfinite(v)
+        ]
         if values:
             per_step.append(float(np.mean(values)))
     return float(np.mean(per_step)) if per_step else None

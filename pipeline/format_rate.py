@@ -50,7 +50,8 @@ class FormatReport:
         n = len(results)
         calls = Counter(t.num_tool_calls for t, _ in results)
         return cls(
-            temperature, n,
+            temperature,
+            n,
             well_formed=sum(format_reward(text) for _, text in results) / n,
             answered=sum(t.finish_reason == "answer" for t, _ in results) / n,
             mean_tool_calls=sum(k * v for k, v in calls.items()) / n,
@@ -58,7 +59,7 @@ class FormatReport:
             exact_match=sum(t.reward for t, _ in results) / n,
             finish=dict(Counter(t.finish_reason for t, _ in results)),
             seconds=seconds,
-        )  # fmt: skip
+        )
 
     def line(self) -> str:
         mix = ", ".join(f"{k}: {v:.0%}" for k, v in self.tool_calls.items())
@@ -74,7 +75,9 @@ def generated_text(trajectory, tokenizer) -> str:
     """The policy's own text: the generated runs of a trajectory, decoded run by run (as the
     loop decodes its turns), without the observations between them."""
     runs: list[list[int]] = [[]]
-    for token, mask in zip(trajectory.token_ids.tolist(), trajectory.loss_mask.tolist(), strict=True):  # fmt: skip
+    for token, mask in zip(
+        trajectory.token_ids.tolist(), trajectory.loss_mask.tolist(), strict=True
+    ):
         if mask:
             runs[-1].append(token)
         elif runs[-1]:
@@ -89,11 +92,18 @@ def pick_questions(questions: Sequence, n: int | None, seed: int = 0) -> list:
     return [questions[i] for i in sorted(random.Random(seed).sample(range(len(questions)), n))]
 
 
-def format_rate(model_dir: str | os.PathLike[str], world_dir: str | os.PathLike[str],
-                n: int | None = None, *, temperatures: Sequence[float] = (0.0, 1.0),
-                tools: Sequence[str] = ("search", "python"), settings: AgentSettings = LOCAL_AGENT,
-                index_dir: str | os.PathLike[str] | None = None, concurrency: int = 32,
-                seed: int = 0) -> list[FormatReport]:  # fmt: skip
+def format_rate(
+    model_dir: str | os.PathLike[str],
+    world_dir: str | os.PathLike[str],
+    n: int | None = None,
+    *,
+    temperatures: Sequence[float] = (0.0, 1.0),
+    tools: Sequence[str] = ("search", "python"),
+    settings: AgentSettings = LOCAL_AGENT,
+    index_dir: str | os.PathLike[str] | None = None,
+    concurrency: int = 32,
+    seed: int = 0,
+) -> list[FormatReport]:
     """Run the real agent loop on `n` held-out test questions, once per temperature, searching a
     MiniLM index of the world through the real retrieval server on 127.0.0.1.
 
@@ -109,13 +119,22 @@ def format_rate(model_dir: str | os.PathLike[str], world_dir: str | os.PathLike[
             from retrieval.build import build
 
             build(str(Path(world_dir) / "corpus.jsonl"), str(index), quiet=True)
-        run = _measure(Path(model_dir), index, questions, temperatures, tools, settings, concurrency, seed)  # fmt: skip
+        run = _measure(
+            Path(model_dir), index, questions, temperatures, tools, settings, concurrency, seed
+        )
         return asyncio.run(run)
 
 
-async def _measure(model_dir: Path, index: Path, questions: list, temperatures: Sequence[float],
-                   tools: Sequence[str], settings: AgentSettings, concurrency: int,
-                   seed: int) -> list[FormatReport]:  # fmt: skip
+async def _measure(
+    model_dir: Path,
+    index: Path,
+    questions: list,
+    temperatures: Sequence[float],
+    tools: Sequence[str],
+    settings: AgentSettings,
+    concurrency: int,
+    seed: int,
+) -> list[FormatReport]:
     config = StrataConfig(
         actors=ActorsConfig(tools=list(tools), engine=EmbeddedEngine(max_batch_size=concurrency)),
         runtime=LocalRuntime(seed=seed),
@@ -131,7 +150,9 @@ async def _measure(model_dir: Path, index: Path, questions: list, temperatures: 
 
         reports = []
         for temperature in temperatures:
-            agent = acting.agent("format-rate", replace(settings, temperature=temperature, reward="exact_match"))  # fmt: skip
+            agent = acting.agent(
+                "format-rate", replace(settings, temperature=temperature, reward="exact_match")
+            )
             start = time.monotonic()
             results = await asyncio.gather(*(one(agent, i, q) for i, q in enumerate(questions)))
             reports.append(FormatReport.of(temperature, results, time.monotonic() - start))

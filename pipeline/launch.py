@@ -183,7 +183,7 @@ def unavailable(config: StrataConfig) -> str | None:
     gpu = torch.cuda.is_available()
     engine = config.actors.engine
     if isinstance(engine, SimulatedEngine) and isinstance(config.runtime, RayRuntime):
-        return "actors.engine.type simulated runs on the local runtime only: use --set runtime.type=local"  # fmt: skip
+        return "actors.engine.type simulated runs on the local runtime only: use --set runtime.type=local"
     if isinstance(engine, SGLangEngine) and not engine.urls:
         from actors.sglang_server import launch_problem
 
@@ -398,7 +398,7 @@ def stop_line(exc: BaseException, run_dir: Path) -> str | None:
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return f"strata: error: the disk of {run_dir} is full (no space left on device): the run stopped {_then(run_dir, 'free space')}"  # fmt: skip
+            return f"strata: error: the disk of {run_dir} is full (no space left on device): the run stopped {_then(run_dir, 'free space')}"
         if isinstance(exc, RankError):  # under Ray, a RayTaskError that is also a RankError
             said = str(getattr(exc, "cause", exc)).strip().splitlines()[0]
             return f"strata: error: {said}: the run stopped {_then(run_dir, 'see its log')}"
@@ -409,8 +409,10 @@ def stop_line(exc: BaseException, run_dir: Path) -> str | None:
 def _then(run_dir: Path, remedy: str) -> str:
     latest = run_dir / "checkpoints" / "latest"
     if latest.is_file():
-        return (f"at its last complete checkpoint, checkpoints/{latest.read_text().strip()}: "
-                f"{remedy}, then go on with --resume --run-dir {run_dir}")  # fmt: skip
+        return (
+            f"at its last complete checkpoint, checkpoints/{latest.read_text().strip()}: "
+            f"{remedy}, then go on with --resume --run-dir {run_dir}"
+        )
     return f"before its first checkpoint: {remedy} and start it again"
 
 

@@ -97,7 +97,9 @@ class LocalRoles:
         try:  # what the engines say they serve, not what we believe
             served = await self.engine.served_versions()
             metrics["served_version_min"] = min(served.values(), default=metrics["served_version"])
-            metrics["served_version"] = min(metrics["served_version"], metrics["served_version_min"])  # fmt: skip
+            metrics["served_version"] = min(
+                metrics["served_version"], metrics["served_version_min"]
+            )
         except EngineError as exc:
             print(f"strata: could not read the servers' weight versions: {exc}", flush=True)
         return metrics
@@ -113,7 +115,11 @@ class LocalRoles:
                 tools.errors[name] += agent.stats.tools.errors[name]
                 tools.seconds[name] += agent.stats.tools.seconds[name]
         rejoins = self.engine.stats()["rejoins"] if isinstance(self.engine, RemoteEngine) else 0
-        return {"embedded-0": ActorStats(self.engine.version, self.engine.generated_tokens, tools, int(rejoins))}  # fmt: skip
+        return {
+            "embedded-0": ActorStats(
+                self.engine.version, self.engine.generated_tokens, tools, int(rejoins)
+            )
+        }
 
 
 async def run_local(
@@ -129,7 +135,9 @@ async def run_local(
     set_threads(config)
     summary = summary if summary is not None else RunSummary()
     run_metrics = watching = learner = None
-    acting = await open_acting(config, assets.policy_dir, index_dir=assets.index_dir, log_dir=run_dir / "logs")  # fmt: skip
+    acting = await open_acting(
+        config, assets.policy_dir, index_dir=assets.index_dir, log_dir=run_dir / "logs"
+    )
     try:
         learner = make_learner(config, assets.policy_dir)
         agents = [acting.agent(f"pool-{i}") for i in range(config.actors.num_pools)]
@@ -152,16 +160,33 @@ async def run_local(
             config, assets.world_dir, acting.tokenizer, skip
         )
         pools = [
-            ActorPool(agent, buffer, tasks, group_size=config.buffer.group_size,
-                      concurrency=config.actors.concurrency, name=agent.actor_id, first_serial=skip)
+            ActorPool(
+                agent,
+                buffer,
+                tasks,
+                group_size=config.buffer.group_size,
+                concurrency=config.actors.concurrency,
+                name=agent.actor_id,
+                first_serial=skip,
+            )
             for agent in agents
-        ]  # fmt: skip
+        ]
         if config.metrics.enabled:
             run_metrics = start_metrics(config, run_dir, list(acting.tools))
         started = lambda: skip + sum(p.stats.groups_started for p in pools)  # noqa: E731
         evaluator = make_evaluator(config, assets, acting, learner, run_dir, run_metrics)
-        return await stream(config, roles, buffer, pools, run_dir, summary, progress, run_metrics,
-                            started, evaluator)  # fmt: skip
+        return await stream(
+            config,
+            roles,
+            buffer,
+            pools,
+            run_dir,
+            summary,
+            progress,
+            run_metrics,
+            started,
+            evaluator,
+        )
     finally:
         if watching is not None:  # first: no restart while the servers are being stopped
             watching.cancel()
@@ -173,7 +198,9 @@ async def run_local(
             run_metrics.close()
 
 
-def make_evaluator(config: StrataConfig, assets: Assets, acting: Acting, learner, run_dir: Path, run_metrics):  # fmt: skip
+def make_evaluator(
+    config: StrataConfig, assets: Assets, acting: Acting, learner, run_dir: Path, run_metrics
+):
     """The run's periodic evaluation (eval.every_steps), or None. With the embedded engine it
     runs on an engine of its own holding a copy of the evaluated version's weights; with servers,
     on the run's servers (the version may move on during an evaluation: each trajectory records
@@ -193,8 +220,16 @@ def make_evaluator(config: StrataConfig, assets: Assets, acting: Acting, learner
                 evaluator.engines.append(make_engine(config, assets.policy_dir))
             used = evaluator.engines[0]
             await used.update_weights(version, state_dict=weights)
-        return await with_and_without_tools(config, used, acting.tokenizer, acting.tools, settings, items,
-                                            config.eval.samples, config.actors.concurrency)  # fmt: skip
+        return await with_and_without_tools(
+            config,
+            used,
+            acting.tokenizer,
+            acting.tools,
+            settings,
+            items,
+            config.eval.samples,
+            config.actors.concurrency,
+        )
 
     evaluator = periodic_eval(config, snapshot, run, run_dir, run_metrics)
     return evaluator

@@ -18,8 +18,16 @@ STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16)
 TOOL_CALL_BUCKETS = (0, 1, 2, 3, 4, 6, 8)
 
 
-OFFPOLICY = ("logprob_gap_mean", "logprob_gap_abs_mean", "logprob_gap_tail_fraction", "clip_fraction",
-             "mask_drop_fraction", "truncated_fraction", "sequence_drop_fraction", "staleness_token_mean")  # fmt: skip
+OFFPOLICY = (
+    "logprob_gap_mean",
+    "logprob_gap_abs_mean",
+    "logprob_gap_tail_fraction",
+    "clip_fraction",
+    "mask_drop_fraction",
+    "truncated_fraction",
+    "sequence_drop_fraction",
+    "staleness_token_mean",
+)
 """The learner's per-step off-policy figures exported as strata_offpolicy{measure}."""
 
 
@@ -51,16 +59,24 @@ class RunMetrics:
         self.actor_version = Gauge(
             "strata_actor_policy_version", "Version an actor serves", ["actor"], registry=r
         )
-        self.staleness = Histogram("strata_staleness", "Version lag of trained tokens at consumption",
-                                   buckets=STALENESS_BUCKETS, registry=r)  # fmt: skip
+        self.staleness = Histogram(
+            "strata_staleness",
+            "Version lag of trained tokens at consumption",
+            buckets=STALENESS_BUCKETS,
+            registry=r,
+        )
         self.buffer_groups = Gauge(
             "strata_buffer_groups", "Groups in the buffer", ["state"], registry=r
         )
         self.reward = Gauge(
             "strata_reward", "Mean reward of the last step", ["stratum"], registry=r
         )
-        self.tool_calls = Histogram("strata_tool_calls_per_trajectory", "Tool calls per trajectory",
-                                    buckets=TOOL_CALL_BUCKETS, registry=r)  # fmt: skip
+        self.tool_calls = Histogram(
+            "strata_tool_calls_per_trajectory",
+            "Tool calls per trajectory",
+            buckets=TOOL_CALL_BUCKETS,
+            registry=r,
+        )
         self.tool_seconds = Counter(
             "strata_tool_call_seconds", "Seconds spent in tool calls", ["tool"], registry=r
         )
@@ -77,32 +93,47 @@ class RunMetrics:
             "strata_learner_idle_seconds_total", "Learner time waiting for groups", registry=r
         )
         self.eval_accuracy = Gauge(
-            "strata_eval_accuracy", "Held-out accuracy of the last evaluation (eval.every_steps)",
-            ["source", "tools"], registry=r,
-        )  # fmt: skip
-        self.eval_step = Gauge("strata_eval_step", "Learner step of the last evaluation", registry=r)  # fmt: skip
+            "strata_eval_accuracy",
+            "Held-out accuracy of the last evaluation (eval.every_steps)",
+            ["source", "tools"],
+            registry=r,
+        )
+        self.eval_step = Gauge(
+            "strata_eval_step", "Learner step of the last evaluation", registry=r
+        )
         self.offpolicy = Gauge(
-            "strata_offpolicy", "Off-policy telemetry of the last step: the learner-behaviour log-prob "
+            "strata_offpolicy",
+            "Off-policy telemetry of the last step: the learner-behaviour log-prob "
             "gap (mean, abs mean, share of tokens beyond 1 nat), shares of tokens clipped, masked, "
-            "truncated and of sequences dropped, token-weighted staleness", ["measure"], registry=r,
-        )  # fmt: skip
+            "truncated and of sequences dropped, token-weighted staleness",
+            ["measure"],
+            registry=r,
+        )
         self.stratum_share = Gauge(
-            "strata_stratum_share", "Share of the generated (left the buffer) or trained trajectories "
+            "strata_stratum_share",
+            "Share of the generated (left the buffer) or trained trajectories "
             "per stratum; trained below generated: staleness starves the stratum",
-            ["stratum", "kind"], registry=r,
-        )  # fmt: skip
+            ["stratum", "kind"],
+            registry=r,
+        )
         self.rank_seconds = Counter(
-            "strata_learner_rank_seconds_total", "Seconds each learner rank spent on its own "
-            "micro-batches", ["rank"], registry=r,
-        )  # fmt: skip
+            "strata_learner_rank_seconds_total",
+            "Seconds each learner rank spent on its own micro-batches",
+            ["rank"],
+            registry=r,
+        )
         self.rank_idle = Counter(
-            "strata_learner_rank_idle_seconds_total", "Seconds each learner rank waited for the "
-            "slowest rank at a step's reductions", ["rank"], registry=r,
-        )  # fmt: skip
+            "strata_learner_rank_idle_seconds_total",
+            "Seconds each learner rank waited for the slowest rank at a step's reductions",
+            ["rank"],
+            registry=r,
+        )
         self.rank_tokens = Counter(
-            "strata_learner_rank_tokens_total", "Response tokens each learner rank trained",
-            ["rank"], registry=r,
-        )  # fmt: skip
+            "strata_learner_rank_tokens_total",
+            "Response tokens each learner rank trained",
+            ["rank"],
+            registry=r,
+        )
         self._seen: dict[str, float] = {}
         for status in ("released", "dropped_stale", "abandoned", "rejected"):
             self.trajectories.labels(status=status)  # every series exists from the first scrape
@@ -148,8 +179,11 @@ class RunMetrics:
                 self.reward.labels(stratum=key.split("/")[1]).set(value)
             elif key.startswith("rank/"):
                 _, rank, measure = key.split("/")
-                counter = {"seconds": self.rank_seconds, "idle_seconds": self.rank_idle,
-                           "tokens": self.rank_tokens}[measure]  # fmt: skip
+                counter = {
+                    "seconds": self.rank_seconds,
+                    "idle_seconds": self.rank_idle,
+                    "tokens": self.rank_tokens,
+                }[measure]
                 counter.labels(rank=rank).inc(max(0.0, value))
             elif key.startswith("stratum/") and key.endswith("_share"):
                 _, stratum, kind = key.split("/")
@@ -165,7 +199,9 @@ class RunMetrics:
         "level N" or "all"); tools "no" for the no-tools baseline."""
         self.eval_step.set(step)
         for row in rows:
-            self.eval_accuracy.labels(source=row.name, tools="yes" if row.tools else "no").set(row.accuracy)  # fmt: skip
+            self.eval_accuracy.labels(source=row.name, tools="yes" if row.tools else "no").set(
+                row.accuracy
+            )
 
     def sample(self, buffer_stats, actors: dict) -> None:
         """Read the buffer's counters and each actor's (`streaming.ActorStats` by actor name)."""

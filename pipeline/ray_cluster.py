@@ -56,12 +56,21 @@ def start_ray(runtime: RayRuntime, needed: dict[str, float], reserved_gpus: int 
     handler = signal.getsignal(signal.SIGTERM)
     try:
         if runtime.address:
-            ray.init(address=runtime.address, _node_ip_address=runtime.node_ip,
-                     logging_level="WARNING", log_to_driver=True)  # fmt: skip
+            ray.init(
+                address=runtime.address,
+                _node_ip_address=runtime.node_ip,
+                logging_level="WARNING",
+                log_to_driver=True,
+            )
         else:
-            ray.init(_node_ip_address=runtime.node_ip, num_cpus=os.cpu_count() or 1,
-                     num_gpus=gpus, include_dashboard=False,
-                     logging_level="WARNING", log_to_driver=True)  # fmt: skip
+            ray.init(
+                _node_ip_address=runtime.node_ip,
+                num_cpus=os.cpu_count() or 1,
+                num_gpus=gpus,
+                include_dashboard=False,
+                logging_level="WARNING",
+                log_to_driver=True,
+            )
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = runtime.address or runtime.node_ip
         raise RuntimeUnavailable(

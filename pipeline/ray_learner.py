@@ -35,8 +35,9 @@ class LearnerWorker:
         """The current weights as an HF checkpoint `directory/vNNNNNN` for inference servers to
         load (on storage they can read); the driver's CheckpointSync prunes old ones."""
         learner = self.learner
-        path = write_checkpoint(directory, learner.version, learner.state_dict(), learner.model,
-                                learner.tokenizer)  # fmt: skip
+        path = write_checkpoint(
+            directory, learner.version, learner.state_dict(), learner.model, learner.tokenizer
+        )
         return str(path)
 
     def save(self, directory: str, extra: dict) -> str:
@@ -50,7 +51,9 @@ class LearnerWorker:
         import ray
 
         peers = getattr(self.learner, "peers", None)
-        return [ray.get_runtime_context().get_node_id()] + (peers.nodes() if peers is not None else [])  # fmt: skip
+        return [ray.get_runtime_context().get_node_id()] + (
+            peers.nodes() if peers is not None else []
+        )
 
     def close(self) -> None:
         """Stop the learner's other ranks (learner.num_ranks > 1)."""
@@ -79,4 +82,8 @@ async def learner_placement(runtime: RayRuntime, ranks: int, timeout_s: float = 
             f"{bundle} each) within {timeout_s:g} s: add nodes, lower runtime.learner_num_cpus/gpus "
             "or learner.num_ranks, or use runtime.learner_placement PACK"
         ) from None
-    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)}  # fmt: skip
+    return {
+        "scheduling_strategy": PlacementGroupSchedulingStrategy(
+            group, placement_group_bundle_index=0
+        )
+    }

@@ -27,8 +27,9 @@ class RetrievalWorker:
             await self.runner.cleanup()
 
 
-async def watch_retrieval(worker, index_dir: str, host: str, port: int, summary: RunSummary,
-                          poll_s: float = 1.0) -> None:  # fmt: skip
+async def watch_retrieval(
+    worker, index_dir: str, host: str, port: int, summary: RunSummary, poll_s: float = 1.0
+) -> None:
     """Keeps the retrieval actor serving on `port` (the URL every pool's search tool has): when
     Ray has restarted it after a death, starts its server again there. Meanwhile searches fail
     and the agents see error observations, counted as tool errors. Counts restarts in `summary`."""

@@ -77,8 +77,15 @@ class GenerationWorker:
     """One actor pool's generation side: engine, tools and agent loop, built on first use inside
     the actor's event loop (so a restarted actor rebuilds itself the same way)."""
 
-    def __init__(self, config: dict, policy_dir: str, search_url: str | None, name: str,
-                 threads: int, urls: list[str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: dict,
+        policy_dir: str,
+        search_url: str | None,
+        name: str,
+        threads: int,
+        urls: list[str] | None = None,
+    ) -> None:
         """`urls`: the inference servers this pool owns (remote engines); no two pools share one,
         so each server is updated by exactly one client."""
         self.config = StrataConfig.model_validate(config)
@@ -95,8 +102,9 @@ class GenerationWorker:
             self._building = self._building or asyncio.Lock()
             async with self._building:
                 if self.agent is None:
-                    self.acting = await open_acting(self.config, self.policy_dir, search_url=self.search_url,
-                                                    urls=self.urls)  # fmt: skip
+                    self.acting = await open_acting(
+                        self.config, self.policy_dir, search_url=self.search_url, urls=self.urls
+                    )
                     self.agent = self.acting.agent(self.name)
         return self.agent
 
@@ -150,8 +158,16 @@ class GenerationWorker:
             await self.eval_engine.update_weights(version, state_dict=weights)
             engine = self.eval_engine
         c = self.config
-        return await with_and_without_tools(c, engine, agent.tokenizer, agent.tools, eval_settings(c, c.eval.samples),
-                                            items, c.eval.samples, c.actors.concurrency)  # fmt: skip
+        return await with_and_without_tools(
+            c,
+            engine,
+            agent.tokenizer,
+            agent.tools,
+            eval_settings(c, c.eval.samples),
+            items,
+            c.eval.samples,
+            c.actors.concurrency,
+        )
 
     async def hold(self, url: str) -> None:
         """The server at `url` (this pool's) died and is being restarted: stop using it."""
@@ -167,8 +183,9 @@ class GenerationWorker:
             return os.getpid(), ActorStats(0, 0, ToolStats())
         engine = self.agent.engine
         rejoins = engine.stats()["rejoins"] if isinstance(engine, RemoteEngine) else 0
-        return os.getpid(), ActorStats(engine.version, engine.generated_tokens,
-                                       self.agent.stats.tools, int(rejoins))  # fmt: skip
+        return os.getpid(), ActorStats(
+            engine.version, engine.generated_tokens, self.agent.stats.tools, int(rejoins)
+        )
 
     async def close(self) -> None:
         if self.eval_engine is not None:
@@ -225,7 +242,9 @@ class WorkerTarget:
     def __init__(self, name: str, handle: Any) -> None:
         self.name, self.handle, self.version = name, handle, 0
 
-    async def update_weights(self, version: int, *, state_dict: Any = None, path: str | None = None) -> None:  # fmt: skip
+    async def update_weights(
+        self, version: int, *, state_dict: Any = None, path: str | None = None
+    ) -> None:
         from ray.exceptions import RayTaskError
 
         try:
@@ -244,8 +263,14 @@ class WorkerTarget:
 class RayRoles:
     """The learner and the generation actors, seen from the driver's streaming loop."""
 
-    def __init__(self, learner: Any, workers: dict[str, Any], latest: list, publisher: Any,
-                 weights_dir: Path | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        learner: Any,
+        workers: dict[str, Any],
+        latest: list,
+        publisher: Any,
+        weights_dir: Path | None = None,
+    ) -> None:
         """`publisher`: the run's (components.make_publisher) over the workers' `WorkerTarget`s;
         `weights_dir`: the learner writes an HF checkpoint there for inference servers; None:
         weights go through the object store to in-process engines."""
@@ -322,9 +347,11 @@ async def run_ray(
     pools_n = config.actors.num_pools
     ranks = config.learner.num_ranks
     needed = {
-        "CPU": pools_n * runtime.actor_num_cpus + ranks * runtime.learner_num_cpus + runtime.retrieval_num_cpus,
+        "CPU": pools_n * runtime.actor_num_cpus
+        + ranks * runtime.learner_num_cpus
+        + runtime.retrieval_num_cpus,
         "GPU": pools_n * runtime.actor_num_gpus + ranks * runtime.learner_num_gpus,
-    }  # fmt: skip
+    }
     urls = pool_urls(config)
     engine = config.actors.engine
     started_gpus = 0
@@ -341,10 +368,16 @@ async def run_ray(
         policy = str(Path(assets.policy_dir).resolve())
         search_url = config.retrieval.url
         if "search" in config.actors.tools and search_url is None:
-            retrieval = ray.remote(RetrievalWorker).options(
-                num_cpus=runtime.retrieval_num_cpus, name="strata-retrieval", max_restarts=-1,
-                max_task_retries=0,
-            ).remote()  # fmt: skip
+            retrieval = (
+                ray.remote(RetrievalWorker)
+                .options(
+                    num_cpus=runtime.retrieval_num_cpus,
+                    name="strata-retrieval",
+                    max_restarts=-1,
+                    max_task_retries=0,
+                )
+                .remote()
+            )
             index_dir, host = str(Path(assets.index_dir).resolve()), config.retrieval.host
             port = await retrieval.start.remote(index_dir, host, config.retrieval.port)
             search_url = f"http://{host}:{port}"
@@ -352,22 +385,37 @@ async def run_ray(
                 watch_retrieval(retrieval, index_dir, host, port, summary)
             )
         placement = await learner_placement(runtime, ranks)
-        learner = ray.remote(LearnerWorker).options(
-            num_cpus=runtime.learner_num_cpus, num_gpus=runtime.learner_num_gpus,
-            name="strata-learner", **placement,
-        ).remote(plain, policy, _threads(runtime.learner_num_cpus, runtime.threads))  # fmt: skip
+        learner = (
+            ray.remote(LearnerWorker)
+            .options(
+                num_cpus=runtime.learner_num_cpus,
+                num_gpus=runtime.learner_num_gpus,
+                name="strata-learner",
+                **placement,
+            )
+            .remote(plain, policy, _threads(runtime.learner_num_cpus, runtime.threads))
+        )
         generation = ray.remote(GenerationWorker)
         threads = _threads(runtime.actor_num_cpus, runtime.threads)
         for i in range(pools_n):
             name = f"pool-{i}"
             workers[name] = generation.options(
-                num_cpus=runtime.actor_num_cpus, num_gpus=runtime.actor_num_gpus, name=f"strata-{name}",
-                max_restarts=-1, max_task_retries=0, max_concurrency=config.actors.concurrency + 8,
-            ).remote(plain, policy, search_url, name, threads, urls[i])  # fmt: skip
+                num_cpus=runtime.actor_num_cpus,
+                num_gpus=runtime.actor_num_gpus,
+                name=f"strata-{name}",
+                max_restarts=-1,
+                max_task_retries=0,
+                max_concurrency=config.actors.concurrency + 8,
+            ).remote(plain, policy, search_url, name, threads, urls[i])
         latest: list = []
         targets = [WorkerTarget(name, handle) for name, handle in workers.items()]
-        roles = RayRoles(learner, workers, latest, make_publisher(config, targets, run_dir),
-                         run_dir / "weights" if urls[0] is not None else None)  # fmt: skip
+        roles = RayRoles(
+            learner,
+            workers,
+            latest,
+            make_publisher(config, targets, run_dir),
+            run_dir / "weights" if urls[0] is not None else None,
+        )
         if servers is not None:
             roles.watch = watch_servers(servers, workers, pools_n)
             watching = asyncio.create_task(roles.watch.run())
@@ -377,25 +425,43 @@ async def run_ray(
             extra = await learner.load.remote(str((run_dir / "checkpoints").resolve()))
             skip = int(extra.get(CURSOR_KEY, 0))
             summary.resumed_from = await roles.sync_version()
-            summary.books_before, summary.metrics = resume_run_dir(run_dir, extra, summary.resumed_from)  # fmt: skip
+            summary.books_before, summary.metrics = resume_run_dir(
+                run_dir, extra, summary.resumed_from
+            )
         if roles.version:
             await roles.publish()
         buffer = make_buffer(config.buffer, run_dir, config.learner.groups_per_step)
         tokenizer = AutoTokenizer.from_pretrained(policy, local_files_only=True)
         tasks, summary.skipped_prompts = question_stream(config, assets.world_dir, tokenizer, skip)
         pools = [
-            ActorPool(RemoteAgent(handle, name, latest), buffer, tasks,
-                      group_size=config.buffer.group_size, concurrency=config.actors.concurrency,
-                      name=name, first_serial=skip)
+            ActorPool(
+                RemoteAgent(handle, name, latest),
+                buffer,
+                tasks,
+                group_size=config.buffer.group_size,
+                concurrency=config.actors.concurrency,
+                name=name,
+                first_serial=skip,
+            )
             for name, handle in workers.items()
-        ]  # fmt: skip
+        ]
         if config.metrics.enabled:
             run_metrics = start_metrics(config, run_dir, list(config.actors.tools))
         started = lambda: skip + sum(p.stats.groups_started for p in pools)  # noqa: E731
         evaluator = make_evaluator(config, learner, workers["pool-0"], run_dir, run_metrics)
         try:
-            return await stream(config, roles, buffer, pools, run_dir, summary, progress,
-                                run_metrics, started, evaluator)  # fmt: skip
+            return await stream(
+                config,
+                roles,
+                buffer,
+                pools,
+                run_dir,
+                summary,
+                progress,
+                run_metrics,
+                started,
+                evaluator,
+            )
         finally:
             summary.actor_restarts = roles.restarts
     finally:

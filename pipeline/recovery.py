@@ -38,8 +38,14 @@ BOOKS_KEY = "books"
 SPILL_KEY = "spill_files"
 
 
-async def save_run_checkpoint(roles: Any, buffer: GroupBuffer, pools: Sequence[ActorPool],
-                              run_dir: Path, extra: dict, books_before: dict) -> Path:  # fmt: skip
+async def save_run_checkpoint(
+    roles: Any,
+    buffer: GroupBuffer,
+    pools: Sequence[ActorPool],
+    run_dir: Path,
+    extra: dict,
+    books_before: dict,
+) -> Path:
     """Checkpoint the learner (`roles.checkpoint`) with the books, the spill's position and the
     held trajectories of this instant. `extra` holds `step`; `books_before`: the books of the
     processes before this one (empty for a fresh run)."""
@@ -56,7 +62,10 @@ async def save_run_checkpoint(roles: Any, buffer: GroupBuffer, pools: Sequence[A
     if not held:  # the snapshot of an earlier checkpoint of this step (the final one repeats it)
         held_file.unlink(missing_ok=True)
     for old in (checkpoints / "held").glob("step-*.parquet"):  # those of pruned checkpoints
-        if not (checkpoints / old.stem).exists() and not (checkpoints / f"{old.stem}.json").exists():  # fmt: skip
+        if (
+            not (checkpoints / old.stem).exists()
+            and not (checkpoints / f"{old.stem}.json").exists()
+        ):
             old.unlink(missing_ok=True)
     return path
 
@@ -68,7 +77,12 @@ def _held_file(checkpoints: Path, step: int) -> Path:
 def _make_durable(writes: list, held: list[Trajectory], held_file: Path) -> None:
     wait_written(writes)
     if held:
-        _write_whole(held_file, lambda fh: pq.write_table(spill_table([(t, "pending", -1) for t in held]), fh, compression="zstd"))  # fmt: skip
+        _write_whole(
+            held_file,
+            lambda fh: pq.write_table(
+                spill_table([(t, "pending", -1) for t in held]), fh, compression="zstd"
+            ),
+        )
 
 
 def _write_whole(path: Path, write) -> None:
@@ -102,12 +116,16 @@ def resume_run_dir(run_dir: Path, extra: dict, step: int) -> tuple[dict, list[di
         lost = _fresh_dir(run_dir / "lost" / f"after-step-{step:06d}")
         for path in later:
             path.rename(lost / path.name)
-        said.append(f"{len(later)} spill file(s) written after it moved to {lost.relative_to(run_dir)} (those steps are redone)")  # fmt: skip
+        said.append(
+            f"{len(later)} spill file(s) written after it moved to {lost.relative_to(run_dir)} (those steps are redone)"
+        )
     held = _held_file(run_dir / "checkpoints", step)
     if held.is_file():
         into = spill / f"part-{extra[SPILL_KEY] + 1:06d}.parquet"
         _write_whole(into, lambda fh: fh.write(held.read_bytes()))
-        said.append(f"{pq.read_metadata(into).num_rows} trajectories in flight at it spilled as pending")  # fmt: skip
+        said.append(
+            f"{pq.read_metadata(into).num_rows} trajectories in flight at it spilled as pending"
+        )
     if said:
         print(f"strata: resuming at step {step}: {'; '.join(said)}", flush=True)
     return extra[BOOKS_KEY], metrics
@@ -134,8 +152,12 @@ def _keep_steps(path: Path, up_to_step: int) -> list[dict]:
 
 def _remove_temporaries(run_dir: Path) -> None:
     """What a kill mid-write leaves: checkpoint directories and files under temporary names."""
-    for pattern in ("checkpoints/.step-*", "checkpoints/.latest.tmp", "checkpoints/held/.*.tmp",
-                    "trajectories/.part-*.tmp"):  # fmt: skip
+    for pattern in (
+        "checkpoints/.step-*",
+        "checkpoints/.latest.tmp",
+        "checkpoints/held/.*.tmp",
+        "trajectories/.part-*.tmp",
+    ):
         for path in run_dir.glob(pattern):
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
 

@@ -28,9 +28,16 @@ from learner.estimators import ESTIMATORS, estimate
 from learner.telemetry import stratum_summary
 
 COLUMNS = [
-    "prompt_id", "sample_index", "reward", "stratum", "num_tool_calls", "tool_names",
-    "policy_version", "status", "consumed_version",
-]  # fmt: skip
+    "prompt_id",
+    "sample_index",
+    "reward",
+    "stratum",
+    "num_tool_calls",
+    "tool_names",
+    "policy_version",
+    "status",
+    "consumed_version",
+]
 
 
 class ReplayError(ValueError):
@@ -45,8 +52,11 @@ def _parser() -> argparse.ArgumentParser:
         "run_dir", help="a run directory (holding trajectories/) or a folder of Parquet files"
     )
     p.add_argument("--alpha", type=float, help="blend; default: the run's learner.alpha, else 0.6")
-    p.add_argument("--estimator", choices=sorted(ESTIMATORS),
-                   help="advantage estimator; default: the run's learner.advantage.type, else stratified")  # fmt: skip
+    p.add_argument(
+        "--estimator",
+        choices=sorted(ESTIMATORS),
+        help="advantage estimator; default: the run's learner.advantage.type, else stratified",
+    )
     p.add_argument(
         "--eps", type=float, help="std stabiliser; default: the run's learner.eps, else 1e-6"
     )
@@ -124,7 +134,12 @@ def _strata(table: pa.Table, args: argparse.Namespace, config: dict) -> torch.Te
         seed=args.seed,
     )
     if args.stratifier == "random":  # by trajectory key, as the agent loop assigns them
-        keys = [f"{p}#{i}" for p, i in zip(table["prompt_id"].to_pylist(), table["sample_index"].to_pylist(), strict=True)]  # fmt: skip
+        keys = [
+            f"{p}#{i}"
+            for p, i in zip(
+                table["prompt_id"].to_pylist(), table["sample_index"].to_pylist(), strict=True
+            )
+        ]
         return torch.from_numpy(stratifier([()] * table.num_rows, keys))
     if table["tool_names"].null_count:
         raise ReplayError(

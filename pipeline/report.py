@@ -132,8 +132,10 @@ def initial_policy(policy_dir: Path | None) -> str:
     line = f"`{policy_dir}`"
     try:
         info = json.loads((policy_dir / "warm_start.json").read_text(encoding="utf-8"))
-        line += (f", warm start of {len(info['epochs'])} epochs ({info['steps']} steps), loss "
-                 f"{info['first_loss']:.3f} -> {info['final_loss']:.3f}")  # fmt: skip
+        line += (
+            f", warm start of {len(info['epochs'])} epochs ({info['steps']} steps), loss "
+            f"{info['first_loss']:.3f} -> {info['final_loss']:.3f}"
+        )
     except (OSError, ValueError, KeyError, TypeError):
         pass  # not a warm start (model.path), or one without a step: the path says enough
     if (digest := weights_digest(policy_dir)) is not None:
@@ -197,7 +199,7 @@ def _accounting(books: dict) -> list[str]:
         "",
         "| stratum | generated | trained | dropped stale | abandoned | failed | in flight | generated share | trained share | fairness |",
         "|---|---|---|---|---|---|---|---|---|---|",
-    ]  # fmt: skip
+    ]
     for stratum in sorted(rows, key=int):
         r = rows[stratum]
         generated_share, trained_share = left[stratum] / all_left, r["trained"] / all_trained
@@ -205,7 +207,7 @@ def _accounting(books: dict) -> list[str]:
         lines.append(
             f"| {stratum} | {r['generated']} | {r['trained']} | {r['dropped_stale']} | {r['abandoned']} | "
             f"{r['failed']} | {r['in_flight']} | {generated_share:.3f} | {trained_share:.3f} | {fairness} |"
-        )  # fmt: skip
+        )
     aborted = books.get("total", {}).get("aborted", 0)
     lines += ["", f"Generations that failed before they had a stratum (aborted): {aborted}.", ""]
     return lines
@@ -225,8 +227,12 @@ def _evaluations(run_dir: Path) -> list[str]:
     from pipeline.evaluate import Row, markdown
 
     last = records[-1]
-    lines = [f"## Held-out evaluation (step {last['step']}, {last['samples']} sample(s) per question)",
-             "", markdown([Row(**r) for r in last["rows"]], last["samples"]).rstrip(), ""]  # fmt: skip
+    lines = [
+        f"## Held-out evaluation (step {last['step']}, {last['samples']} sample(s) per question)",
+        "",
+        markdown([Row(**r) for r in last["rows"]], last["samples"]).rstrip(),
+        "",
+    ]
     import matplotlib
 
     matplotlib.use("Agg")
@@ -236,8 +242,12 @@ def _evaluations(run_dir: Path) -> list[str]:
     names = list(dict.fromkeys(r["name"] for rec in records for r in rec["rows"]))
     for i, name in enumerate(names):
         for tools, style in ((True, "-"), (False, "--")):
-            points = [(rec["step"], r["accuracy"]) for rec in records for r in rec["rows"]
-                      if r["name"] == name and r["tools"] == tools]  # fmt: skip
+            points = [
+                (rec["step"], r["accuracy"])
+                for rec in records
+                for r in rec["rows"]
+                if r["name"] == name and r["tools"] == tools
+            ]
             if points:
                 label = name if tools else f"{name}, no tools"
                 ax.plot(*zip(*points, strict=True), style, color=f"C{i}", marker="o", label=label)

@@ -48,14 +48,19 @@ def sim_tokenizer():
 
 
 def sim_questions(count: int = 1000) -> list[Question]:
-    return [Question(f"sim-{i}", f"Simulated question {i}?", ("simulated",), "sim") for i in range(count)]  # fmt: skip
+    return [
+        Question(f"sim-{i}", f"Simulated question {i}?", ("simulated",), "sim")
+        for i in range(count)
+    ]
 
 
 class SimulatedRoles:
     """The learner as a timing model: a step sleeps for its tokens, a publish for every server's
     load. It records the staleness of every trajectory it trains."""
 
-    def __init__(self, sim: SimulatedConfig, engine: SimulatedEngine, agents: list[AgentLoop]) -> None:  # fmt: skip
+    def __init__(
+        self, sim: SimulatedConfig, engine: SimulatedEngine, agents: list[AgentLoop]
+    ) -> None:
         self.sim, self.engine, self.agents = sim, engine, agents
         self._version = 0
         self.staleness: Counter = Counter()  # learner version - oldest token version -> count
@@ -79,9 +84,13 @@ class SimulatedRoles:
         self.busy_s += seconds
         self._version += 1
         calls = [len(t.tool_names) for t in members]
-        return {"groups": len(groups), "trained_tokens": tokens, "step_seconds": seconds,
-                "reward_mean": sum(t.reward for t in members) / max(len(members), 1),
-                "tool_calls_mean": sum(calls) / max(len(calls), 1)}  # fmt: skip
+        return {
+            "groups": len(groups),
+            "trained_tokens": tokens,
+            "step_seconds": seconds,
+            "reward_mean": sum(t.reward for t in members) / max(len(members), 1),
+            "tool_calls_mean": sum(calls) / max(len(calls), 1),
+        }
 
     async def publish(self) -> dict:
         clock = asyncio.get_running_loop().time
@@ -89,8 +98,13 @@ class SimulatedRoles:
         await self.engine.update_weights(self._version)
         took = clock() - began
         self.sync_s += took
-        return {"published": True, "weight_sync_seconds": took, "served_version": self._version,
-                "served_version_min": self._version, "weight_sync_failures": 0}  # fmt: skip
+        return {
+            "published": True,
+            "weight_sync_seconds": took,
+            "served_version": self._version,
+            "served_version_min": self._version,
+            "weight_sync_failures": 0,
+        }
 
     async def checkpoint(self, directory: Path, extra: dict) -> Path:
         """No weights to save: the step and cursor only, so a run directory looks like a run's."""
@@ -153,17 +167,43 @@ async def _simulate(
     gpu = GpuModel(sim.step_s, sim.step_per_seq_s, sim.prefill_per_token_s, sim.max_batch)
     # observations as long as the agent keeps (actors.max_observation_tokens): search results
     # usually fill it, and encoding more would only cost Python time
-    workload = Workload(sim.tool_call_p, sim.turn_tokens_median, sim.turn_tokens_sigma,
-                        tuple(sim.tool_latency_s), config.actors.max_observation_tokens)  # fmt: skip
-    servers = [SimulatedServer(f"server-{i}", gpu, sim.partial_rollouts) for i in range(sim.num_servers)]  # fmt: skip
-    engine = SimulatedEngine(servers, tokenizer, workload, seed=config.runtime.seed, load_s=sim.load_s)  # fmt: skip
-    tools = {name: SimulatedTool(name, workload, seed=config.runtime.seed + 1 + i) for i, name in enumerate(config.actors.tools)}  # fmt: skip
+    workload = Workload(
+        sim.tool_call_p,
+        sim.turn_tokens_median,
+        sim.turn_tokens_sigma,
+        tuple(sim.tool_latency_s),
+        config.actors.max_observation_tokens,
+    )
+    servers = [
+        SimulatedServer(f"server-{i}", gpu, sim.partial_rollouts) for i in range(sim.num_servers)
+    ]
+    engine = SimulatedEngine(
+        servers, tokenizer, workload, seed=config.runtime.seed, load_s=sim.load_s
+    )
+    tools = {
+        name: SimulatedTool(name, workload, seed=config.runtime.seed + 1 + i)
+        for i, name in enumerate(config.actors.tools)
+    }
     settings = agent_settings(config.actors, config.learner.stratifier)
-    agents = [AgentLoop(engine, tokenizer, tools, settings, actor_id=f"pool-{i}") for i in range(config.actors.num_pools)]  # fmt: skip
+    agents = [
+        AgentLoop(engine, tokenizer, tools, settings, actor_id=f"pool-{i}")
+        for i in range(config.actors.num_pools)
+    ]
     buffer = make_buffer(config.buffer, run_dir, config.learner.groups_per_step)
-    tasks = task_stream(sim_questions(config.data.num_questions), config.data.seed, config.data.shuffle)  # fmt: skip
-    pools = [ActorPool(agent, buffer, tasks, group_size=config.buffer.group_size,
-                       concurrency=config.actors.concurrency, name=agent.actor_id) for agent in agents]  # fmt: skip
+    tasks = task_stream(
+        sim_questions(config.data.num_questions), config.data.seed, config.data.shuffle
+    )
+    pools = [
+        ActorPool(
+            agent,
+            buffer,
+            tasks,
+            group_size=config.buffer.group_size,
+            concurrency=config.actors.concurrency,
+            name=agent.actor_id,
+        )
+        for agent in agents
+    ]
     roles = SimulatedRoles(sim, engine, agents)
     summary = RunSummary()
     began = time.perf_counter()
@@ -178,8 +218,10 @@ async def _simulate(
     for number in signals:
         loop.add_signal_handler(number, stop)
     try:
-        await asyncio.wait_for(stream(config, roles, buffer, pools, run_dir, summary, run_metrics=run_metrics),
-                               sim.time_limit_s)  # fmt: skip
+        await asyncio.wait_for(
+            stream(config, roles, buffer, pools, run_dir, summary, run_metrics=run_metrics),
+            sim.time_limit_s,
+        )
     except TimeoutError:
         pass  # the simulated time limit: the books are written on the way out
     except asyncio.CancelledError:
@@ -193,9 +235,12 @@ async def _simulate(
     total = max(summary.seconds, 1e-9)
     per_server = len(servers) * total
     return SimResult(
-        steps=summary.steps, seconds=summary.seconds, trajectories=summary.trajectories,
+        steps=summary.steps,
+        seconds=summary.seconds,
+        trajectories=summary.trajectories,
         trajectories_per_s=steady_throughput(summary.metrics),
-        learner_busy_s=summary.learner_busy_s, learner_idle_s=summary.learner_idle_s,
+        learner_busy_s=summary.learner_busy_s,
+        learner_idle_s=summary.learner_idle_s,
         learner_sync_s=roles.sync_s,
         server_busy_fraction=sum(s.stats.busy_s for s in servers) / per_server,
         server_loading_fraction=sum(s.stats.loading_s for s in servers) / per_server,
@@ -203,8 +248,9 @@ async def _simulate(
         staleness=dict(sorted(roles.staleness.items())),
         per_stratum={int(k): v for k, v in summary.accounting.get("per_stratum", {}).items()},
         real_seconds=time.perf_counter() - began,
-        settings=sim.model_dump(mode="json"), interrupted=bool(stopping),
-    )  # fmt: skip
+        settings=sim.model_dump(mode="json"),
+        interrupted=bool(stopping),
+    )
 
 
 def simulate(
@@ -224,9 +270,19 @@ def simulate(
     return result
 
 
-NOT_SIMULATED = ("model", "data (but num_questions, seed, shuffle)", "retrieval", "eval",
-                 "learner.lr", "learner.alpha", "learner.advantage",
-                 "learner.importance", "learner.kl_coef", "learner.zero_stage", "learner.num_ranks")  # fmt: skip
+NOT_SIMULATED = (
+    "model",
+    "data (but num_questions, seed, shuffle)",
+    "retrieval",
+    "eval",
+    "learner.lr",
+    "learner.alpha",
+    "learner.advantage",
+    "learner.importance",
+    "learner.kl_coef",
+    "learner.zero_stage",
+    "learner.num_ranks",
+)
 
 
 def run_simulated(config: StrataConfig, run_dir: Path) -> int:
@@ -235,14 +291,20 @@ def run_simulated(config: StrataConfig, run_dir: Path) -> int:
     stops it cleanly), one line of results."""
     from pipeline.metrics import start_metrics
 
-    print(f"strata: simulated run (actors.engine.type simulated): no model is trained, so "
-          f"{', '.join(NOT_SIMULATED)} do not act; timings are simulated seconds", flush=True)  # fmt: skip
+    print(
+        f"strata: simulated run (actors.engine.type simulated): no model is trained, so "
+        f"{', '.join(NOT_SIMULATED)} do not act; timings are simulated seconds",
+        flush=True,
+    )
     run_metrics = None
     if config.metrics.enabled:
         try:
             run_metrics = start_metrics(config, run_dir, list(config.actors.tools))
         except OSError as exc:  # e.g. the metrics port is taken
-            print(f"strata: error: {exc} (set metrics.port, or metrics.enabled=false)", file=sys.stderr)  # fmt: skip
+            print(
+                f"strata: error: {exc} (set metrics.port, or metrics.enabled=false)",
+                file=sys.stderr,
+            )
             return 2
     try:
         r = simulate(config, run_dir, run_metrics, stop_on_signal=True)
@@ -253,11 +315,17 @@ def run_simulated(config: StrataConfig, run_dir: Path) -> int:
         if run_metrics is not None:
             run_metrics.close()
     stale = ", ".join(f"{k}: {v}" for k, v in r.staleness.items())
-    print(f"strata: simulated {r.steps} steps, {r.trajectories} trajectories in {r.seconds:.0f} s "
-          f"({r.real_seconds:.0f} s real): {r.trajectories_per_s:.2f} trajectories/s after warm-up, "
-          f"learner idle {r.learner_idle_fraction:.0%}, servers busy {r.server_busy_fraction:.0%}; "
-          f"staleness {{{stale}}}; {run_dir / 'simulation.json'}", flush=True)  # fmt: skip
+    print(
+        f"strata: simulated {r.steps} steps, {r.trajectories} trajectories in {r.seconds:.0f} s "
+        f"({r.real_seconds:.0f} s real): {r.trajectories_per_s:.2f} trajectories/s after warm-up, "
+        f"learner idle {r.learner_idle_fraction:.0%}, servers busy {r.server_busy_fraction:.0%}; "
+        f"staleness {{{stale}}}; {run_dir / 'simulation.json'}",
+        flush=True,
+    )
     if r.interrupted:
-        print("strata: interrupted: the books and a checkpoint of the steps so far are written", file=sys.stderr)  # fmt: skip
+        print(
+            "strata: interrupted: the books and a checkpoint of the steps so far are written",
+            file=sys.stderr,
+        )
         return 130
     return 0 if r.steps else 1

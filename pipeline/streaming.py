@@ -101,7 +101,9 @@ class Roles(Protocol):
     async def actor_stats(self) -> dict[str, ActorStats]: ...
 
 
-def question_stream(config: StrataConfig, world_dir: Path, tokenizer: Any, skip: int = 0) -> tuple[Iterator, int]:  # fmt: skip
+def question_stream(
+    config: StrataConfig, world_dir: Path, tokenizer: Any, skip: int = 0
+) -> tuple[Iterator, int]:
     """The run's training questions forever (`task_stream`): the first `data.num_questions` of
     the world's training split (mini_gaia) or of `data.train_files`, less those whose prompt is longer than `data.max_prompt_tokens`
     (skipped, and how many is returned and said in one line). RuntimeUnavailable if none fits."""
@@ -113,15 +115,20 @@ def question_stream(config: StrataConfig, world_dir: Path, tokenizer: Any, skip:
     except DatasetError as exc:
         raise RuntimeUnavailable(f"data.train_files: {exc}") from None
     questions = train[: config.data.num_questions]
-    kept, skipped = drop_long_prompts(questions, tokenizer, config.actors.tools, config.data.max_prompt_tokens)  # fmt: skip
+    kept, skipped = drop_long_prompts(
+        questions, tokenizer, config.actors.tools, config.data.max_prompt_tokens
+    )
     if not kept:
         raise RuntimeUnavailable(
             f"none of the {len(questions)} training questions fits data.max_prompt_tokens "
             f"{config.data.max_prompt_tokens} (instruction and chat template included): raise it"
         )
     if skipped:
-        print(f"strata: skipped {skipped} of {len(questions)} training questions: their prompt is "
-              f"longer than data.max_prompt_tokens {config.data.max_prompt_tokens}", flush=True)  # fmt: skip
+        print(
+            f"strata: skipped {skipped} of {len(questions)} training questions: their prompt is "
+            f"longer than data.max_prompt_tokens {config.data.max_prompt_tokens}",
+            flush=True,
+        )
     return task_stream(kept, config.data.seed, config.data.shuffle, skip), skipped
 
 
@@ -194,7 +201,9 @@ async def stream(
     try:
         while roles.version < config.learner.max_steps:
             waited = clock()
-            groups = await _next_groups(buffer, roles.version, config.learner.groups_per_step, pool_tasks)  # fmt: skip
+            groups = await _next_groups(
+                buffer, roles.version, config.learner.groups_per_step, pool_tasks
+            )
             busy = clock()
             summary.learner_idle_s += busy - waited
             metrics = await roles.step(groups)  # the pools keep generating meanwhile
@@ -203,8 +212,11 @@ async def stream(
                 buffer.trained(groups, None)
                 summary.empty_steps += 1
                 if math.log10(summary.empty_steps).is_integer():  # the 1st, 10th, 100th, ...
-                    print(f"strata: {summary.empty_steps} step(s) so far had no usable group (e.g. "
-                          f"all rewards equal): nothing trained or published", flush=True)  # fmt: skip
+                    print(
+                        f"strata: {summary.empty_steps} step(s) so far had no usable group (e.g. "
+                        f"all rewards equal): nothing trained or published",
+                        flush=True,
+                    )
                 continue
             published = await roles.publish()
             metrics.update(published)
@@ -220,13 +232,21 @@ async def stream(
             stats = buffer.stats()
             actors = await roles.actor_stats()
             tokens = sum(s.generated_tokens for s in actors.values()) - tokens_at_start
-            metrics.update(step=summary.steps, elapsed_s=elapsed, trajectories_per_s=trained / elapsed,
-                           generated_tokens_per_s=max(tokens, 0) / elapsed,
-                           buffer_ready=stats.ready_groups, buffer_open=stats.open_groups,
-                           dropped_stale=stats.dropped_stale, abandoned=stats.abandoned,
-                           abandoned_groups=stats.abandoned_groups, empty_steps=summary.empty_steps, skipped_prompts=summary.skipped_prompts,
-                           aborted=sum(p.stats.aborted for p in pools),
-                           server_rejoins=sum(a.server_rejoins for a in actors.values()))  # fmt: skip
+            metrics.update(
+                step=summary.steps,
+                elapsed_s=elapsed,
+                trajectories_per_s=trained / elapsed,
+                generated_tokens_per_s=max(tokens, 0) / elapsed,
+                buffer_ready=stats.ready_groups,
+                buffer_open=stats.open_groups,
+                dropped_stale=stats.dropped_stale,
+                abandoned=stats.abandoned,
+                abandoned_groups=stats.abandoned_groups,
+                empty_steps=summary.empty_steps,
+                skipped_prompts=summary.skipped_prompts,
+                aborted=sum(p.stats.aborted for p in pools),
+                server_rejoins=sum(a.server_rejoins for a in actors.values()),
+            )
             metrics.update(fairness_metrics(stats))
             if run_metrics is not None:
                 members = [t for g in groups for t in g.members]
@@ -240,7 +260,9 @@ async def stream(
             every = config.learner.checkpoint_every
             if every and summary.steps % every == 0:
                 extra = {"step": summary.steps, CURSOR_KEY: tasks_started()}
-                await save_run_checkpoint(roles, buffer, pools, run_dir, extra, summary.books_before)  # fmt: skip
+                await save_run_checkpoint(
+                    roles, buffer, pools, run_dir, extra, summary.books_before
+                )
             if evaluator is not None and evaluator.due(summary.steps):
                 evaluator.start(summary.steps, roles.version)  # runs beside the next steps
         finished = True
@@ -253,12 +275,16 @@ async def stream(
         if evaluator is not None:  # a finished run waits for its last evaluation
             await evaluator.close(wait=finished)
         # The books of the run so far: its spill holds every process's rows.
-        summary.accounting = add_accounting(summary.books_before, accounting(await buffer.close(), pools))  # fmt: skip
+        summary.accounting = add_accounting(
+            summary.books_before, accounting(await buffer.close(), pools)
+        )
         write_json(run_dir / "accounting.json", summary.accounting)
         summary.steps = max(summary.steps, roles.version)  # a step the stop let finish counts
         if summary.steps > summary.resumed_from:
             extra = {"step": summary.steps, CURSOR_KEY: tasks_started()}
-            summary.checkpoint = await save_run_checkpoint(roles, buffer, pools, run_dir, extra, summary.books_before)  # fmt: skip
+            summary.checkpoint = await save_run_checkpoint(
+                roles, buffer, pools, run_dir, extra, summary.books_before
+            )
     return summary
 
 

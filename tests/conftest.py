@@ -27,8 +27,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-DISTRIBUTED_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                    "CROSS_RANK", "CROSS_SIZE")  # fmt: skip
+DISTRIBUTED_VARS = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "CROSS_RANK",
+    "CROSS_SIZE",
+)
 
 
 # A secret-looking variable every launched run carries: `assert_no_secret` checks that none of a
@@ -49,8 +57,11 @@ def assert_no_secret(run_dir) -> None:
     """No file of the run directory holds the secret-looking token its launcher's environment had."""
     from pathlib import Path
 
-    leaked = [str(p) for p in Path(run_dir).rglob("*")
-              if p.is_file() and SECRET_VALUE.encode() in p.read_bytes()]  # fmt: skip
+    leaked = [
+        str(p)
+        for p in Path(run_dir).rglob("*")
+        if p.is_file() and SECRET_VALUE.encode() in p.read_bytes()
+    ]
     assert not leaked, f"{SECRET_NAME}'s value was written to {leaked}"
 
 

@@ -90,9 +90,14 @@ class PausableEngine(EmbeddedEngine):
 
 class SGLangStandIn:
     def __init__(
-        self, engine: PausableEngine, model_path: str = "", *, spans: bool = True,
-        truth: str | os.PathLike[str] | None = None, server_args: dict | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        engine: PausableEngine,
+        model_path: str = "",
+        *,
+        spans: bool = True,
+        truth: str | os.PathLike[str] | None = None,
+        server_args: dict | None = None,
+    ) -> None:
         self.engine = engine
         self.model_path = str(model_path)
         self.spans = spans  # per-token weight_versions in meta_info, as SGLang 0.5.19+ reports
@@ -115,9 +120,13 @@ class SGLangStandIn:
 
     @classmethod
     async def start(
-        cls, engine: PausableEngine, model_path: str = "", host: str = "127.0.0.1", port: int = 0,
+        cls,
+        engine: PausableEngine,
+        model_path: str = "",
+        host: str = "127.0.0.1",
+        port: int = 0,
         **options,
-    ) -> SGLangStandIn:  # fmt: skip
+    ) -> SGLangStandIn:
         server = cls(engine, str(model_path), **options)
         server._runner, bound = await serve(server.app(), host, port)
         server.url = f"http://{host}:{bound}"
@@ -143,7 +152,12 @@ class SGLangStandIn:
 
     def app(self) -> web.Application:
         app = web.Application()
-        for name in ("generate", "pause_generation", "continue_generation", "update_weights_from_disk"):  # fmt: skip
+        for name in (
+            "generate",
+            "pause_generation",
+            "continue_generation",
+            "update_weights_from_disk",
+        ):
             app.router.add_post(f"/{name}", self._recorded(name, f"_{name}"))
         for name in ("get_model_info", "get_server_info", "get_weight_version"):
             app.router.add_get(f"/{name}", self._recorded(name, f"_{name}"))
@@ -216,7 +230,9 @@ class SGLangStandIn:
                 self._generating.discard(task)
         ids = generation.token_ids
         if ids:
-            self._record_truth({"event": "generate", "output_ids": ids, "versions": generation.versions})  # fmt: skip
+            self._record_truth(
+                {"event": "generate", "output_ids": ids, "versions": generation.versions}
+            )
         meta = {
             "id": body.get("rid") or uuid.uuid4().hex,
             "finish_reason": _finish_reason(generation),
@@ -288,7 +304,9 @@ class SGLangStandIn:
             version = int(label) if label is not None else self.engine.version
             await self.engine.update_weights(version, path=body["model_path"])
         except Exception as exc:  # SGLang answers a failed load with HTTP 400 and success false
-            self._record_truth({"event": "update", "model_path": body["model_path"], "success": False})  # fmt: skip
+            self._record_truth(
+                {"event": "update", "model_path": body["model_path"], "success": False}
+            )
             message = f"Failed to update weights: {type(exc).__name__}: {exc}"
             return web.json_response(
                 {"success": False, "message": message, "num_paused_requests": 0}, status=400
@@ -298,8 +316,14 @@ class SGLangStandIn:
         if label is not None:
             self.weight_version = self._labels[version] = str(label)
             message += f" Weight version updated to {label}."
-        self._record_truth({"event": "update", "model_path": self.model_path,
-                            "weight_version": label, "success": True})  # fmt: skip
+        self._record_truth(
+            {
+                "event": "update",
+                "model_path": self.model_path,
+                "weight_version": label,
+                "success": True,
+            }
+        )
         return web.json_response({"success": True, "message": message, "num_paused_requests": 0})
 
     async def _get_model_info(self, body: dict | None) -> web.Response:
@@ -318,7 +342,9 @@ class SGLangStandIn:
     async def _get_server_info(self, body: dict | None) -> web.Response:
         args = {"tp_size": 1, "dp_size": 1, **self.server_args, "model_path": self.model_path}
         # standin_in_flight: generations running now (its own field: tests kill it mid-request)
-        return web.json_response({**args, "version": "stand-in", "standin_in_flight": len(self._generating)})  # fmt: skip
+        return web.json_response(
+            {**args, "version": "stand-in", "standin_in_flight": len(self._generating)}
+        )
 
     async def _get_weight_version(self, body: dict | None) -> web.Response:
         return web.json_response({"weight_version": self.weight_version})
@@ -411,9 +437,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--served-model-name")
     parser.add_argument("--log-level", default="info")
     parser.add_argument("--skip-server-warmup", action="store_true")
-    parser.add_argument("--standin-spans", action="store_true",
-                        help="report per-token weight_versions, as SGLang 0.5.19+ does")  # fmt: skip
-    parser.add_argument("--standin-truth", help="append JSON lines of what was generated with which weights")  # fmt: skip
+    parser.add_argument(
+        "--standin-spans",
+        action="store_true",
+        help="report per-token weight_versions, as SGLang 0.5.19+ does",
+    )
+    parser.add_argument(
+        "--standin-truth", help="append JSON lines of what was generated with which weights"
+    )
     return parser
 
 
@@ -423,20 +454,36 @@ async def _serve_forever(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     dtype = "float32" if args.dtype in ("auto", "float", "float32") else args.dtype
     engine = PausableEngine.from_pretrained(
-        args.model_path, dtype=dtype, max_batch_size=args.max_running_requests or 16,
+        args.model_path,
+        dtype=dtype,
+        max_batch_size=args.max_running_requests or 16,
         seed=args.random_seed or 0,
-    )  # fmt: skip
+    )
     server_args = {
-        "tp_size": args.tp_size, "dp_size": 1, "mem_fraction_static": args.mem_fraction_static,
-        "random_seed": args.random_seed, "weight_version": args.weight_version,
+        "tp_size": args.tp_size,
+        "dp_size": 1,
+        "mem_fraction_static": args.mem_fraction_static,
+        "random_seed": args.random_seed,
+        "weight_version": args.weight_version,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-    }  # fmt: skip
+    }
     server = await SGLangStandIn.start(
-        engine, args.model_path, args.host, args.port, spans=args.standin_spans,
-        truth=args.standin_truth, server_args=server_args,
-    )  # fmt: skip
-    server._record_truth({"event": "start", "pid": os.getpid(), "argv": sys.argv[1:],
-                          "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")})  # fmt: skip
+        engine,
+        args.model_path,
+        args.host,
+        args.port,
+        spans=args.standin_spans,
+        truth=args.standin_truth,
+        server_args=server_args,
+    )
+    server._record_truth(
+        {
+            "event": "start",
+            "pid": os.getpid(),
+            "argv": sys.argv[1:],
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
+    )
     print(f"stand-in SGLang server on {server.url} (pid {os.getpid()})", flush=True)
     try:
         await asyncio.Event().wait()

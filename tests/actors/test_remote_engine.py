@@ -11,7 +11,9 @@ from actors.sglang import SGLangEngine
 from tests.actors.test_sglang_engine import GREEDY, new_weights, prompt, run, standin
 
 
-def test_a_held_server_is_skipped_and_readmission_loads_the_last_published_checkpoint(tiny_policy_dir, tmp_path):  # fmt: skip
+def test_a_held_server_is_skipped_and_readmission_loads_the_last_published_checkpoint(
+    tiny_policy_dir, tmp_path
+):
     """What the launcher does with a server it restarts: hold it while it is down (no requests,
     no update), then readmit it, which loads the checkpoint the others serve first."""
     update_dir = new_weights(tiny_policy_dir, tmp_path / "step-1")
@@ -34,7 +36,10 @@ def test_a_held_server_is_skipped_and_readmission_loads_the_last_published_check
     calls_while_held, version, bodies, calls, after, engine_version = run(scenario())
     assert calls_while_held == []
     assert version == 1 and engine_version == 1
-    assert bodies["update_weights_from_disk"] == {"model_path": str(update_dir), "weight_version": "1"}  # fmt: skip
+    assert bodies["update_weights_from_disk"] == {
+        "model_path": str(update_dir),
+        "weight_version": "1",
+    }
     assert "generate" in calls  # back in rotation
     assert {tuple(g.token_ids) for g in after} == {
         tuple(after[0].token_ids)
@@ -44,7 +49,10 @@ def test_a_held_server_is_skipped_and_readmission_loads_the_last_published_check
 
 def test_while_every_server_is_held_requests_wait_for_one_to_be_readmitted(tiny_policy_dir):
     async def scenario():
-        async with await standin(tiny_policy_dir) as a, SGLangEngine([a.url], timeout_s=30) as engine:  # fmt: skip
+        async with (
+            await standin(tiny_policy_dir) as a,
+            SGLangEngine([a.url], timeout_s=30) as engine,
+        ):
             ids = prompt(a.engine.tokenizer)
             engine.hold(a.url)
             waiting = asyncio.create_task(engine.generate(ids, GREEDY))

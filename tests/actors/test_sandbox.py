@@ -221,8 +221,10 @@ def test_an_unknown_isolation_is_an_error():
 
 def test_without_bwrap_the_basics_still_hold(without_bwrap, monkeypatch):
     monkeypatch.setenv("STRATA_SECRET", "hunter2")
-    result = run("import os\nopen('f', 'w').write('x')\nprint('STRATA_SECRET' in os.environ)",
-                 isolation="none")  # fmt: skip
+    result = run(
+        "import os\nopen('f', 'w').write('x')\nprint('STRATA_SECRET' in os.environ)",
+        isolation="none",
+    )
     assert result.ok and result.output == "False\n"
     marker = f"1000.{uuid.uuid4().int % 10**9}"
     code = f"import subprocess\nsubprocess.Popen(['sleep', '{marker}'])\nwhile True: pass"
@@ -255,8 +257,10 @@ def test_the_python_tool_passes_its_isolation_and_a_refusal_is_a_counted_error(w
 
 def test_without_bwrap_a_finished_script_is_not_held_up_by_its_children(without_bwrap):
     marker = f"1000.{uuid.uuid4().int % 10**9}"
-    result = run(f"import subprocess\nsubprocess.Popen(['sleep', '{marker}'])\nprint('done')",
-                 isolation="none")  # fmt: skip
+    result = run(
+        f"import subprocess\nsubprocess.Popen(['sleep', '{marker}'])\nprint('done')",
+        isolation="none",
+    )
     assert result.ok and result.output == "done\n" and result.seconds < 1
     assert processes_with(marker) == []
 
@@ -270,8 +274,10 @@ def test_without_bwrap_root_still_contains_fork_bombs_and_escapees(without_bwrap
     assert not run("import os\nwhile True: os.fork()", isolation="none").ok
     assert processes_with("-I\0-S\0main.py") == []
     marker = f"1000.{uuid.uuid4().int % 10**9}"
-    run(f"import subprocess\nsubprocess.Popen(['sleep', '{marker}'], start_new_session=True)",
-        isolation="none")  # fmt: skip
+    run(
+        f"import subprocess\nsubprocess.Popen(['sleep', '{marker}'], start_new_session=True)",
+        isolation="none",
+    )
     assert processes_with(marker) == []
 
 

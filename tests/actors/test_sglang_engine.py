@@ -63,9 +63,13 @@ def test_generation_matches_the_served_engine(tiny_policy_dir):
     assert remote.logprobs == pytest.approx(local.logprobs, abs=1e-6)
     assert remote.versions == [0] * len(remote.token_ids)
     assert body["sampling_params"] == {
-        "temperature": 0.0, "top_p": 1.0, "max_new_tokens": 12, "stop": [],
-        "no_stop_trim": True, "skip_special_tokens": False,
-    }  # fmt: skip
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "max_new_tokens": 12,
+        "stop": [],
+        "no_stop_trim": True,
+        "skip_special_tokens": False,
+    }
     assert body["return_logprob"] is True and body["input_ids"] == ids
     # sampled tokens carry log_softmax(logits / T) of the policy, as a full forward computes it
     with torch.no_grad():
@@ -79,8 +83,12 @@ def test_standin_answers_in_sglang_json(tiny_policy_dir):
     async def scenario():
         async with await standin(tiny_policy_dir) as server, aiohttp.ClientSession() as http:
             ids = prompt(server.engine.tokenizer)
-            body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 5, "temperature": 0},
-                    "return_logprob": True, "return_text_in_logprobs": True}  # fmt: skip
+            body = {
+                "input_ids": ids,
+                "sampling_params": {"max_new_tokens": 5, "temperature": 0},
+                "return_logprob": True,
+                "return_text_in_logprobs": True,
+            }
             async with http.post(f"{server.url}/generate", json=body) as response:
                 answer = await response.json()
             async with http.get(f"{server.url}/get_model_info") as response:
@@ -235,12 +243,17 @@ def test_weight_versions_come_from_spans_else_the_older_of_server_and_belief():
     was given ("default": never updated) was restarted: it goes out of rotation until it
     answers /health and serves the published weights again."""
     answers = [
-        {"weight_version": "4", "weight_versions": [
-            {"version": "3", "start": 0, "end": 2}, {"version": "4", "start": 2, "end": 3}]},
+        {
+            "weight_version": "4",
+            "weight_versions": [
+                {"version": "3", "start": 0, "end": 2},
+                {"version": "4", "start": 2, "end": 3},
+            ],
+        },
         {"weight_version": "4"},
         {"weight_version": "1"},
         {"weight_version": "default"},
-    ]  # fmt: skip
+    ]
 
     async def generate(request):
         meta = {
@@ -267,7 +280,9 @@ def test_weight_versions_come_from_spans_else_the_older_of_server_and_belief():
         app.router.add_post("/continue_generation", continued)  # a rejoining server is continued
         runner, port = await serve(app, "127.0.0.1", 0)
         try:
-            async with SGLangEngine([f"http://127.0.0.1:{port}"], version=2, cooldown_s=0.05, timeout_s=10) as engine:  # fmt: skip
+            async with SGLangEngine(
+                [f"http://127.0.0.1:{port}"], version=2, cooldown_s=0.05, timeout_s=10
+            ) as engine:
                 out = [await engine.generate([1], GREEDY) for _ in range(4)]
                 return out, engine.stats()
         finally:
@@ -348,8 +363,11 @@ def test_dead_server_does_not_hold_back_the_update_of_the_others(tiny_policy_dir
 
     calls, version, out = run(scenario())
     assert calls == [
-        "pause_generation", "update_weights_from_disk", "continue_generation", "generate"
-    ]  # fmt: skip
+        "pause_generation",
+        "update_weights_from_disk",
+        "continue_generation",
+        "generate",
+    ]
     assert version == 1 and set(out.versions) == {1}  # the dead server is out of rotation
 
 
@@ -429,8 +447,13 @@ def test_nccl_updates_go_in_buckets_and_the_last_one_sets_the_version():
     buckets = _buckets(tensors, limit=2048)  # float32: 1 KiB, 1 KiB, 4 KiB
     assert [[name for name, _ in b] for b in buckets] == [["a", "b"], ["c"]]
     first, last = _bucket_body(buckets[0], "g", 3, False), _bucket_body(buckets[1], "g", 3, True)
-    assert first == {"names": ["a", "b"], "dtypes": ["float32", "float32"],
-                     "shapes": [[256], [256]], "group_name": "g", "flush_cache": False}  # fmt: skip
+    assert first == {
+        "names": ["a", "b"],
+        "dtypes": ["float32", "float32"],
+        "shapes": [[256], [256]],
+        "group_name": "g",
+        "flush_cache": False,
+    }
     assert last["weight_version"] == "3" and last["flush_cache"] and last["shapes"] == [[1024]]
 
 

@@ -40,14 +40,38 @@ def standin_python(directory: Path) -> Path:
 def test_the_command_line_and_environment_of_each_server(monkeypatch):
     monkeypatch.setenv("SGLANG_RETURN_ORIGINAL_LOGPROB", "1")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
-    servers = SGLangServers("/models/Qwen3-8B", count=2, gpu_sets=[[2], [3]], tp_size=1,
-                            mem_fraction_static=0.75, python="/opt/sgl/bin/python", dtype="bfloat16",
-                            seed=7, extra_args=["--context-length", "32768"])  # fmt: skip
+    servers = SGLangServers(
+        "/models/Qwen3-8B",
+        count=2,
+        gpu_sets=[[2], [3]],
+        tp_size=1,
+        mem_fraction_static=0.75,
+        python="/opt/sgl/bin/python",
+        dtype="bfloat16",
+        seed=7,
+        extra_args=["--context-length", "32768"],
+    )
     assert servers.command(30001, 1) == [
-        "/opt/sgl/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/Qwen3-8B",
-        "--host", "127.0.0.1", "--port", "30001", "--tp-size", "1", "--mem-fraction-static", "0.75",
-        "--dtype", "bfloat16", "--random-seed", "8", "--context-length", "32768",
-    ]  # fmt: skip
+        "/opt/sgl/bin/python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "/models/Qwen3-8B",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "30001",
+        "--tp-size",
+        "1",
+        "--mem-fraction-static",
+        "0.75",
+        "--dtype",
+        "bfloat16",
+        "--random-seed",
+        "8",
+        "--context-length",
+        "32768",
+    ]
     env = servers.environment(1)
     assert env["CUDA_VISIBLE_DEVICES"] == "7"  # index 3 of this process's visible GPUs
     assert "SGLANG_RETURN_ORIGINAL_LOGPROB" not in env  # logprobs of the sampling distribution
@@ -98,9 +122,16 @@ def test_started_servers_are_healthy_restarted_when_killed_and_stopped(tiny_poli
     generates on both; one is SIGKILLed: the watch restarts it on its port and readmits it
     (its new process loads the published checkpoint before it serves); stop ends both."""
     truth = tmp_path / "truth.jsonl"  # both servers' events, each with its pid
-    servers = SGLangServers(str(tiny_policy_dir), count=2, gpu_sets=[[2], [3]], python=str(standin_python(tmp_path)),
-                            dtype="float32", log_dir=str(tmp_path / "logs"), startup_timeout_s=120,
-                            extra_args=["--standin-truth", str(truth)])  # fmt: skip
+    servers = SGLangServers(
+        str(tiny_policy_dir),
+        count=2,
+        gpu_sets=[[2], [3]],
+        python=str(standin_python(tmp_path)),
+        dtype="float32",
+        log_dir=str(tmp_path / "logs"),
+        startup_timeout_s=120,
+        extra_args=["--standin-truth", str(truth)],
+    )
 
     async def scenario():
         urls = servers.start()
@@ -137,7 +168,9 @@ def test_started_servers_are_healthy_restarted_when_killed_and_stopped(tiny_poli
     starts = [e for e in events if e["event"] == "start"]
     assert sorted(e["cuda_visible_devices"] for e in starts) == ["2", "3", "3"]
     assert all(e["argv"][:2] == ["--model-path", str(tiny_policy_dir)] for e in starts)
-    restarted = [e["event"] for e in events if e.get("pid") == processes[1].pid and e["event"] != "start"]  # fmt: skip
+    restarted = [
+        e["event"] for e in events if e.get("pid") == processes[1].pid and e["event"] != "start"
+    ]
     assert restarted and restarted[0] == "update"  # it loaded the published weights first
     assert (tmp_path / "logs" / "sglang-server-1.log").is_file()
 

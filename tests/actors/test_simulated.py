@@ -144,15 +144,23 @@ def tokenizer():
 
 def test_the_agent_loop_runs_on_the_simulated_engine_with_long_tailed_tool_calls(tokenizer):
     workload = Workload(tool_call_p=0.6, turn_tokens_median=40, tool_latency_s=(0.2, 2.0))
-    settings = AgentSettings(max_turns=6, max_new_tokens_per_turn=2000, max_response_tokens=4000,
-                             max_observation_tokens=64)  # fmt: skip
+    settings = AgentSettings(
+        max_turns=6,
+        max_new_tokens_per_turn=2000,
+        max_response_tokens=4000,
+        max_observation_tokens=64,
+    )
     question = Question("q1", "What is simulated?", ("simulated",), "sim")
 
     async def main():
         servers = [SimulatedServer(f"s{i}", GpuModel()) for i in range(2)]
         engine = SimulatedEngine(servers, tokenizer, workload, seed=1)
-        loop = AgentLoop(engine, tokenizer, {"search": SimulatedTool("search", workload, seed=2)}, settings)  # fmt: skip
-        made = await asyncio.gather(*(asyncio.create_task(loop.run(question, "p", i)) for i in range(400)))  # fmt: skip
+        loop = AgentLoop(
+            engine, tokenizer, {"search": SimulatedTool("search", workload, seed=2)}, settings
+        )
+        made = await asyncio.gather(
+            *(asyncio.create_task(loop.run(question, "p", i)) for i in range(400))
+        )
         await engine.close()
         return made, loop.stats, now(), engine
 
@@ -172,8 +180,14 @@ def test_the_agent_loop_runs_on_the_simulated_engine_with_long_tailed_tool_calls
 
 def test_a_turn_cut_at_its_budget_has_no_action(tokenizer):
     async def main():
-        engine = SimulatedEngine([SimulatedServer("s", GpuModel())], tokenizer, Workload(turn_tokens_median=500, turn_tokens_sigma=0.0))  # fmt: skip
-        made = await engine.generate([1, 2, 3], SamplingParams(max_new_tokens=20, stop=("</answer>",)))  # fmt: skip
+        engine = SimulatedEngine(
+            [SimulatedServer("s", GpuModel())],
+            tokenizer,
+            Workload(turn_tokens_median=500, turn_tokens_sigma=0.0),
+        )
+        made = await engine.generate(
+            [1, 2, 3], SamplingParams(max_new_tokens=20, stop=("</answer>",))
+        )
         await engine.close()
         return made
 

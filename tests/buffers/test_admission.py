@@ -161,10 +161,11 @@ def test_first_complete_first_out_without_due_groups():
 
 
 operations = st.lists(
-    st.tuples(st.sampled_from(["admit", "put", "take", "abandon", "publish", "empty"]),
-              st.integers(0, 7)),
+    st.tuples(
+        st.sampled_from(["admit", "put", "take", "abandon", "publish", "empty"]), st.integers(0, 7)
+    ),
     max_size=60,
-)  # fmt: skip
+)
 
 
 @settings(max_examples=150, deadline=None)

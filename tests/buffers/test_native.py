@@ -43,8 +43,15 @@ def test_c_and_numpy_agree_on_every_array(rows, consistent):
     version = np.array([r[1] for r in rows], np.int32)
     if consistent:  # most real records: versions follow the mask
         version = np.where(mask == 1, np.abs(version) % 9, -1).astype(np.int32)
-    t = Trajectory("p", 0, np.zeros(len(rows), np.int32), mask,
-                   np.array([r[2] for r in rows], np.float32), version, reward=0.0)  # fmt: skip
+    t = Trajectory(
+        "p",
+        0,
+        np.zeros(len(rows), np.int32),
+        mask,
+        np.array([r[2] for r in rows], np.float32),
+        version,
+        reward=0.0,
+    )
     c, numpy = verdicts(t)
     assert c == numpy
     if c >= 0:  # and the version is what the lazy property finds on its own
@@ -67,8 +74,16 @@ def test_arrays_the_c_path_cannot_take_go_to_numpy():
     strided = np.repeat(t.behavior_logprobs, 2)[::2]
     assert native.check_tokens(t.loss_mask, read_only, t.behavior_logprobs) is None
     assert native.check_tokens(t.loss_mask, t.token_versions, strided) is None
-    assert native.check_tokens(t.loss_mask, t.token_versions.astype(np.int64), t.behavior_logprobs) is None  # fmt: skip
-    assert native.check_tokens(t.loss_mask, t.token_versions.byteswap().view(">i4"), t.behavior_logprobs) is None  # fmt: skip
+    assert (
+        native.check_tokens(t.loss_mask, t.token_versions.astype(np.int64), t.behavior_logprobs)
+        is None
+    )
+    assert (
+        native.check_tokens(
+            t.loss_mask, t.token_versions.byteswap().view(">i4"), t.behavior_logprobs
+        )
+        is None
+    )
     t.token_versions, t.behavior_logprobs = read_only, strided
     t.validate()  # by numpy, with the same answer
     assert t.policy_version == synthetic_trajectory("p", 0, tokens=40).policy_version
@@ -116,8 +131,9 @@ def test_without_a_compiler_numpy_validates_and_says_so_once(tmp_path):
         "[t('p', i).validate() for i in range(3)]; print(native.TOKENS.get() is None)"
     )
     env = {**os.environ, "CC": str(tmp_path / "no-such-cc"), "XDG_CACHE_HOME": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0 and done.stdout == "True\n", done.stderr
     assert done.stderr.count("strata: trajectories are validated in numpy") == 1, done.stderr
     assert "no-such-cc" in done.stderr

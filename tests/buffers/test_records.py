@@ -17,9 +17,21 @@ from buffers.testing import synthetic_trajectory
 
 TOKEN_FIELDS = ("prompt_token_ids", "token_ids", "loss_mask", "behavior_logprobs", "token_versions")
 PLAIN_FIELDS = (
-    "prompt_id", "sample_index", "data_source", "question", "ground_truth", "tool_names", "stratum",
-    "reward", "finish_reason", "text", "actor_id", "created_at", "policy_version", "num_tool_calls",
-)  # fmt: skip
+    "prompt_id",
+    "sample_index",
+    "data_source",
+    "question",
+    "ground_truth",
+    "tool_names",
+    "stratum",
+    "reward",
+    "finish_reason",
+    "text",
+    "actor_id",
+    "created_at",
+    "policy_version",
+    "num_tool_calls",
+)
 
 
 def assert_same(a, b):
@@ -83,9 +95,13 @@ def test_policy_version_is_the_oldest_generated_token():
 )
 @pytest.mark.parametrize(
     "path",
-    [pytest.param("C", marks=pytest.mark.skipif(native.TOKENS.get() is None, reason="no C compiler here")),
-     "numpy"],
-)  # fmt: skip
+    [
+        pytest.param(
+            "C", marks=pytest.mark.skipif(native.TOKENS.get() is None, reason="no C compiler here")
+        ),
+        "numpy",
+    ],
+)
 def test_validate_names_the_broken_invariant(breakage, message, path):
     t = synthetic_trajectory("p", 0, tokens=30)
     with native.TOKENS.disabled() if path == "numpy" else contextlib.nullcontext():
@@ -98,9 +114,14 @@ def test_validate_names_the_broken_invariant(breakage, message, path):
 def test_lists_become_typed_arrays():
     t = synthetic_trajectory("p", 0)
     u = Trajectory(
-        prompt_id="p", sample_index=0, token_ids=[1, 2], loss_mask=[1, 1],
-        behavior_logprobs=[-0.5, -0.25], token_versions=[0, 0], reward=1.0,
-    )  # fmt: skip
+        prompt_id="p",
+        sample_index=0,
+        token_ids=[1, 2],
+        loss_mask=[1, 1],
+        behavior_logprobs=[-0.5, -0.25],
+        token_versions=[0, 0],
+        reward=1.0,
+    )
     assert u.token_ids.dtype == np.int32 and u.loss_mask.dtype == np.int8
     u.validate()
     assert t.nbytes > t.token_ids.nbytes

@@ -19,10 +19,15 @@ from tests.faults.hostile import FUZZ_DATA, TEXT, assert_one_line
 # ---------------------------------------------------------------------------- dataset loaders
 
 JSON_VALUES = st.one_of(
-    st.none(), st.booleans(), st.integers(-3, 5), st.floats(), TEXT,
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 5),
+    st.floats(),
+    TEXT,
     st.sampled_from(["", " ", "1", "3", "²", "٣", "x" * 10_000]),
-    st.lists(TEXT, max_size=2), st.dictionaries(TEXT, TEXT, max_size=2),
-)  # fmt: skip
+    st.lists(TEXT, max_size=2),
+    st.dictionaries(TEXT, TEXT, max_size=2),
+)
 GAIA_ROWS = st.fixed_dictionaries(
     {},
     optional={
@@ -34,10 +39,17 @@ GAIA_ROWS = st.fixed_dictionaries(
     },
 )
 ODD_LINES = [
-    "{", "}", "NaN", "", "   ", '{"a": 1}{"b": 2}', "\ufeff{}", "[" * 3000,
+    "{",
+    "}",
+    "NaN",
+    "",
+    "   ",
+    '{"a": 1}{"b": 2}',
+    "\ufeff{}",
+    "[" * 3000,
     '{"task_id": "t", "Question": "q", "Level": ' + "9" * 5000 + ', "Final answer": "a"}',
     '{"task_id": "t", "Question": "q", "Level": "²", "Final answer": "a"}',
-]  # fmt: skip
+]
 JSONL_LINES = st.one_of(
     GAIA_ROWS.map(json.dumps), JSON_VALUES.map(json.dumps), st.sampled_from(ODD_LINES), TEXT
 )
@@ -49,11 +61,15 @@ JSONL_FILES = st.one_of(
 
 def good_row(i: int) -> dict:
     return {
-        "id": f"q{i}", "question": f"Capital of {i}?", "golden_answers": ["Paris"],
-        "data_source": "nq", "prompt": [{"role": "user", "content": f"Capital of {i}?"}],
-        "ability": "fact-reasoning", "reward_model": {"style": "rule", "ground_truth": {"target": ["Paris"]}},
+        "id": f"q{i}",
+        "question": f"Capital of {i}?",
+        "golden_answers": ["Paris"],
+        "data_source": "nq",
+        "prompt": [{"role": "user", "content": f"Capital of {i}?"}],
+        "ability": "fact-reasoning",
+        "reward_model": {"style": "rule", "ground_truth": {"target": ["Paris"]}},
         "extra_info": {"split": "train", "index": i, "level": 1},
-    }  # fmt: skip
+    }
 
 
 R1 = pa.Table.from_pylist([good_row(i) for i in range(3)])
@@ -66,24 +82,46 @@ COLUMN_KINDS = {  # an Arrow type and its values (each may be null)
     "null": (pa.null(), st.none()),
     "binary": (pa.binary(), st.binary(max_size=8)),
     "strings": (pa.list_(pa.string()), st.lists(st.one_of(st.none(), TEXT), max_size=3)),
-    "messages": (pa.list_(MESSAGE), st.lists(
-        st.fixed_dictionaries({"role": st.one_of(st.none(), TEXT), "content": st.one_of(st.none(), TEXT)}),
-        max_size=2,
-    )),
+    "messages": (
+        pa.list_(MESSAGE),
+        st.lists(
+            st.fixed_dictionaries(
+                {"role": st.one_of(st.none(), TEXT), "content": st.one_of(st.none(), TEXT)}
+            ),
+            max_size=2,
+        ),
+    ),
     "reward_model": (
         pa.struct([("ground_truth", pa.struct([("target", pa.list_(pa.string()))]))]),
-        st.fixed_dictionaries({"ground_truth": st.one_of(st.none(), st.fixed_dictionaries(
-            {"target": st.one_of(st.none(), st.lists(st.one_of(st.none(), TEXT), max_size=2))}
-        ))}),
+        st.fixed_dictionaries(
+            {
+                "ground_truth": st.one_of(
+                    st.none(),
+                    st.fixed_dictionaries(
+                        {
+                            "target": st.one_of(
+                                st.none(), st.lists(st.one_of(st.none(), TEXT), max_size=2)
+                            )
+                        }
+                    ),
+                )
+            }
+        ),
     ),
-    "plain_ground_truth": (pa.struct([("ground_truth", pa.string())]),
-                           st.fixed_dictionaries({"ground_truth": st.one_of(st.none(), TEXT)})),
+    "plain_ground_truth": (
+        pa.struct([("ground_truth", pa.string())]),
+        st.fixed_dictionaries({"ground_truth": st.one_of(st.none(), TEXT)}),
+    ),
     "extra_info": (
         pa.struct([("index", pa.int64()), ("level", pa.string())]),
-        st.fixed_dictionaries({"index": st.one_of(st.none(), st.integers(0, 3)),
-                               "level": st.one_of(st.none(), st.sampled_from(["1", "0", "²", "x"]))}),
+        st.fixed_dictionaries(
+            {
+                "index": st.one_of(st.none(), st.integers(0, 3)),
+                "level": st.one_of(st.none(), st.sampled_from(["1", "0", "²", "x"])),
+            }
+        ),
     ),
-}  # fmt: skip
+}
 
 
 @st.composite
@@ -129,7 +167,11 @@ def parquet_files(draw) -> bytes:
     data = parquet_bytes(draw(search_r1_tables()))
     damage = draw(st.sampled_from(["none"] * 4 + ["truncate", "garbage", "bytes"]))
     if damage == "bytes":
-        return draw(st.one_of(st.binary(max_size=64), st.binary(max_size=32).map(lambda b: b"PAR1" + b + b"PAR1")))  # fmt: skip
+        return draw(
+            st.one_of(
+                st.binary(max_size=64), st.binary(max_size=32).map(lambda b: b"PAR1" + b + b"PAR1")
+            )
+        )
     if damage != "none":
         cut = draw(st.integers(0, len(data) - 1))
         junk = b"" if damage == "truncate" else draw(st.binary(min_size=1, max_size=16))
@@ -160,20 +202,36 @@ def plain_parquet(table: pa.Table) -> bytes:
 
 QUESTIONS_THAT_BROKE_THE_LOADERS = [  # (suffix, content, what the one line says)
     # int('²') raised ValueError: '²'.isdigit() is true.
-    (".jsonl", b'{"task_id": "t", "Question": "q", "Level": "\xc2\xb2", "Final answer": "a"}',
-     "line 1: field 'Level' must be a positive integer, not '²'"),
-    (".parquet", parquet_bytes(pa.Table.from_pylist([good_row(0) | {"extra_info": {"level": "²"}}])),
-     "row 0: field 'extra_info.level' must be a positive integer, not '²'"),
+    (
+        ".jsonl",
+        b'{"task_id": "t", "Question": "q", "Level": "\xc2\xb2", "Final answer": "a"}',
+        "line 1: field 'Level' must be a positive integer, not '²'",
+    ),
+    (
+        ".parquet",
+        parquet_bytes(pa.Table.from_pylist([good_row(0) | {"extra_info": {"level": "²"}}])),
+        "row 0: field 'extra_info.level' must be a positive integer, not '²'",
+    ),
     # json.loads let out ValueError (a number of 4300+ digits) and RecursionError.
-    (".jsonl", b'{"Level": ' + b"9" * 5000 + b"}", "line 1: invalid JSON (a number of over 4300 digits)"),
+    (
+        ".jsonl",
+        b'{"Level": ' + b"9" * 5000 + b"}",
+        "line 1: invalid JSON (a number of over 4300 digits)",
+    ),
     (".jsonl", b"[" * 3000, "line 1: invalid JSON (nested too deeply)"),
     # Bytes that are not UTF-8 where the schema says string: to_pylist() raised UnicodeDecodeError,
     # in a column's name or in its values.
-    (".parquet", plain_parquet(R1).replace(b"data_source", b"\x80ata_source"),
-     "not a readable Parquet file ('utf-8' codec can't decode byte 0x80"),
-    (".parquet", plain_parquet(R1).replace(b"\x02\x00\x00\x00nq", b"\x02\x00\x00\x00\x80q"),
-     "Invalid UTF8 sequence at string index 0)"),
-]  # fmt: skip
+    (
+        ".parquet",
+        plain_parquet(R1).replace(b"data_source", b"\x80ata_source"),
+        "not a readable Parquet file ('utf-8' codec can't decode byte 0x80",
+    ),
+    (
+        ".parquet",
+        plain_parquet(R1).replace(b"\x02\x00\x00\x00nq", b"\x02\x00\x00\x00\x80q"),
+        "Invalid UTF8 sequence at string index 0)",
+    ),
+]
 
 
 @pytest.mark.parametrize("suffix, content, says", QUESTIONS_THAT_BROKE_THE_LOADERS)
@@ -244,13 +302,19 @@ def test_reader_skips_and_names_bad_files(tmp_path_factory, hostile, wanted):
 
 
 SPILLS_THAT_BROKE_THE_READER = [  # (content, what the one line says)
-    (parquet_bytes(GOOD.append_column("prompt_id", GOOD["prompt_id"])),
-     "column 'prompt_id' appears more than once"),  # schema.field() raised KeyError
-    (GOOD_BYTES[:4] + b"\x00" + GOOD_BYTES[5:],
-     "cannot read (Couldn't deserialize thrift: TProtocolException: Invalid data)"),  # three lines
-    (GOOD_PLAIN.replace(b"question of p0", b"\x80uestion of p0"),
-     "Invalid UTF8 sequence at string index 0"),  # read, and to_pylist() raised UnicodeDecodeError
-]  # fmt: skip
+    (
+        parquet_bytes(GOOD.append_column("prompt_id", GOOD["prompt_id"])),
+        "column 'prompt_id' appears more than once",
+    ),  # schema.field() raised KeyError
+    (
+        GOOD_BYTES[:4] + b"\x00" + GOOD_BYTES[5:],
+        "cannot read (Couldn't deserialize thrift: TProtocolException: Invalid data)",
+    ),  # three lines
+    (
+        GOOD_PLAIN.replace(b"question of p0", b"\x80uestion of p0"),
+        "Invalid UTF8 sequence at string index 0",
+    ),  # read, and to_pylist() raised UnicodeDecodeError
+]
 
 
 @pytest.mark.parametrize("content, says", SPILLS_THAT_BROKE_THE_READER)

@@ -26,10 +26,39 @@ BASE = yaml.safe_load(LOCAL.read_text())
 # ------------------------------------------------------------------------------------- values
 
 ODD = [
-    None, True, 0, -1, -(2**63), 2**64, 10**40, 0.5, -1e308, math.nan, math.inf, -math.inf, "",
-    " ", "\n", "\t", "null", "~", "yes", "0x1F", "1e400", ".nan", "x" * 10_000, "\u2028", "é\x85",
-    "\x00", [], [None], [[[]]], {}, {"type": "nope"}, {"a": {"b": {"c": 1}}},
-]  # fmt: skip
+    None,
+    True,
+    0,
+    -1,
+    -(2**63),
+    2**64,
+    10**40,
+    0.5,
+    -1e308,
+    math.nan,
+    math.inf,
+    -math.inf,
+    "",
+    " ",
+    "\n",
+    "\t",
+    "null",
+    "~",
+    "yes",
+    "0x1F",
+    "1e400",
+    ".nan",
+    "x" * 10_000,
+    "\u2028",
+    "é\x85",
+    "\x00",
+    [],
+    [None],
+    [[[]]],
+    {},
+    {"type": "nope"},
+    {"a": {"b": {"c": 1}}},
+]
 SCALARS = st.one_of(
     st.sampled_from(ODD).map(copy.deepcopy),  # copies: a mutation must not change ODD itself
     st.booleans(),
@@ -80,7 +109,11 @@ BROKE_THE_LOADER = [  # (document, overrides, what the one line says): each once
     (b"learner:\n  alpha: !!timestamp x\n", [], "cannot read 'x' as !!timestamp"),  # AttributeError
     (b"learner:\n  alpha: !!float ''\n", [], "cannot read '' as !!float"),  # IndexError
     (b"learner:\n  alpha: " + b"9" * 5000 + b"\n", [], "as !!int"),  # int() stops at 4300 digits
-    (b"learner:\n  alpha: 0x" + b"F" * 5000 + b"\n", [], "learner.alpha = a number of over 4300 digits"),  # repr() did
+    (
+        b"learner:\n  alpha: 0x" + b"F" * 5000 + b"\n",
+        [],
+        "learner.alpha = a number of over 4300 digits",
+    ),  # repr() did
     (b"[" * 1000 + b"]" * 1000, [], "invalid YAML: nested too deeply"),  # RecursionError
     (b"", ["a=" + "[" * 3000 + "]" * 3000], "brackets nested too deeply"),  # ... in parse_value
     # Were two lines: a newline in a key, or in a --set.
@@ -90,7 +123,7 @@ BROKE_THE_LOADER = [  # (document, overrides, what the one line says): each once
     ((BOMB + "model:\n  type: *h\n").encode(), [], "model.type = '[[...], [...], "),
     # Not a traceback, but no fix either: 'unable to extract tag using discriminator pick()'.
     (b"actors:\n  engine: 5\n", [], "actors.engine = 5: must be a section (key: value lines)"),
-]  # fmt: skip
+]
 HOSTILE_YAML = [document for document, _, _ in BROKE_THE_LOADER] + [
     (BOMB + "eval:\n  data: *h\n").encode(),
     b"learner: &a\n  x: *a\n",
@@ -158,11 +191,40 @@ DOCUMENTS = st.one_of(
     st.binary(max_size=64).map(Document),
 )
 ODD_OVERRIDES = [
-    "", "nan", "inf", "-1", "1e999", "[", "]", "{", "}", "[a, [b", "{a: 1", "{a}", "{: 1}",
-    "{a: {b: 1}}", "null", "~", "true", "'", '"', "9" * 5000, "[" * 3000, "[" * 3000 + "]" * 3000,
-    "0x" + "F" * 50, "[1, 2, 3]", "{type: vllm, urls: [http://127.0.0.1:1]}", "vllm", "sglang",
-    "hf", "ray", "simulated", "\u2028", "\x00", "2\n3",
-]  # fmt: skip
+    "",
+    "nan",
+    "inf",
+    "-1",
+    "1e999",
+    "[",
+    "]",
+    "{",
+    "}",
+    "[a, [b",
+    "{a: 1",
+    "{a}",
+    "{: 1}",
+    "{a: {b: 1}}",
+    "null",
+    "~",
+    "true",
+    "'",
+    '"',
+    "9" * 5000,
+    "[" * 3000,
+    "[" * 3000 + "]" * 3000,
+    "0x" + "F" * 50,
+    "[1, 2, 3]",
+    "{type: vllm, urls: [http://127.0.0.1:1]}",
+    "vllm",
+    "sglang",
+    "hf",
+    "ray",
+    "simulated",
+    "\u2028",
+    "\x00",
+    "2\n3",
+]
 OVERRIDE_VALUES = st.one_of(TEXT, st.sampled_from(ODD_OVERRIDES), VALUES.map(str))
 OVERRIDE_KEYS = st.one_of(
     st.sampled_from(SCHEMA_KEYS),

@@ -36,8 +36,14 @@ def _wait_for_spill_after(run_dir, proc, deadline_s=600) -> dict:
 
 def test_a_run_killed_outright_resumes_whole(tmp_path, run_cache):
     run_dir = tmp_path / "run"
-    sets = ["--set", f"learner.max_steps={STEPS}", "--set", f"learner.checkpoint_every={EVERY}",
-            "--set", "buffer.spill_flush_s=0.05"]  # fmt: skip
+    sets = [
+        "--set",
+        f"learner.max_steps={STEPS}",
+        "--set",
+        f"learner.checkpoint_every={EVERY}",
+        "--set",
+        "buffer.spill_flush_s=0.05",
+    ]
     first = launch(run_dir, run_cache, *sets)
     extra = _wait_for_spill_after(run_dir, first)
     first.send_signal(signal.SIGKILL)  # no handler runs: no final checkpoint, no books written

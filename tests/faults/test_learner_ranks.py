@@ -12,17 +12,31 @@ from tests.conftest import assert_accounting
 from tests.pipeline.test_local_run import launch
 
 STEPS, EVERY = 5, 2
-SETS = ["--set", "learner.num_ranks=2", "--set", "learner.groups_per_step=2", "--set", f"learner.max_steps={STEPS}",
-        "--set", f"learner.checkpoint_every={EVERY}"]  # fmt: skip
+SETS = [
+    "--set",
+    "learner.num_ranks=2",
+    "--set",
+    "learner.groups_per_step=2",
+    "--set",
+    f"learner.max_steps={STEPS}",
+    "--set",
+    f"learner.checkpoint_every={EVERY}",
+]
 
 
 def _rank_1(launcher: psutil.Process) -> psutil.Process:
-    ranks = [p for p in launcher.children(recursive=True) if "multiprocessing.spawn" in " ".join(p.cmdline())]  # fmt: skip
+    ranks = [
+        p
+        for p in launcher.children(recursive=True)
+        if "multiprocessing.spawn" in " ".join(p.cmdline())
+    ]
     assert len(ranks) == 1, [p.cmdline() for p in launcher.children(recursive=True)]
     return ranks[0]
 
 
-def test_a_killed_learner_rank_stops_the_run_in_one_line_and_it_resumes_on_two_ranks(tmp_path, run_cache):  # fmt: skip
+def test_a_killed_learner_rank_stops_the_run_in_one_line_and_it_resumes_on_two_ranks(
+    tmp_path, run_cache
+):
     run_dir = tmp_path / "run"
     first = launch(run_dir, run_cache, *SETS)
     latest = run_dir / "checkpoints" / "latest"
@@ -36,7 +50,10 @@ def test_a_killed_learner_rank_stops_the_run_in_one_line_and_it_resumes_on_two_r
     assert first.returncode == 1, err[-3000:]
     line = [x for x in err.splitlines() if x.startswith("strata: error:")]
     # during a step or a save, or before one (killed between two, the next send finds it gone)
-    died = re.search(r"learner rank 1 died (during|before) (step \d+|train|save): exit code -9", line[0] if line else "")  # fmt: skip
+    died = re.search(
+        r"learner rank 1 died (during|before) (step \d+|train|save): exit code -9",
+        line[0] if line else "",
+    )
     assert len(line) == 1 and died, err[-3000:]
     assert f"--resume --run-dir {run_dir}" in line[0] and "checkpoints/step-" in line[0]
     assert "Traceback" not in err

@@ -44,8 +44,9 @@ def run_searches(faults: list[str], queries: list[str]):
 
     async def main():
         runner, port = await serve(flaky_server(faults, seen), "127.0.0.1", 0)
-        client = RetrievalClient(f"http://127.0.0.1:{port}", timeout_s=TIMEOUT_S,
-                                 retries=RETRIES, backoff_s=BACKOFF_S)  # fmt: skip
+        client = RetrievalClient(
+            f"http://127.0.0.1:{port}", timeout_s=TIMEOUT_S, retries=RETRIES, backoff_s=BACKOFF_S
+        )
         tool = SearchTool(client, topk=1)
         try:
             return await asyncio.gather(*(call_tool(tool, q, stats) for q in queries))

@@ -16,7 +16,10 @@ from soak import Sample, verdict
 def series(rss, fds=40, processes=3, n=30):
     """n samples, 10 s apart; each figure a constant or a function of the sample's index."""
     at = lambda value, i: value(i) if callable(value) else value  # noqa: E731
-    return [Sample(10.0 * i, at(rss, i), at(rss, i) * 2, at(fds, i), 20, at(processes, i)) for i in range(n)]  # fmt: skip
+    return [
+        Sample(10.0 * i, at(rss, i), at(rss, i) * 2, at(fds, i), 20, at(processes, i))
+        for i in range(n)
+    ]
 
 
 def test_flat_series_pass_even_with_a_warm_up_climb_and_noise():
@@ -46,9 +49,24 @@ def test_too_short_a_soak_says_so():
 def test_a_short_soak_samples_stops_cleanly_and_audits_the_books(tmp_path, run_cache):
     out = tmp_path / "soak"
     sets = [item for item in SHORT if item != "--set"] + [f"runtime.cache_dir={run_cache}"]
-    argv = [sys.executable, "benchmarks/soak.py", "--minutes", "0.25", "--interval", "1", "--out", str(out)]  # fmt: skip
-    done = subprocess.run([*argv, *(x for item in sets for x in ("--set", item))], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, env=child_env())  # fmt: skip
+    argv = [
+        sys.executable,
+        "benchmarks/soak.py",
+        "--minutes",
+        "0.25",
+        "--interval",
+        "1",
+        "--out",
+        str(out),
+    ]
+    done = subprocess.run(
+        [*argv, *(x for item in sets for x in ("--set", item))],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=child_env(),
+    )
     last = done.stdout.strip().splitlines()[-1]
     assert last.startswith("soak: ") and ("PASS" in last or "FAIL" in last), (
         done.stdout + done.stderr

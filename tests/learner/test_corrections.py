@@ -45,8 +45,19 @@ def loop_token_loss(logp, behaviour, proximal, mask, advantages, keep_token):
 @pytest.mark.parametrize("seed", range(5))
 def test_icepop_drops_tokens_outside_the_band(seed):
     logp, behaviour, proximal, mask, adv = inputs(seed)
-    got, stats = policy_loss(logp, behaviour, adv, mask, proximal_logprobs=proximal, clip_low=CLIP,
-                             clip_high=CLIP, dual_clip=DUAL, importance="icepop", is_cap=CAP, is_floor=FLOOR)  # fmt: skip
+    got, stats = policy_loss(
+        logp,
+        behaviour,
+        adv,
+        mask,
+        proximal_logprobs=proximal,
+        clip_low=CLIP,
+        clip_high=CLIP,
+        dual_clip=DUAL,
+        importance="icepop",
+        is_cap=CAP,
+        is_floor=FLOOR,
+    )
     want = loop_token_loss(logp, behaviour, proximal, mask, adv, lambda i, t, w: FLOOR <= w <= CAP)
     assert float(got) == pytest.approx(want, rel=1e-9)
     assert 0 < stats["mask_drop_fraction"] < 1  # the band really cut on both sides of these inputs
@@ -60,8 +71,19 @@ def test_seq_mask_drops_whole_sequences_by_their_geometric_mean_weight(seed):
     for i in range(logp.shape[0]):
         logs = [float(proximal[i, t] - behaviour[i, t]) for t in range(logp.shape[1]) if mask[i, t]]
         keep_seq.append(FLOOR <= math.exp(sum(logs) / len(logs)) <= CAP)
-    got, _ = policy_loss(logp, behaviour, adv, mask, proximal_logprobs=proximal, clip_low=CLIP,
-                         clip_high=CLIP, dual_clip=DUAL, importance="seq_mask", is_cap=CAP, is_floor=FLOOR)  # fmt: skip
+    got, _ = policy_loss(
+        logp,
+        behaviour,
+        adv,
+        mask,
+        proximal_logprobs=proximal,
+        clip_low=CLIP,
+        clip_high=CLIP,
+        dual_clip=DUAL,
+        importance="seq_mask",
+        is_cap=CAP,
+        is_floor=FLOOR,
+    )
     assert not keep_seq[0] and any(keep_seq)
     want = loop_token_loss(logp, behaviour, proximal, mask, adv, lambda i, t, w: keep_seq[i])
     assert float(got) == pytest.approx(want, rel=1e-9)
@@ -71,8 +93,17 @@ def test_seq_mask_drops_whole_sequences_by_their_geometric_mean_weight(seed):
 def test_gspo_clips_one_length_normalised_ratio_per_sequence(seed):
     logp, behaviour, _, mask, adv = inputs(seed)
     logp.requires_grad_(True)
-    got, _ = policy_loss(logp, behaviour, adv, mask, clip_low=CLIP, clip_high=CLIP, dual_clip=DUAL,
-                         ratio_level="sequence", agg="seq-mean-token-mean")  # fmt: skip
+    got, _ = policy_loss(
+        logp,
+        behaviour,
+        adv,
+        mask,
+        clip_low=CLIP,
+        clip_high=CLIP,
+        dual_clip=DUAL,
+        ratio_level="sequence",
+        agg="seq-mean-token-mean",
+    )
     per_sequence = []
     for i in range(logp.shape[0]):
         logs = [
@@ -90,11 +121,17 @@ def test_gspo_clips_one_length_normalised_ratio_per_sequence(seed):
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"importance": "tis", "is_floor": 0.8}, "is_floor applies to importance icepop or seq_mask"),
+        (
+            {"importance": "tis", "is_floor": 0.8},
+            "is_floor applies to importance icepop or seq_mask",
+        ),
         ({"ratio": "sequence"}, "use loss_agg seq-mean-token-mean"),
-        ({"ratio": "sequence", "loss_agg": "seq-mean-token-mean", "importance": "tis"}, "use importance none or seq_mask"),
+        (
+            {"ratio": "sequence", "loss_agg": "seq-mean-token-mean", "importance": "tis"},
+            "use importance none or seq_mask",
+        ),
     ],
-)  # fmt: skip
+)
 def test_combinations_that_make_no_sense_are_refused(options, message):
     with pytest.raises(ValidationError, match=message):
         LearnerConfig(**options)

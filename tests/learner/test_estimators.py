@@ -19,8 +19,14 @@ def reference(name, rewards, groups, strata, eps=1e-6):
 
 
 def run(name, rewards, groups, strata, alpha=0.6, eps=1e-6):
-    out = estimate(name, torch.tensor(rewards, dtype=torch.float64), torch.tensor(groups),
-                   torch.tensor(strata), alpha, eps)  # fmt: skip
+    out = estimate(
+        name,
+        torch.tensor(rewards, dtype=torch.float64),
+        torch.tensor(groups),
+        torch.tensor(strata),
+        alpha,
+        eps,
+    )
     return out.advantages.tolist(), out.keep.tolist()
 
 
@@ -79,8 +85,13 @@ def test_mc_grpo_falls_back_to_the_std_when_the_mad_is_zero():
 def test_stratified_is_the_blend_and_keeps_everything():
     rewards, groups, strata = [1.0, 0.0, 1.0, 1.0], [0, 0, 0, 0], [0, 1, 1, 2]
     got, keep = run("stratified", rewards, groups, strata, alpha=0.8)
-    want = stratified_advantages(torch.tensor(rewards, dtype=torch.float64), torch.tensor(groups),
-                                 torch.tensor(strata), 0.8, 1e-6)  # fmt: skip
+    want = stratified_advantages(
+        torch.tensor(rewards, dtype=torch.float64),
+        torch.tensor(groups),
+        torch.tensor(strata),
+        0.8,
+        1e-6,
+    )
     assert got == want.tolist() and all(keep)
 
 

@@ -239,6 +239,14 @@ def test_off_policy_telemetry_by_hand():
     )
     assert tis["truncated_fraction"] == pytest.approx(1 / 5)
     proximal[1] += 3.0  # the second sequence's geometric-mean weight e^3: dropped whole
-    _, seq = policy_loss(logp, behaviour, adv, mask, proximal_logprobs=proximal, importance="seq_mask",
-                         is_cap=2.0, is_floor=0.5)  # fmt: skip
+    _, seq = policy_loss(
+        logp,
+        behaviour,
+        adv,
+        mask,
+        proximal_logprobs=proximal,
+        importance="seq_mask",
+        is_cap=2.0,
+        is_floor=0.5,
+    )
     assert seq["sequence_drop_fraction"] == pytest.approx(1 / 2)

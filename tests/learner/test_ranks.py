@@ -18,7 +18,10 @@ from learner.trainer import Learner
 from pipeline.config import LearnerConfig
 from pipeline.tiny_policy import build_tiny_policy
 
-TEXTS = [f"Question {i}: <search> Varno Telik </search> <answer> Quorvex {i} </answer>" for i in range(600)]  # fmt: skip
+TEXTS = [
+    f"Question {i}: <search> Varno Telik </search> <answer> Quorvex {i} </answer>"
+    for i in range(600)
+]
 COMPARED = ("loss", "grad_norm", "trained_tokens", "reward_mean", "clip_fraction", "entropy")
 
 
@@ -35,8 +38,14 @@ def groups(seed: int) -> list[Group]:
     for g, tokens in enumerate((40, 12, 20)):
         members = []
         for i in range(4):
-            t = synthetic_trajectory(f"s{seed}g{g}", i, tokens=tokens + 3 * i, reward=float((i + g) % 2),
-                                     tool_names=["search"] * (i % 3), seed=seed * 100 + g)  # fmt: skip
+            t = synthetic_trajectory(
+                f"s{seed}g{g}",
+                i,
+                tokens=tokens + 3 * i,
+                reward=float((i + g) % 2),
+                tool_names=["search"] * (i % 3),
+                seed=seed * 100 + g,
+            )
             t.token_ids %= 300
             t.prompt_token_ids %= 300
             members.append(t)
@@ -101,10 +110,14 @@ def test_groups_are_dealt_whole_by_tokens():
 
 @pytest.mark.parametrize(
     "overrides",
-    [dict(zero_stage=0), dict(zero_stage=1), dict(zero_stage=2),
-     dict(zero_stage=0, loss_agg="seq-mean-token-mean", importance="none")],
+    [
+        dict(zero_stage=0),
+        dict(zero_stage=1),
+        dict(zero_stage=2),
+        dict(zero_stage=0, loss_agg="seq-mean-token-mean", importance="none"),
+    ],
     ids=["zero0", "zero1", "zero2-and-resume", "zero0-seq-mean"],
-)  # fmt: skip
+)
 def test_two_ranks_train_like_one(policy, tmp_path, overrides):
     """Loss, gradient norm and weights after two steps; under ZeRO 2 the two-rank checkpoint
     (each rank's optimizer shard) resumes on two ranks and a third step matches too."""
@@ -114,8 +127,12 @@ def test_two_ranks_train_like_one(policy, tmp_path, overrides):
     reference = [one.step(b) for b in batches[:2]]
     weights = {k: v.clone() for k, v in one.state_dict().items()}
     root = str(tmp_path / "checkpoints")
-    result = two_ranks(policy, opts, [("step", batches[0]), ("step", batches[1]), ("save", root)],
-                       tmp_path / "two.pt")  # fmt: skip
+    result = two_ranks(
+        policy,
+        opts,
+        [("step", batches[0]), ("step", batches[1]), ("save", root)],
+        tmp_path / "two.pt",
+    )
     for step, (a, b) in enumerate(zip(reference, result["metrics"], strict=True)):
         for key in COMPARED:
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (step, key)
@@ -125,10 +142,17 @@ def test_two_ranks_train_like_one(policy, tmp_path, overrides):
     assert max(float((weights[k] - start[k]).abs().max()) for k in weights) > 1e-3  # they trained
     if opts["zero_stage"] != 2:
         return
-    shards = sorted(p.name for p in (tmp_path / "checkpoints" / "step-000002" / "deepspeed" / "state").iterdir())  # fmt: skip
-    assert shards == ["mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
-                      "zero_pp_rank_1_mp_rank_00_optim_states.pt"]  # fmt: skip
-    resumed = two_ranks(policy, opts, [("load", root), ("step", batches[2])], tmp_path / "resumed.pt")  # fmt: skip
+    shards = sorted(
+        p.name for p in (tmp_path / "checkpoints" / "step-000002" / "deepspeed" / "state").iterdir()
+    )
+    assert shards == [
+        "mp_rank_00_model_states.pt",
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+    ]
+    resumed = two_ranks(
+        policy, opts, [("load", root), ("step", batches[2])], tmp_path / "resumed.pt"
+    )
     third = one.step(batches[2])
     assert resumed["version"] == 3
     assert resumed["metrics"][0]["loss"] == pytest.approx(third["loss"], rel=1e-4, abs=1e-6)
@@ -138,5 +162,6 @@ def test_two_ranks_train_like_one(policy, tmp_path, overrides):
 def assert_same(weights: dict, reference: dict) -> None:
     assert weights.keys() == reference.keys()
     for name, p in reference.items():  # one Adam step moves a weight by about lr = 5e-3
-        torch.testing.assert_close(weights[name], p, atol=1e-5, rtol=1e-4,
-                                   msg=lambda m, name=name: f"{name}: {m}")  # fmt: skip
+        torch.testing.assert_close(
+            weights[name], p, atol=1e-5, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}"
+        )

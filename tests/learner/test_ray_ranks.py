@@ -50,16 +50,24 @@ def test_two_ranks_on_two_ray_nodes_train_like_one(two_nodes, policy, tmp_path):
 
     ray = two_nodes
     opts = options(zero_stage=2)
-    config = StrataConfig.model_validate({
-        "learner": {**opts, "num_ranks": 2},
-        "buffer": {"group_size": 4},
-        "runtime": {"type": "ray", "learner_placement": "STRICT_SPREAD", "learner_num_cpus": 1},
-    })  # fmt: skip
-    plain, batches, root = config.model_dump(mode="json"), [groups(1), groups(2), groups(3)], str(tmp_path / "ckpt")  # fmt: skip
+    config = StrataConfig.model_validate(
+        {
+            "learner": {**opts, "num_ranks": 2},
+            "buffer": {"group_size": 4},
+            "runtime": {"type": "ray", "learner_placement": "STRICT_SPREAD", "learner_num_cpus": 1},
+        }
+    )
+    plain, batches, root = (
+        config.model_dump(mode="json"),
+        [groups(1), groups(2), groups(3)],
+        str(tmp_path / "ckpt"),
+    )
 
     def start():
         placement = asyncio.run(learner_placement(config.runtime, 2))
-        worker = ray.remote(LearnerWorker).options(num_cpus=1, **placement).remote(plain, str(policy), 1)  # fmt: skip
+        worker = (
+            ray.remote(LearnerWorker).options(num_cpus=1, **placement).remote(plain, str(policy), 1)
+        )
         return worker, placement["scheduling_strategy"].placement_group
 
     worker, group = start()

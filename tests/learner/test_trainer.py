@@ -33,14 +33,23 @@ def policy(tmp_path_factory):
     return build_tiny_policy(tmp_path_factory.mktemp("policy") / "tiny", TEXTS, vocab_size=500)
 
 
-def groups(seed: int, n: int = 2, size: int = 4, version: int = 0, tokens=lambda g, i: 24) -> list[Group]:  # fmt: skip
+def groups(
+    seed: int, n: int = 2, size: int = 4, version: int = 0, tokens=lambda g, i: 24
+) -> list[Group]:
     """`n` groups of `size`; `tokens(group, member)` response tokens each."""
     out = []
     for g in range(n):
         members = []
         for i in range(size):
-            t = synthetic_trajectory(f"s{seed}g{g}", i, tokens=tokens(g, i), version=version, reward=float((i + g) % 2),
-                                     tool_names=["search"] * (i % 3), seed=seed * 100 + g)  # fmt: skip
+            t = synthetic_trajectory(
+                f"s{seed}g{g}",
+                i,
+                tokens=tokens(g, i),
+                version=version,
+                reward=float((i + g) % 2),
+                tool_names=["search"] * (i % 3),
+                seed=seed * 100 + g,
+            )
             t.token_ids %= 400
             t.prompt_token_ids %= 400
             members.append(t)
@@ -177,7 +186,9 @@ def count_proximal_passes(model: Learner) -> list[int]:
 
 
 @pytest.mark.parametrize(("importance", "epochs"), [("tis", 1), ("tis", 2), ("mask", 2)])
-def test_proximal_log_probs_from_the_first_epoch_equal_a_pass_of_their_own(policy, importance, epochs):  # fmt: skip
+def test_proximal_log_probs_from_the_first_epoch_equal_a_pass_of_their_own(
+    policy, importance, epochs
+):
     """ "tis" takes the proximal log-probs from the first epoch's forward passes (the weights move
     only at the epoch's end; a second epoch reuses them): the same steps as recomputing them
     first, one pass fewer. "mask" needs them before the first micro-batch, so it still
@@ -192,12 +203,23 @@ def test_proximal_log_probs_from_the_first_epoch_equal_a_pass_of_their_own(polic
     for seed in (30, 31):
         batch = uneven_groups(seed)
         a, b = reused.step(batch), recomputed.step(batch)
-        for key in ("loss", "grad_norm", "importance_weight_mean", "truncated_fraction",
-                    "mask_drop_fraction", "ratio_mean", "clip_fraction", "kl", "trained_tokens"):  # fmt: skip
+        for key in (
+            "loss",
+            "grad_norm",
+            "importance_weight_mean",
+            "truncated_fraction",
+            "mask_drop_fraction",
+            "ratio_mean",
+            "clip_fraction",
+            "kl",
+            "trained_tokens",
+        ):
             assert a[key] == pytest.approx(b[key], abs=1e-6), key
         assert a["importance_weight_mean"] != pytest.approx(1.0, abs=1e-3)  # not trivial weights
     assert [p[0] for p in passes] == ([0, 2] if importance == "tis" else [2, 2])
-    for (name, p), q in zip(reused.state_dict().items(), recomputed.state_dict().values(), strict=True):  # fmt: skip
+    for (name, p), q in zip(
+        reused.state_dict().items(), recomputed.state_dict().values(), strict=True
+    ):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=name)
 
 
@@ -366,9 +388,11 @@ def test_model_dtype_and_gradient_checkpointing_act(policy):
     from pipeline.components import make_learner
     from pipeline.config import BufferConfig, PretrainedModel, StrataConfig
 
-    config = StrataConfig(model=PretrainedModel(path=str(policy), dtype="bfloat16"),
-                          learner=LearnerConfig(micro_batch_size=3, lr=5e-3),
-                          buffer=BufferConfig(group_size=4))  # fmt: skip
+    config = StrataConfig(
+        model=PretrainedModel(path=str(policy), dtype="bfloat16"),
+        learner=LearnerConfig(micro_batch_size=3, lr=5e-3),
+        buffer=BufferConfig(group_size=4),
+    )
     bf16 = make_learner(config, policy)  # as both runtimes build it
     assert {p.dtype for p in bf16.model.parameters()} == {torch.bfloat16}
     before = {k: v.clone() for k, v in bf16.state_dict().items()}
@@ -412,9 +436,12 @@ def test_every_estimator_trains(policy, name):
         from learner.estimators import estimate
 
         members = [t for g in batch for t in g.members]
-        keep = estimate("mc_grpo", torch.tensor([t.reward for t in members], dtype=torch.float64),
-                        torch.tensor([i // 3 for i in range(len(members))]),
-                        torch.tensor([t.stratum for t in members])).keep  # fmt: skip
+        keep = estimate(
+            "mc_grpo",
+            torch.tensor([t.reward for t in members], dtype=torch.float64),
+            torch.tensor([i // 3 for i in range(len(members))]),
+            torch.tensor([t.stratum for t in members]),
+        ).keep
         assert int((~keep).sum()) == pivots
         kept_tokens = sum(
             int(t.loss_mask.sum()) for t, k in zip(members, keep.tolist(), strict=True) if k
@@ -424,9 +451,12 @@ def test_every_estimator_trains(policy, name):
 
 @pytest.mark.parametrize(
     "options",
-    [{"importance": "icepop"}, {"importance": "seq_mask", "is_floor": 0.2},
-     {"ratio": "sequence", "loss_agg": "seq-mean-token-mean"}],
-)  # fmt: skip
+    [
+        {"importance": "icepop"},
+        {"importance": "seq_mask", "is_floor": 0.2},
+        {"ratio": "sequence", "loss_agg": "seq-mean-token-mean"},
+    ],
+)
 def test_every_correction_trains(policy, options):
     model = learner(policy, **options)
     metrics = model.step(groups(11))

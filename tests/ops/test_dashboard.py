@@ -25,11 +25,24 @@ PROMETHEUS = shutil.which("prometheus")
 def test_dashboard_is_valid_and_covers_the_design_metrics():
     dashboard = json.loads((ROOT / "ops" / "grafana" / "strata.json").read_text())
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
-    for name in ["strata_generated_tokens_total", "strata_trajectories_total", "strata_learner_steps_total",
-                 "strata_staleness", "strata_buffer_groups", "strata_reward", "strata_tool_calls_per_trajectory",
-                 "strata_learner_step_seconds", "strata_learner_idle_seconds_total", "strata_weight_sync_seconds",
-                 "strata_tool_call_seconds", "strata_tool_errors_total", "strata_eval_accuracy",
-                 "strata_learner_rank_seconds_total", "strata_learner_rank_idle_seconds_total", "strata_learner_rank_tokens_total"]:  # fmt: skip
+    for name in [
+        "strata_generated_tokens_total",
+        "strata_trajectories_total",
+        "strata_learner_steps_total",
+        "strata_staleness",
+        "strata_buffer_groups",
+        "strata_reward",
+        "strata_tool_calls_per_trajectory",
+        "strata_learner_step_seconds",
+        "strata_learner_idle_seconds_total",
+        "strata_weight_sync_seconds",
+        "strata_tool_call_seconds",
+        "strata_tool_errors_total",
+        "strata_eval_accuracy",
+        "strata_learner_rank_seconds_total",
+        "strata_learner_rank_idle_seconds_total",
+        "strata_learner_rank_tokens_total",
+    ]:
         assert name in exprs, name
 
 
@@ -48,9 +61,18 @@ def query(port: int, expr: str) -> list:
 @pytest.mark.skipif(PROMETHEUS is None, reason="Debian's prometheus binary is not installed")
 def test_every_panel_query_returns_data_from_a_live_run(tmp_path, run_cache):
     metrics_port, prom_port = free_port(), free_port()
-    run = launch(tmp_path / "run", run_cache, "--set", "learner.max_steps=100000",
-                 "--set", f"metrics.port={metrics_port}", "--set", "eval.every_steps=2",
-                 "--set", "eval.max_questions=8")  # fmt: skip
+    run = launch(
+        tmp_path / "run",
+        run_cache,
+        "--set",
+        "learner.max_steps=100000",
+        "--set",
+        f"metrics.port={metrics_port}",
+        "--set",
+        "eval.every_steps=2",
+        "--set",
+        "eval.max_questions=8",
+    )
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: strata\n"
@@ -63,10 +85,15 @@ def test_every_panel_query_returns_data_from_a_live_run(tmp_path, run_cache):
             steps += line.startswith("step ")
             if steps == 1 and prom is None:
                 prom = subprocess.Popen(
-                    [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                     f"--web.listen-address=127.0.0.1:{prom_port}"],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                )  # fmt: skip
+                    [
+                        PROMETHEUS,
+                        f"--config.file={config}",
+                        f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                        f"--web.listen-address=127.0.0.1:{prom_port}",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
             if steps >= 8:
                 break
         assert steps >= 8, "the run ended early"

@@ -196,11 +196,20 @@ def bad_missing_file(tmp_path):
 @pytest.mark.parametrize(
     "make",
     [
-        bad_missing_column, bad_null_ground_truth, bad_empty_ground_truth, bad_question_type,
-        bad_duplicate_id, bad_json_line, bad_missing_final_answer, bad_gaia_level,
-        bad_gaia_duplicate, bad_not_parquet, bad_unknown_suffix, bad_missing_file,
+        bad_missing_column,
+        bad_null_ground_truth,
+        bad_empty_ground_truth,
+        bad_question_type,
+        bad_duplicate_id,
+        bad_json_line,
+        bad_missing_final_answer,
+        bad_gaia_level,
+        bad_gaia_duplicate,
+        bad_not_parquet,
+        bad_unknown_suffix,
+        bad_missing_file,
     ],
-)  # fmt: skip
+)
 def test_bad_files_fail_with_one_line_naming_file_place_and_field(tmp_path, make):
     path, place, name = make(tmp_path)
     with pytest.raises(DatasetError) as caught:
@@ -243,10 +252,19 @@ def test_the_run_trains_on_data_train_files(tmp_path):
     from retrieval.world import main as world_main
 
     assert world_main(["--out", str(tmp_path / "world"), "--seed", "1"]) == 0
-    tokenizer = AutoTokenizer.from_pretrained(build_tiny_policy(tmp_path / "tiny", ["Where was it?"] * 50, vocab_size=300))  # fmt: skip
+    tokenizer = AutoTokenizer.from_pretrained(
+        build_tiny_policy(tmp_path / "tiny", ["Where was it?"] * 50, vocab_size=300)
+    )
     files = [str(tmp_path / "world" / "test.parquet"), str(tmp_path / "world" / "metadata.jsonl")]
-    config = load_config("configs/local.yaml", ["data.type=search_r1", f"data.train_files=[{files[0]},{files[1]}]",
-                                                "data.shuffle=false", "data.max_prompt_tokens=4096"])  # fmt: skip
+    config = load_config(
+        "configs/local.yaml",
+        [
+            "data.type=search_r1",
+            f"data.train_files=[{files[0]},{files[1]}]",
+            "data.shuffle=false",
+            "data.max_prompt_tokens=4096",
+        ],
+    )
     tasks, skipped = question_stream(config, None, tokenizer)
     expected = load_questions(files[0]) + load_questions(files[1])
     first = [next(tasks) for _ in range(len(expected[:32]))]

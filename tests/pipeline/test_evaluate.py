@@ -43,7 +43,9 @@ EVAL = [
 def trained(tmp_path_factory, run_cache):
     """A 4-step run evaluating every 2 steps: (run_dir, world_dir, stdout)."""
     run_dir = tmp_path_factory.mktemp("eval") / "run"
-    proc = launch(run_dir, run_cache, "--set", "learner.max_steps=4", "--set", "buffer.max_staleness=1", *EVAL)  # fmt: skip
+    proc = launch(
+        run_dir, run_cache, "--set", "learner.max_steps=4", "--set", "buffer.max_staleness=1", *EVAL
+    )
     out, err = proc.communicate(timeout=900)
     assert proc.returncode == 0, err[-3000:] + out[-2000:]
     assert_accounting(run_dir)
@@ -73,7 +75,9 @@ def test_a_run_evaluates_every_few_steps_and_reports_it(trained):
         assert [r.questions for r in rows if r.name == "training questions"] == [6]
     for suffix in (".json", ".md", ".trajectories.parquet"):
         assert (run_dir / "eval" / f"step-000004{suffix}").is_file()
-    made = pq.read_table(run_dir / "eval" / "step-000004.trajectories.parquet", columns=["actor_id", "prompt_id"])  # fmt: skip
+    made = pq.read_table(
+        run_dir / "eval" / "step-000004.trajectories.parquet", columns=["actor_id", "prompt_id"]
+    )
     train_ids = {f"{q.id}@train.parquet" for q in load_questions(world / "train.parquet")[:6]}
     by_actor = {}
     for actor, prompt in zip(
@@ -91,8 +95,13 @@ def test_eval_accuracy_is_exported_per_source():
     from prometheus_client import generate_latest
 
     metrics = RunMetrics()
-    metrics.observe_eval(6, [Row("level 1", True, 4, 1, 0.5, None, 1.0, 20.0, 0.0),
-                             Row("level 1", False, 4, 1, 0.25, None, 0.0, 9.0, 0.0)])  # fmt: skip
+    metrics.observe_eval(
+        6,
+        [
+            Row("level 1", True, 4, 1, 0.5, None, 1.0, 20.0, 0.0),
+            Row("level 1", False, 4, 1, 0.25, None, 0.0, 9.0, 0.0),
+        ],
+    )
     text = generate_latest(metrics.registry).decode()
     assert 'strata_eval_accuracy{source="level 1",tools="yes"} 0.5' in text
     assert 'strata_eval_accuracy{source="level 1",tools="no"} 0.25' in text
@@ -102,10 +111,29 @@ def test_eval_accuracy_is_exported_per_source():
 def test_standalone_evaluation_of_a_run_by_source_and_level(trained, run_cache, tmp_path):
     run_dir, world, _ = trained
     out = tmp_path / "results" / "eval.json"
-    argv = [sys.executable, "-m", "pipeline.evaluate", str(run_dir), "--config", "configs/local.yaml",
-            "--set", f"runtime.cache_dir={run_cache}", *SHORT, "--data", str(world / "test.parquet"),
-            str(world / "metadata.jsonl"), "--max-questions", "12", "--samples", "3", "--out", str(out)]  # fmt: skip
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900, env=child_env())  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "pipeline.evaluate",
+        str(run_dir),
+        "--config",
+        "configs/local.yaml",
+        "--set",
+        f"runtime.cache_dir={run_cache}",
+        *SHORT,
+        "--data",
+        str(world / "test.parquet"),
+        str(world / "metadata.jsonl"),
+        "--max-questions",
+        "12",
+        "--samples",
+        "3",
+        "--out",
+        str(out),
+    ]
+    done = subprocess.run(
+        argv, cwd=ROOT, capture_output=True, text=True, timeout=900, env=child_env()
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["checkpoint"].endswith("checkpoints/step-000004/hf") and result["samples"] == 3
@@ -113,7 +141,11 @@ def test_standalone_evaluation_of_a_run_by_source_and_level(trained, run_cache, 
 
     parquet = load_questions(world / "test.parquet")[:12]
     gaia = load_questions(world / "metadata.jsonl")[:12]
-    names = [*dict.fromkeys(q.data_source for q in parquet), *dict.fromkeys(f"level {q.level}" for q in gaia), "all"]  # fmt: skip
+    names = [
+        *dict.fromkeys(q.data_source for q in parquet),
+        *dict.fromkeys(f"level {q.level}" for q in gaia),
+        "all",
+    ]
     assert [r.name for r in rows if r.tools] == names
     assert [r.name for r in rows if not r.tools] == names
 
@@ -127,8 +159,15 @@ def test_standalone_evaluation_of_a_run_by_source_and_level(trained, run_cache, 
     row_of |= {f"{q.id}@metadata.jsonl": f"level {q.level}" for q in gaia}
     for row in rows:
         actor = "eval" if row.tools else "eval-no-tools"
-        members = [t for t in trajectories if t.actor_id == actor and row.name in (row_of[t.prompt_id], "all")]  # fmt: skip
-        rewards = [score(generated_text(t, tokenizer), list(t.ground_truth), t.data_source, "exact_match") for t in members]  # fmt: skip
+        members = [
+            t
+            for t in trajectories
+            if t.actor_id == actor and row.name in (row_of[t.prompt_id], "all")
+        ]
+        rewards = [
+            score(generated_text(t, tokenizer), list(t.ground_truth), t.data_source, "exact_match")
+            for t in members
+        ]
         assert row.accuracy == pytest.approx(np.mean(rewards), abs=1e-9), row
         assert row.questions == len(members) // 3 and row.pass_at_k >= row.accuracy
         if not row.tools:
@@ -142,8 +181,10 @@ def test_standalone_evaluation_of_a_run_by_source_and_level(trained, run_cache, 
 
 def bad_gaia(tmp_path):
     path = tmp_path / "metadata.jsonl"
-    rows = [{"task_id": "a", "Question": "Q?", "Level": 1, "Final answer": "x"},
-            {"task_id": "b", "Question": "Q?", "Level": 2}]  # fmt: skip
+    rows = [
+        {"task_id": "a", "Question": "Q?", "Level": 1, "Final answer": "x"},
+        {"task_id": "b", "Question": "Q?", "Level": 2},
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -152,8 +193,17 @@ def bad_parquet(tmp_path):
     import pyarrow as pa
 
     path = tmp_path / "test.parquet"
-    pq.write_table(pa.table({"id": ["a", "b"], "question": ["Q?", "Q?"], "data_source": ["nq", "nq"],
-                             "golden_answers": [["x"], []]}), path)  # fmt: skip
+    pq.write_table(
+        pa.table(
+            {
+                "id": ["a", "b"],
+                "question": ["Q?", "Q?"],
+                "data_source": ["nq", "nq"],
+                "golden_answers": [["x"], []],
+            }
+        ),
+        path,
+    )
     return path
 
 
@@ -242,7 +292,9 @@ def test_an_evaluation_runs_again_what_a_dead_server_cut_off(failures, monkeypat
         return
     assert run() == [(f"q{i}", k) for i in range(3) for k in range(2)]  # all, in input order
     out = capsys.readouterr().out
-    assert (f"eval: {failures} trajectories cut off by the engine were run again" in out) == bool(failures)  # fmt: skip
+    assert (f"eval: {failures} trajectories cut off by the engine were run again" in out) == bool(
+        failures
+    )
 
 
 def test_an_evaluation_does_not_wait_again_for_servers_that_never_came_back(monkeypatch):

@@ -35,8 +35,13 @@ ABLATION = {
 
 def write_experiment(tmp_path, **fields) -> Path:
     """An experiment file in tmp_path: two variants, one seed, 3 steps, unless `fields` say otherwise."""
-    body = {"base": LOCAL, "out": str(tmp_path / "out"), "seeds": [0], "set": {"learner.max_steps": 3},
-            "variants": {"grpo": {"learner.alpha": 0.0}, "san": {"learner.alpha": 1.0}}} | fields  # fmt: skip
+    body = {
+        "base": LOCAL,
+        "out": str(tmp_path / "out"),
+        "seeds": [0],
+        "set": {"learner.max_steps": 3},
+        "variants": {"grpo": {"learner.alpha": 0.0}, "san": {"learner.alpha": 1.0}},
+    } | fields
     path = tmp_path / "experiment.yaml"
     path.write_text(yaml.safe_dump(body, sort_keys=False))
     return path
@@ -108,11 +113,24 @@ def test_dry_run_lists_the_fifteen_runs_of_the_ablation(tmp_path, monkeypatch, c
     (tmp_path / "configs").symlink_to(ROOT / "configs")
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "runs" / "experiments" / "ablation"
-    assert experiment.main(["configs/experiments/ablation.yaml", "--dry-run"], run=FakeLaunch()) == 0  # fmt: skip
+    assert (
+        experiment.main(["configs/experiments/ablation.yaml", "--dry-run"], run=FakeLaunch()) == 0
+    )
     lines = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
-    assert len(lines) == 15 and {line[0] for line in lines} == {f"{v}-seed{s}" for v in ABLATION for s in range(3)}  # fmt: skip
+    assert len(lines) == 15 and {line[0] for line in lines} == {
+        f"{v}-seed{s}" for v in ABLATION for s in range(3)
+    }
     grpo0 = next(line for line in lines if line[0] == "grpo-seed0")
-    assert grpo0[2:] == ["--set", "learner.max_steps=200", "--set", "eval.every_steps=100", "--set", "learner.alpha=0.0", "--set", "runtime.seed=0"]  # fmt: skip
+    assert grpo0[2:] == [
+        "--set",
+        "learner.max_steps=200",
+        "--set",
+        "eval.every_steps=100",
+        "--set",
+        "learner.alpha=0.0",
+        "--set",
+        "runtime.seed=0",
+    ]
     assert not out.exists()  # a dry run writes nothing
     estimators = plan(read_experiment("configs/experiments/estimators.yaml"), "estimators.yaml")
     assert len(estimators) == 12
@@ -120,9 +138,17 @@ def test_dry_run_lists_the_fifteen_runs_of_the_ablation(tmp_path, monkeypatch, c
         assert len(plan(read_experiment(path), path.name)) >= 6, path
 
 
-@given(st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3), max_leaves=6))  # fmt: skip
+@given(
+    st.recursive(
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.floats(allow_nan=False)
+        | st.text(max_size=8),
+        lambda inner: st.lists(inner, max_size=3),
+        max_leaves=6,
+    )
+)
 def test_an_override_reads_back_as_the_value_the_yaml_gave(value):
     try:
         text = override_text("learner.alpha", value)
@@ -135,7 +161,10 @@ def test_override_text_examples():
     assert override_text("learner.alpha", 0.0) == "learner.alpha=0.0"
     assert override_text("actors.tools", ["search"]) == "actors.tools=[search]"
     assert override_text("x.name", "1") == "x.name='1'"  # a string, not the int 1
-    assert parse_value(override_text("x.y", {"type": "random", "k": 2})[4:]) == {"type": "random", "k": 2}  # fmt: skip
+    assert parse_value(override_text("x.y", {"type": "random", "k": 2})[4:]) == {
+        "type": "random",
+        "k": 2,
+    }
 
 
 # ---------------------------------------------------------------------------------- running
@@ -168,15 +197,26 @@ def test_done_runs_are_skipped_unfinished_ones_resumed_half_made_ones_restarted(
     fake = FakeLaunch(check=check)
     assert experiment.main([str(path)], run=fake) == 0
     resumed = [name for name, argv in fake.calls if "--resume" in argv]
-    assert [name for name, _ in fake.calls] == ["grpo-seed1", "grpo-seed2", "san-seed0", "san-seed1", "san-seed2"]  # fmt: skip
+    assert [name for name, _ in fake.calls] == [
+        "grpo-seed1",
+        "grpo-seed2",
+        "san-seed0",
+        "san-seed1",
+        "san-seed2",
+    ]
     assert resumed == ["grpo-seed1", "grpo-seed2"]
     out = capsys.readouterr().out
     assert "skip grpo-seed0" in out and "san-seed0" in out and "removed, starting again" in out
     assert "end grpo-seed1 rc 0" in out
     books = records(tmp_path)
     assert {n: r["action"] for n, r in books.items()} == {
-        "grpo-seed0": "skip", "grpo-seed1": "resume", "grpo-seed2": "resume",
-        "san-seed0": "restart", "san-seed1": "start", "san-seed2": "start"}  # fmt: skip
+        "grpo-seed0": "skip",
+        "grpo-seed1": "resume",
+        "grpo-seed2": "resume",
+        "san-seed0": "restart",
+        "san-seed1": "start",
+        "san-seed2": "start",
+    }
     assert all(r["status"] == "done" for r in books.values())
     argv = dict(fake.calls)["san-seed2"]
     assert argv[1:4] == ["-m", "pipeline.launch", LOCAL] and argv[-2:] == [
@@ -189,7 +229,9 @@ def test_a_run_dir_made_with_other_settings_is_refused_up_front(tmp_path, capsys
     path = write_experiment(tmp_path)
     runs = {r.name: r for r in plan(read_experiment(path), str(path))}
     make_run_dir(runs["san-seed0"], checkpoint=1, report=False)
-    path = write_experiment(tmp_path, variants={"grpo": {"learner.alpha": 0.0}, "san": {"learner.alpha": 0.9}})  # fmt: skip
+    path = write_experiment(
+        tmp_path, variants={"grpo": {"learner.alpha": 0.0}, "san": {"learner.alpha": 0.9}}
+    )
     fake = FakeLaunch()
     assert experiment.main([str(path)], run=fake) == 2
     err = capsys.readouterr().err
@@ -238,7 +280,15 @@ def test_the_ray_runner_runs_each_command_as_a_task_in_this_directory(tmp_path):
 
     jobs = []
     for i in range(3):
-        run = Run(f"v-seed{i}", "v", i, tmp_path / f"v-seed{i}", tmp_path / "logs" / f"v-seed{i}.log", [], 1)  # fmt: skip
+        run = Run(
+            f"v-seed{i}",
+            "v",
+            i,
+            tmp_path / f"v-seed{i}",
+            tmp_path / "logs" / f"v-seed{i}.log",
+            [],
+            1,
+        )
         code = f"import os; print(os.getcwd()); raise SystemExit({i})"
         jobs.append((run, [sys.executable, "-c", code]))
     done = []
@@ -270,10 +320,23 @@ def eval_record(
     rows = []
     for tools, scale in ((True, 1.0), (False, 0.5)):  # without tools: half the accuracy
         total = sum(accuracy[s] * q for s, q in QUESTIONS.items()) / sum(QUESTIONS.values())
-        for name, acc, q in [*((s, accuracy[s], q) for s, q in QUESTIONS.items()), ("all", total, 20)]:  # fmt: skip
-            rows.append({"name": name, "tools": tools, "questions": q, "samples": 1, "accuracy": acc * scale,
-                         "pass_at_k": None, "tool_calls": tool_calls if tools else 0.0,
-                         "response_tokens": 50.0, "format_errors": malformed})  # fmt: skip
+        for name, acc, q in [
+            *((s, accuracy[s], q) for s, q in QUESTIONS.items()),
+            ("all", total, 20),
+        ]:
+            rows.append(
+                {
+                    "name": name,
+                    "tools": tools,
+                    "questions": q,
+                    "samples": 1,
+                    "accuracy": acc * scale,
+                    "pass_at_k": None,
+                    "tool_calls": tool_calls if tools else 0.0,
+                    "response_tokens": 50.0,
+                    "format_errors": malformed,
+                }
+            )
     return {"step": step, "version": step, "samples": 1, "seconds": 1.0, "rows": rows}
 
 
@@ -283,14 +346,26 @@ def write_synthetic_experiment(out: Path, theorem1: bool = True, evals: bool = T
         for seed in range(3):
             run_dir = out / f"{variant}-seed{seed}"
             run_dir.mkdir(parents=True)
-            (run_dir / "config.yaml").write_text(yaml.safe_dump({"learner": {"alpha": alpha, "stratifier": {"type": "tool_calls"}}}))  # fmt: skip
+            (run_dir / "config.yaml").write_text(
+                yaml.safe_dump({"learner": {"alpha": alpha, "stratifier": {"type": "tool_calls"}}})
+            )
             metrics = []
             for step in range(1, 7):
-                m = {"step": step, "reward_mean": 0.1 * step + alpha, "tool_calls_mean": 1.0 + seed,
-                     "stratum/0/count": 4.0, "stratum/1/count": 12.0, "stratum/1/in_stratum_adv_var": float("nan")}  # fmt: skip
+                m = {
+                    "step": step,
+                    "reward_mean": 0.1 * step + alpha,
+                    "tool_calls_mean": 1.0 + seed,
+                    "stratum/0/count": 4.0,
+                    "stratum/1/count": 12.0,
+                    "stratum/1/in_stratum_adv_var": float("nan"),
+                }
                 if theorem1:
-                    m |= {"theorem1_global_var": 0.2, "theorem1_in_stratum": 0.15, "theorem1_cross_stratum": 0.05,
-                          "theorem1_cross_stratum_chance": 0.02}  # fmt: skip
+                    m |= {
+                        "theorem1_global_var": 0.2,
+                        "theorem1_in_stratum": 0.15,
+                        "theorem1_cross_stratum": 0.05,
+                        "theorem1_cross_stratum_chance": 0.02,
+                    }
                 metrics.append(m)
             (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
             if evals:
@@ -298,22 +373,31 @@ def write_synthetic_experiment(out: Path, theorem1: bool = True, evals: bool = T
                 last = eval_record(
                     6, {s: LAST[variant][s][seed] for s in QUESTIONS}, 2.0 + seed, 0.1 * seed
                 )
-                (run_dir / "eval.jsonl").write_text(json.dumps(first) + "\n" + json.dumps(last) + "\n")  # fmt: skip
+                (run_dir / "eval.jsonl").write_text(
+                    json.dumps(first) + "\n" + json.dumps(last) + "\n"
+                )
             per_stratum = {
                 "0": {"generated": 30},
                 "1": {"generated": 70 if variant == "grpo" else 10},
             }
             (run_dir / "accounting.json").write_text(json.dumps({"per_stratum": per_stratum}))
             runs.append({"name": run_dir.name, "variant": variant, "seed": seed, "status": "done"})
-    body = {"experiment": "configs/experiments/x.yaml", "runs": runs,
-            "config": {"variants": {"grpo": {"learner.alpha": 0.0}, "blend": {"learner.alpha": 0.6}}}}  # fmt: skip
+    body = {
+        "experiment": "configs/experiments/x.yaml",
+        "runs": runs,
+        "config": {"variants": {"grpo": {"learner.alpha": 0.0}, "blend": {"learner.alpha": 0.6}}},
+    }
     (out / "experiment.json").write_text(json.dumps(body))
 
 
 def table_rows(doc: str, section: str) -> dict[tuple[str, ...], list[str]]:
     """The table rows of a section, keyed by their first cell (and the tools cell if any)."""
     part = doc.split(f"## {section}")[1].split("\n## ")[0]
-    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in part.splitlines() if line.startswith("| ")]  # fmt: skip
+    rows = [
+        [c.strip() for c in line.strip().strip("|").split("|")]
+        for line in part.splitlines()
+        if line.startswith("| ")
+    ]
     return {(r[0], r[1]) if r[1] in ("yes", "none") else (r[0],): r for r in rows[1:]}
 
 
@@ -339,10 +423,14 @@ def test_the_report_tables_figures_and_findings(tmp_path, capsys):
     l2, l3 = LAST["blend"]["minigaia_l2"], LAST["blend"]["minigaia_l3"]
     blend_l23 = [(6 * a + 4 * b) / 10 for a, b in zip(l2, l3, strict=True)]
     assert last["blend", "yes"][7] == spread_text(blend_l23)
-    blend_all = [(10 * a + 6 * b + 4 * c) / 20 for a, b, c in zip(*LAST["blend"].values(), strict=True)]  # fmt: skip
+    blend_all = [
+        (10 * a + 6 * b + 4 * c) / 20 for a, b, c in zip(*LAST["blend"].values(), strict=True)
+    ]
     assert last["blend", "none"][8] == spread_text([0.5 * a for a in blend_all])  # no tools: half
     first = table_rows(text, "Held-out accuracy, first evaluation")
-    assert first["grpo", "yes"][3] == "0" and first["grpo", "yes"][7] == "0.100 ± 0.000 (0.100–0.100)"  # fmt: skip
+    assert (
+        first["grpo", "yes"][3] == "0" and first["grpo", "yes"][7] == "0.100 ± 0.000 (0.100–0.100)"
+    )
     end = table_rows(text, "End of training")["grpo",]
     assert end[2] == "6" and end[5] == "3.00 ± 1.00 (2.00–4.00)"  # held-out tool calls: 2, 3, 4
     assert end[6] == "0.10 ± 0.10 (0.00–0.20)"  # malformed held-out answers: 0, 0.1, 0.2
@@ -375,10 +463,12 @@ def test_the_report_says_what_is_missing(tmp_path, capsys):
 
 
 def test_levels_pool_their_sources_weighted_by_questions():
-    rows = [{"name": "level 2", "tools": True, "questions": 3, "accuracy": 1.0},
-            {"name": "gaia_l3", "tools": True, "questions": 1, "accuracy": 0.0},
-            {"name": "nq", "tools": True, "questions": 5, "accuracy": 0.2},
-            {"name": "all", "tools": True, "questions": 9, "accuracy": 0.44}]  # fmt: skip
+    rows = [
+        {"name": "level 2", "tools": True, "questions": 3, "accuracy": 1.0},
+        {"name": "gaia_l3", "tools": True, "questions": 1, "accuracy": 0.0},
+        {"name": "nq", "tools": True, "questions": 5, "accuracy": 0.2},
+        {"name": "all", "tools": True, "questions": 9, "accuracy": 0.44},
+    ]
     assert level_accuracy({"rows": rows}) == {"L2": 1.0, "L3": 0.0, "L2+L3": 0.75, "all": 0.44}
 
 
@@ -396,22 +486,37 @@ def test_two_variants_run_end_to_end_resume_as_done_and_are_reported(tmp_path, r
     """As a user types it: the experiment launches each run, a second call skips both, and the
     report reads them. Short runs as in test_local_run, evaluated at the start and the end."""
     common = dict(parse_override(text) for text in SHORT[1::2])
-    common |= {"runtime.cache_dir": str(run_cache), "learner.max_steps": 2,
-               "eval.every_steps": 2, "eval.max_questions": 4}  # fmt: skip
-    path = write_experiment(tmp_path, set=common, variants={"grpo": {"learner.alpha": 0.0}, "blend": {"learner.alpha": 0.6}})  # fmt: skip
+    common |= {
+        "runtime.cache_dir": str(run_cache),
+        "learner.max_steps": 2,
+        "eval.every_steps": 2,
+        "eval.max_questions": 4,
+    }
+    path = write_experiment(
+        tmp_path,
+        set=common,
+        variants={"grpo": {"learner.alpha": 0.0}, "blend": {"learner.alpha": 0.6}},
+    )
     argv = [sys.executable, "-m", "pipeline.experiment", str(path)]
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900, env=child_env())  # fmt: skip
+    done = subprocess.run(
+        argv, cwd=ROOT, capture_output=True, text=True, timeout=900, env=child_env()
+    )
     out = tmp_path / "out"
     logs = "".join(p.read_text()[-2000:] for p in (out / "logs").glob("*.log"))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:] + logs
     assert "end grpo-seed0 rc 0" in done.stdout and "end blend-seed0 rc 0" in done.stdout
-    assert {n: r["status"] for n, r in records(tmp_path).items()} == {"grpo-seed0": "done", "blend-seed0": "done"}  # fmt: skip
+    assert {n: r["status"] for n, r in records(tmp_path).items()} == {
+        "grpo-seed0": "done",
+        "blend-seed0": "done",
+    }
     for name in ("grpo-seed0", "blend-seed0"):
         run_dir = out / name
         assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step-000002"
         assert (run_dir / "report.md").is_file() and (out / "logs" / f"{name}.log").is_file()
 
-    again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300, env=child_env())  # fmt: skip
+    again = subprocess.run(
+        argv, cwd=ROOT, capture_output=True, text=True, timeout=300, env=child_env()
+    )
     assert again.returncode == 0 and again.stdout.count("strata: experiment: skip ") == 2, (
         again.stdout
     )
@@ -430,7 +535,10 @@ def test_a_tie_at_the_top_is_said_as_a_tie(tmp_path):
     from pipeline.experiment_findings import accuracy_findings
 
     record = eval_record(4, dict.fromkeys(QUESTIONS, 0.25), 1.0)
-    groups = {v: [RunData(f"{v}-seed0", v, 0, tmp_path, [], [record], None, {}, "done")] for v in ("grpo", "san")}  # fmt: skip
+    groups = {
+        v: [RunData(f"{v}-seed0", v, 0, tmp_path, [], [record], None, {}, "done")]
+        for v in ("grpo", "san")
+    }
     line = accuracy_findings(groups, "grpo")[0]
     assert "(seed mean), 0.250, is shared by grpo, san. GRPO (grpo) is among them." in line
 
@@ -440,18 +548,52 @@ def test_random_strata_are_placed_against_grpo_and_in_stratum_variance_is_averag
     from pipeline.experiment_findings import findings
 
     def runs(variant, accuracies, stratifier="tool_calls"):
-        config = {"learner": {"stratifier": {"type": stratifier}, "alpha": 0.0 if variant == "grpo" else 0.6}}  # fmt: skip
-        metrics = [{"step": 1, "stratum/0/in_stratum_adv_var": 1.0, "stratum/1/in_stratum_adv_var": float("nan")},
-                   {"step": 2, "stratum/0/in_stratum_adv_var": 0.5, "stratum/1/in_stratum_adv_var": 0.7,
-                    "generated_tokens_per_s": 1000.0 * (1 + len(accuracies) % 2), "elapsed_s": 2000.0}]  # fmt: skip
-        return [RunData(f"{variant}-seed{k}", variant, k, tmp_path, metrics,
-                        [eval_record(2, dict.fromkeys(QUESTIONS, a), 1.0)], None, config, "done")
-                for k, a in enumerate(accuracies)]  # fmt: skip
+        config = {
+            "learner": {
+                "stratifier": {"type": stratifier},
+                "alpha": 0.0 if variant == "grpo" else 0.6,
+            }
+        }
+        metrics = [
+            {
+                "step": 1,
+                "stratum/0/in_stratum_adv_var": 1.0,
+                "stratum/1/in_stratum_adv_var": float("nan"),
+            },
+            {
+                "step": 2,
+                "stratum/0/in_stratum_adv_var": 0.5,
+                "stratum/1/in_stratum_adv_var": 0.7,
+                "generated_tokens_per_s": 1000.0 * (1 + len(accuracies) % 2),
+                "elapsed_s": 2000.0,
+            },
+        ]
+        return [
+            RunData(
+                f"{variant}-seed{k}",
+                variant,
+                k,
+                tmp_path,
+                metrics,
+                [eval_record(2, dict.fromkeys(QUESTIONS, a), 1.0)],
+                None,
+                config,
+                "done",
+            )
+            for k, a in enumerate(accuracies)
+        ]
 
-    groups = {"grpo": runs("grpo", [0.1, 0.2, 0.3]), "random_k2": runs("random_k2", [0.15, 0.2, 0.25], "random"),
-              "random_k3": runs("random_k3", [0.25, 0.5, 0.6], "random"), "random_k4": runs("random_k4", [0.4, 0.5, 0.6], "random")}  # fmt: skip
+    groups = {
+        "grpo": runs("grpo", [0.1, 0.2, 0.3]),
+        "random_k2": runs("random_k2", [0.15, 0.2, 0.25], "random"),
+        "random_k3": runs("random_k3", [0.25, 0.5, 0.6], "random"),
+        "random_k4": runs("random_k4", [0.4, 0.5, 0.6], "random"),
+    }
     says = "\n".join(findings(groups, "grpo", 5))
-    assert "Random strata (a control) at the last evaluation, L2+L3 accuracy against GRPO's 0.200 ± 0.100 (0.100–0.300)" in says  # fmt: skip
+    assert (
+        "Random strata (a control) at the last evaluation, L2+L3 accuracy against GRPO's 0.200 ± 0.100 (0.100–0.300)"
+        in says
+    )
     assert "random_k2 0.200 ± 0.050 (0.150–0.250), within GRPO's min–max range" in says
     assert "random_k3 0.450 ± 0.180 (0.250–0.600), overlapping GRPO's range" in says
     assert "random_k4 0.500 ± 0.100 (0.400–0.600), above GRPO's range" in says
@@ -459,4 +601,7 @@ def test_random_strata_are_placed_against_grpo_and_in_stratum_variance_is_averag
         "Tokens generated per run (seed means;" in says and ": grpo 4.00M; random_k2 4.00M" in says
     )
     # per step the mean over strata with a finite variance (1.0, then 0.6), then over steps: 0.8
-    assert "mean over strata and steps of cells whose rewards vary, seed means: grpo 0.80; random_k2 0.80" in says  # fmt: skip
+    assert (
+        "mean over strata and steps of cells whose rewards vary, seed means: grpo 0.80; random_k2 0.80"
+        in says
+    )

@@ -19,8 +19,12 @@ NEEDS = {
 
 
 def run(script: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(BENCHMARKS / f"{script}.py"), *args],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(BENCHMARKS / f"{script}.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
@@ -35,7 +39,16 @@ def test_without_a_gpu_it_says_what_it_needs(script):
 
 
 def test_the_tiny_learner_measures_every_pass(tmp_path):
-    done = run("learner_gpu_cost", "--tiny", "--seq", "64", "--repeats", "1", "--json", str(tmp_path / "f.json"))  # fmt: skip
+    done = run(
+        "learner_gpu_cost",
+        "--tiny",
+        "--seq",
+        "64",
+        "--repeats",
+        "1",
+        "--json",
+        str(tmp_path / "f.json"),
+    )
     assert done.returncode == 0, done.stderr
     figures = json.loads((tmp_path / "f.json").read_text())
     for key in ("train_checkpointed", "train", "forward"):
@@ -44,8 +57,18 @@ def test_the_tiny_learner_measures_every_pass(tmp_path):
 
 
 def test_the_tiny_decoder_times_every_batch_and_fits_a_line(tmp_path):
-    done = run("decode_gpu_cost", "--tiny", "--context", "64", "--batches", "1,4", "--steps", "2",
-               "--json", str(tmp_path / "f.json"))  # fmt: skip
+    done = run(
+        "decode_gpu_cost",
+        "--tiny",
+        "--context",
+        "64",
+        "--batches",
+        "1,4",
+        "--steps",
+        "2",
+        "--json",
+        str(tmp_path / "f.json"),
+    )
     assert done.returncode == 0, done.stderr
     figures = json.loads((tmp_path / "f.json").read_text())
     assert set(figures["steps"]) == {"1", "4"} and all(s > 0 for s in figures["steps"].values())

@@ -102,7 +102,9 @@ def test_resume_needs_the_run_dir(tmp_path, capsys, no_training):
 
 
 @pytest.mark.parametrize("urls_first", [False, True])
-def test_switching_a_backend_by_set_starts_the_section_from_its_defaults(capsys, tmp_path, no_training, urls_first):  # fmt: skip
+def test_switching_a_backend_by_set_starts_the_section_from_its_defaults(
+    capsys, tmp_path, no_training, urls_first
+):
     sets = [
         "--set",
         "actors.engine.type=sglang",
@@ -128,15 +130,31 @@ def test_switching_a_backend_by_set_starts_the_section_from_its_defaults(capsys,
     sets = ["--set", "model.type=hf", "--set", "model.path=/models/x"]
     assert main([LOCAL, "--run-dir", str(run_dir), *sets]) == 0
     written = (run_dir / "config.yaml").read_text()
-    assert written.startswith("# note: --set model.type=hf: model starts from the hf defaults; dropped model.layers")  # fmt: skip
+    assert written.startswith(
+        "# note: --set model.type=hf: model starts from the hf defaults; dropped model.layers"
+    )
     assert load_config(run_dir / "config.yaml").model.type == "hf"  # reads back
 
 
 def test_switching_a_backend_keeps_the_keys_both_backends_have(capsys, tmp_path):
     """runtime.runs_dir holds for both runtimes, max_batch_size for embedded and vLLM engines."""
     config = tmp_path / "c.yaml"
-    config.write_text("actors: {engine: {type: embedded, max_batch_size: 7}}\nruntime: {type: local, runs_dir: elsewhere}\n")  # fmt: skip
-    assert main([str(config), "--dry-run", "--set", "runtime.type=ray", "--set", "actors.engine.type=vllm"]) == 0  # fmt: skip
+    config.write_text(
+        "actors: {engine: {type: embedded, max_batch_size: 7}}\nruntime: {type: local, runs_dir: elsewhere}\n"
+    )
+    assert (
+        main(
+            [
+                str(config),
+                "--dry-run",
+                "--set",
+                "runtime.type=ray",
+                "--set",
+                "actors.engine.type=vllm",
+            ]
+        )
+        == 0
+    )
     out, err = capsys.readouterr()
     resolved = yaml.safe_load(out)
     assert resolved["runtime"]["type"] == "ray" and resolved["runtime"]["runs_dir"] == "elsewhere"
@@ -158,10 +176,15 @@ def test_top_p_below_one_is_refused_for_training_in_one_line(capsys, tmp_path, n
     "sets, expected",
     [
         (["actors.engine.device=cuda"], "actors.engine.device cuda: this machine has no CUDA GPU"),
-        (["model.type=hf", "model.path=/models/x", "model.dtype=float16"], "model.dtype float16 trains only on CUDA"),
+        (
+            ["model.type=hf", "model.path=/models/x", "model.dtype=float16"],
+            "model.dtype float16 trains only on CUDA",
+        ),
     ],
-)  # fmt: skip
-def test_keys_this_machine_cannot_honour_are_refused_in_one_line(sets, expected, capsys, tmp_path, no_training):  # fmt: skip
+)
+def test_keys_this_machine_cannot_honour_are_refused_in_one_line(
+    sets, expected, capsys, tmp_path, no_training
+):
     argv = [LOCAL, "--run-dir", str(tmp_path / "run")]
     for s in sets:
         argv += ["--set", s]
@@ -181,24 +204,49 @@ def test_progress_lines_come_every_log_every_steps_and_for_the_last():
     out = io.StringIO()
     progress = progress_printer(config, Console(file=out, soft_wrap=True, highlight=False))
     for step in range(1, 6):
-        progress({"step": step, "elapsed_s": 1.0, "generated_tokens_per_s": 1.0, "trajectories_per_s": 1.0,
-                  "buffer_ready": 0, "buffer_open": 0})  # fmt: skip
+        progress(
+            {
+                "step": step,
+                "elapsed_s": 1.0,
+                "generated_tokens_per_s": 1.0,
+                "trajectories_per_s": 1.0,
+                "buffer_ready": 0,
+                "buffer_open": 0,
+            }
+        )
     assert [line.split()[1] for line in out.getvalue().splitlines()] == ["2/5", "4/5", "5/5"]
 
 
 def test_naming_running_servers_drops_the_settings_of_started_ones(capsys):
     """gaia.yaml starts its SGLang servers; `--set actors.engine.urls=[...]` points it at servers
     running elsewhere instead: the started-server keys go, said in one note."""
-    assert main(["configs/gaia.yaml", "--dry-run", "--set", "actors.engine.urls=[http://10.0.0.2:30000]"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "configs/gaia.yaml",
+                "--dry-run",
+                "--set",
+                "actors.engine.urls=[http://10.0.0.2:30000]",
+            ]
+        )
+        == 0
+    )
     out, err = capsys.readouterr()
     engine = yaml.safe_load(out)["actors"]["engine"]
     assert engine["urls"] == ["http://10.0.0.2:30000"] and engine["num_servers"] == 1
-    assert err.count("\n") == 1 and "dropped actors.engine.num_servers, actors.engine.tp_size, actors.engine.mem_fraction_static" in err  # fmt: skip
+    assert (
+        err.count("\n") == 1
+        and "dropped actors.engine.num_servers, actors.engine.tp_size, actors.engine.mem_fraction_static"
+        in err
+    )
     # a whole section at once
-    section = "actors.engine={type: sglang, urls: [http://10.0.0.2:30000, http://10.0.0.3:30000], timeout_s: 60}"  # fmt: skip
+    section = "actors.engine={type: sglang, urls: [http://10.0.0.2:30000, http://10.0.0.3:30000], timeout_s: 60}"
     assert main([LOCAL, "--dry-run", "--set", section]) == 0
     engine = yaml.safe_load(capsys.readouterr().out)["actors"]["engine"]
-    assert engine["urls"] == ["http://10.0.0.2:30000", "http://10.0.0.3:30000"] and engine["timeout_s"] == 60  # fmt: skip
+    assert (
+        engine["urls"] == ["http://10.0.0.2:30000", "http://10.0.0.3:30000"]
+        and engine["timeout_s"] == 60
+    )
 
 
 def test_servers_that_do_not_answer_are_named_in_one_line(tmp_path):
@@ -206,16 +254,29 @@ def test_servers_that_do_not_answer_are_named_in_one_line(tmp_path):
 
     silent = f"http://127.0.0.1:{free_port()}"
     done = subprocess.run(
-        [sys.executable, "-m", "pipeline.launch", LOCAL, "--run-dir", str(tmp_path / "r"),
-         "--set", f"actors.engine={{type: sglang, urls: [{silent}]}}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pipeline.launch",
+            LOCAL,
+            "--run-dir",
+            str(tmp_path / "r"),
+            "--set",
+            f"actors.engine={{type: sglang, urls: [{silent}]}}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and done.stderr.count("\n") == 1
     assert f"no answer from {silent}/health (1 of 1 servers)" in done.stderr
 
 
 @pytest.mark.parametrize("given", [False, True])
-def test_a_launch_that_fails_before_the_run_starts_leaves_no_run_directory(given, tmp_path, monkeypatch, capsys):  # fmt: skip
+def test_a_launch_that_fails_before_the_run_starts_leaves_no_run_directory(
+    given, tmp_path, monkeypatch, capsys
+):
     """Assets that cannot be prepared (here: a GAIA file the run cannot use) end the launch
     before it starts: the config.yaml written first goes again, and the directory too unless
     the user made it (an empty --run-dir they gave stays, empty)."""

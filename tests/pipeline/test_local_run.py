@@ -23,18 +23,48 @@ ROOT = Path(__file__).resolve().parents[2]
 # No periodic evaluation unless a test asks for it (local.yaml's would answer all 113 held-out
 # questions twice at step 0 in every run).
 SHORT = [
-    "--set", "model.warm_start_epochs=12", "--set", "learner.groups_per_step=1", "--set", "buffer.group_size=4",
-    "--set", "actors.concurrency=8", "--set", "actors.max_turns=2", "--set", "actors.max_new_tokens_per_turn=32",
-    "--set", "actors.max_response_tokens=160", "--set", "learner.micro_batch_size=4", "--set", "metrics.port=0",
-    "--set", "eval.every_steps=0", "--set", "eval.train_questions=0",
-]  # fmt: skip
+    "--set",
+    "model.warm_start_epochs=12",
+    "--set",
+    "learner.groups_per_step=1",
+    "--set",
+    "buffer.group_size=4",
+    "--set",
+    "actors.concurrency=8",
+    "--set",
+    "actors.max_turns=2",
+    "--set",
+    "actors.max_new_tokens_per_turn=32",
+    "--set",
+    "actors.max_response_tokens=160",
+    "--set",
+    "learner.micro_batch_size=4",
+    "--set",
+    "metrics.port=0",
+    "--set",
+    "eval.every_steps=0",
+    "--set",
+    "eval.train_questions=0",
+]
 REQUIRED_METRICS = [
-    "strata_trajectories_total", "strata_groups_completed_total", "strata_generated_tokens_total",
-    "strata_learner_steps_total", "strata_policy_version", "strata_actor_policy_version", "strata_staleness",
-    "strata_buffer_groups", "strata_reward", "strata_tool_calls_per_trajectory", "strata_tool_call_seconds",
-    "strata_tool_errors_total", "strata_weight_sync_seconds", "strata_learner_step_seconds",
-    "strata_learner_idle_seconds_total", "strata_stratum_share", "strata_offpolicy",
-]  # fmt: skip
+    "strata_trajectories_total",
+    "strata_groups_completed_total",
+    "strata_generated_tokens_total",
+    "strata_learner_steps_total",
+    "strata_policy_version",
+    "strata_actor_policy_version",
+    "strata_staleness",
+    "strata_buffer_groups",
+    "strata_reward",
+    "strata_tool_calls_per_trajectory",
+    "strata_tool_call_seconds",
+    "strata_tool_errors_total",
+    "strata_weight_sync_seconds",
+    "strata_learner_step_seconds",
+    "strata_learner_idle_seconds_total",
+    "strata_stratum_share",
+    "strata_offpolicy",
+]
 
 
 @pytest.fixture
@@ -43,8 +73,18 @@ def cache(run_cache):
 
 
 def launch(run_dir, cache, *extra, **popen):
-    argv = [sys.executable, "-m", "pipeline.launch", "configs/local.yaml", "--run-dir", str(run_dir),
-            "--set", f"runtime.cache_dir={cache}", *SHORT, *extra]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "pipeline.launch",
+        "configs/local.yaml",
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        f"runtime.cache_dir={cache}",
+        *SHORT,
+        *extra,
+    ]
     return subprocess.Popen(
         argv,
         cwd=ROOT,
@@ -59,8 +99,16 @@ def launch(run_dir, cache, *extra, **popen):
 def test_a_short_run_streams_trains_and_leaves_a_complete_run_dir(tmp_path, cache):
     """η = 0 and two pools sharing one admission controller: synchronous, and it never hangs."""
     run_dir = tmp_path / "run"
-    proc = launch(run_dir, cache, "--set", "learner.max_steps=3", "--set", "buffer.max_staleness=0",
-                  "--set", "actors.num_pools=2")  # fmt: skip
+    proc = launch(
+        run_dir,
+        cache,
+        "--set",
+        "learner.max_steps=3",
+        "--set",
+        "buffer.max_staleness=0",
+        "--set",
+        "actors.num_pools=2",
+    )
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-2000:]
     assert "step    3/3" in out and "report" in out
@@ -104,11 +152,19 @@ def test_a_short_run_streams_trains_and_leaves_a_complete_run_dir(tmp_path, cach
 @pytest.mark.parametrize(
     "options",
     [
-        ["learner.advantage.type=mc_grpo", "learner.importance=seq_mask", "actors.latent_reward=0.2"],
-        ["learner.advantage.type=rloo", "learner.ratio=sequence", "learner.loss_agg=seq-mean-token-mean",
-         "learner.importance=none"],
+        [
+            "learner.advantage.type=mc_grpo",
+            "learner.importance=seq_mask",
+            "actors.latent_reward=0.2",
+        ],
+        [
+            "learner.advantage.type=rloo",
+            "learner.ratio=sequence",
+            "learner.loss_agg=seq-mean-token-mean",
+            "learner.importance=none",
+        ],
     ],
-)  # fmt: skip
+)
 def test_the_estimators_and_corrections_run_end_to_end(tmp_path, cache, options):
     run_dir = tmp_path / "run"
     sets = [arg for option in options for arg in ("--set", option)]
@@ -159,8 +215,14 @@ def test_sigterm_checkpoints_and_leaves_nothing_running(tmp_path, cache):
 )
 @pytest.mark.parametrize("config", ["configs/gaia.yaml", "configs/search_r1.yaml"])
 def test_gpu_recipes_say_what_they_need_on_cpu(tmp_path, config):
-    done = subprocess.run([sys.executable, "-m", "pipeline.launch", config, "--run-dir", str(tmp_path / "r")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=child_env())  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline.launch", config, "--run-dir", str(tmp_path / "r")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_env(),
+    )
     assert done.returncode == 2
     assert (
         done.stderr.count("\n") == 1
@@ -222,8 +284,18 @@ def test_resume_refuses_other_settings_and_runs_without_a_checkpoint(tmp_path, c
 )
 def test_a_short_run_on_vllm_servers_the_launcher_starts_and_stops(tmp_path, cache):
     run_dir = tmp_path / "run"
-    proc = launch(run_dir, cache, "--set", "actors.engine.type=vllm", "--set", "learner.max_steps=3",
-                  "--set", "actors.engine.max_model_len=512", "--set", "buffer.max_staleness=1")  # fmt: skip
+    proc = launch(
+        run_dir,
+        cache,
+        "--set",
+        "actors.engine.type=vllm",
+        "--set",
+        "learner.max_steps=3",
+        "--set",
+        "actors.engine.max_model_len=512",
+        "--set",
+        "buffer.max_staleness=1",
+    )
     out, err = proc.communicate(timeout=900)
     assert proc.returncode == 0, err[-3000:] + out[-2000:]
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -235,7 +307,11 @@ def test_a_short_run_on_vllm_servers_the_launcher_starts_and_stops(tmp_path, cac
         run_dir / "trajectories", ["prompt_id", "policy_version", "status"]
     )
     released = table.filter(pc.equal(table["status"], "released"))
-    assert not bad and set(released.group_by("prompt_id").aggregate([("prompt_id", "count")])["prompt_id_count"].to_pylist()) == {4}  # fmt: skip
+    assert not bad and set(
+        released.group_by("prompt_id")
+        .aggregate([("prompt_id", "count")])["prompt_id_count"]
+        .to_pylist()
+    ) == {4}
     assert max(released["policy_version"].to_pylist()) >= 1  # generated with reloaded weights
     assert (run_dir / "logs" / "vllm-server-0.log").is_file()
     import psutil

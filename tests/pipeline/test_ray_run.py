@@ -25,9 +25,22 @@ from tests.pipeline.test_local_run import REQUIRED_METRICS, ROOT, launch
 # The pools share (η + 1) * groups_per_step = 4 group places (concurrency 4 = one group a pool).
 # A pool can still be idle for a moment (its groups done and waiting for the learner), so the
 # test kills a worker it has just seen computing: that one has work in flight.
-RAY = ["--set", "runtime.type=ray", "--set", "actors.num_pools=2", "--set", "runtime.actor_num_cpus=0.5",
-       "--set", "runtime.learner_num_cpus=1", "--set", "actors.concurrency=4",
-       "--set", "buffer.max_staleness=1", "--set", "learner.groups_per_step=2"]  # fmt: skip
+RAY = [
+    "--set",
+    "runtime.type=ray",
+    "--set",
+    "actors.num_pools=2",
+    "--set",
+    "runtime.actor_num_cpus=0.5",
+    "--set",
+    "runtime.learner_num_cpus=1",
+    "--set",
+    "actors.concurrency=4",
+    "--set",
+    "buffer.max_staleness=1",
+    "--set",
+    "learner.groups_per_step=2",
+]
 
 
 def descendants(pid: int) -> list[psutil.Process]:
@@ -83,8 +96,17 @@ def wait_for_line(proc, pattern: str, seen: list[str]) -> None:
 
 def test_ray_runtime_survives_a_killed_actor_and_stops_cleanly(tmp_path, run_cache):
     run_dir = tmp_path / "run"
-    proc = launch(run_dir, run_cache, *RAY, "--set", "learner.max_steps=10000",
-                  "--set", "eval.every_steps=2", "--set", "eval.max_questions=6")  # fmt: skip
+    proc = launch(
+        run_dir,
+        run_cache,
+        *RAY,
+        "--set",
+        "learner.max_steps=10000",
+        "--set",
+        "eval.every_steps=2",
+        "--set",
+        "eval.max_questions=6",
+    )
     seen: list[str] = []
     try:
         wait_for_step(proc, 1, seen)
@@ -99,9 +121,12 @@ def test_ray_runtime_survives_a_killed_actor_and_stops_cleanly(tmp_path, run_cac
         retrieval.kill()  # searches fail meanwhile (counted tool errors); restarted on its port
         wait_for_line(proc, r"strata: the retrieval server died; restarted on port \d+", seen)
         port = int(seen[-1].split()[-1])
-        ask = urllib.request.Request(f"http://127.0.0.1:{port}/retrieve", method="POST",
-                                     data=json.dumps({"queries": ["who"], "topk": 1}).encode(),
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        ask = urllib.request.Request(
+            f"http://127.0.0.1:{port}/retrieve",
+            method="POST",
+            data=json.dumps({"queries": ["who"], "topk": 1}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(ask, timeout=30) as response:  # it serves again, same URL
             assert len(json.loads(response.read())["result"][0]) == 1
         wait_for_step(proc, 4, seen)
@@ -130,8 +155,9 @@ def test_ray_runtime_survives_a_killed_actor_and_stops_cleanly(tmp_path, run_cac
     assert "actor restarts 1, retrieval restarts 1" in "".join(seen) + out
 
     table, bad = read_trajectories(
-        run_dir / "trajectories", ["prompt_id", "policy_version", "status", "consumed_version", "actor_id"]
-    )  # fmt: skip
+        run_dir / "trajectories",
+        ["prompt_id", "policy_version", "status", "consumed_version", "actor_id"],
+    )
     released = table.filter(pc.equal(table["status"], "released"))
     counts = released.group_by("prompt_id").aggregate([("prompt_id", "count")])
     assert not bad and set(counts["prompt_id_count"].to_pylist()) == {4}
@@ -172,13 +198,17 @@ def test_each_pool_owns_its_servers_and_fewer_servers_than_pools_is_refused():
     local = ROOT / "configs" / "local.yaml"
     urls = [f"http://127.0.0.1:{p}" for p in (8001, 8002, 8003)]
     listed = "[" + ", ".join(urls) + "]"
-    config = load_config(local, ["actors.engine.type=vllm", f"actors.engine.urls={listed}",
-                                 "actors.num_pools=2"])  # fmt: skip
+    config = load_config(
+        local, ["actors.engine.type=vllm", f"actors.engine.urls={listed}", "actors.num_pools=2"]
+    )
     assert pool_urls(config) == [[urls[0], urls[2]], [urls[1]]]
     assert pool_urls(load_config(local, ["actors.num_pools=2"])) == [None, None]  # in-process
-    started = load_config(local, ["actors.engine.type=vllm", "actors.num_pools=3",
-                                  "actors.engine.num_servers=2"])  # fmt: skip
-    with pytest.raises(RuntimeUnavailable, match=r"num_pools 3 needs at least 3 servers.*num_servers gives 2"):  # fmt: skip
+    started = load_config(
+        local, ["actors.engine.type=vllm", "actors.num_pools=3", "actors.engine.num_servers=2"]
+    )
+    with pytest.raises(
+        RuntimeUnavailable, match=r"num_pools 3 needs at least 3 servers.*num_servers gives 2"
+    ):
         pool_urls(started)
 
 
@@ -205,17 +235,38 @@ VLLM_STEPS = 6
 
 
 @needs_vllm
-def test_ray_pools_on_vllm_servers_and_a_killed_server_comes_back_on_the_latest_weights(tmp_path, run_cache):  # fmt: skip
+def test_ray_pools_on_vllm_servers_and_a_killed_server_comes_back_on_the_latest_weights(
+    tmp_path, run_cache
+):
     """runtime ray + actors.engine.type vllm: the launcher starts the server, the learner
     publishes HF checkpoints the server reloads; the server is SIGKILLed after step 1: its
     requests are aborted and counted, the launcher restarts it, it loads the latest checkpoint
     before it serves again, and the run finishes."""
     run_dir = tmp_path / "run"
-    proc = launch(run_dir, run_cache, "--set", "runtime.type=ray", "--set", "runtime.actor_num_cpus=0.5",
-                  "--set", "runtime.learner_num_cpus=1", "--set", "actors.engine.type=vllm",
-                  "--set", "actors.engine.max_model_len=512", "--set", "buffer.max_staleness=1",
-                  "--set", f"learner.max_steps={VLLM_STEPS}", "--set", f"eval.every_steps={VLLM_STEPS}",
-                  "--set", "eval.max_questions=4", "--set", "eval.train_questions=24")  # fmt: skip
+    proc = launch(
+        run_dir,
+        run_cache,
+        "--set",
+        "runtime.type=ray",
+        "--set",
+        "runtime.actor_num_cpus=0.5",
+        "--set",
+        "runtime.learner_num_cpus=1",
+        "--set",
+        "actors.engine.type=vllm",
+        "--set",
+        "actors.engine.max_model_len=512",
+        "--set",
+        "buffer.max_staleness=1",
+        "--set",
+        f"learner.max_steps={VLLM_STEPS}",
+        "--set",
+        f"eval.every_steps={VLLM_STEPS}",
+        "--set",
+        "eval.max_questions=4",
+        "--set",
+        "eval.train_questions=24",
+    )
     seen: list[str] = []
     try:
         wait_for_step(proc, 1, seen)
@@ -238,13 +289,19 @@ def test_ray_pools_on_vllm_servers_and_a_killed_server_comes_back_on_the_latest_
     assert steps[-1]["server_restarts"] == 1, text[-3000:]
     # Requests cut off by the kill are aborted and counted (asserted where the server can say a
     # request is in flight: tests/pipeline/test_sglang_run.py); here, the same count everywhere.
-    assert steps[-1]["aborted"] == json.loads((run_dir / "accounting.json").read_text())["total"]["aborted"]  # fmt: skip
+    assert (
+        steps[-1]["aborted"]
+        == json.loads((run_dir / "accounting.json").read_text())["total"]["aborted"]
+    )
     table, bad = read_trajectories(
         run_dir / "trajectories", ["prompt_id", "policy_version", "status"]
     )
     released = table.filter(pc.equal(table["status"], "released"))
     assert not bad and max(released["policy_version"].to_pylist()) > int(back.group(1)) - 1
-    assert sorted(p.name for p in (run_dir / "weights").iterdir()) == [f"v{VLLM_STEPS - 1:06d}", f"v{VLLM_STEPS:06d}"]  # fmt: skip
+    assert sorted(p.name for p in (run_dir / "weights").iterdir()) == [
+        f"v{VLLM_STEPS - 1:06d}",
+        f"v{VLLM_STEPS:06d}",
+    ]
     assert not vllm_servers_of(run_cache)  # stopped at the end
     # The starting policy's evaluation (24 training questions: it outlasts step 1) meets the kill:
     # what the kill cut off is run again on the restarted server, and the record says which

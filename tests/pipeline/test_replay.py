@@ -232,9 +232,12 @@ def test_replay_recomputes_any_estimator(tmp_path, capsys, estimator):
     replayed = pq.read_table(out)
     prompts = replayed["prompt_id"].to_pylist()
     ids = {p: i for i, p in enumerate(sorted(set(prompts)))}
-    direct = estimate(estimator, torch.tensor(replayed["reward"].to_numpy(), dtype=torch.float64),
-                      torch.tensor([ids[p] for p in prompts]),
-                      torch.tensor(replayed["stratum"].to_numpy(), dtype=torch.int64))  # fmt: skip
+    direct = estimate(
+        estimator,
+        torch.tensor(replayed["reward"].to_numpy(), dtype=torch.float64),
+        torch.tensor([ids[p] for p in prompts]),
+        torch.tensor(replayed["stratum"].to_numpy(), dtype=torch.int64),
+    )
     assert replayed["advantage"].to_pylist() == pytest.approx(direct.advantages.tolist(), abs=1e-6)
     assert replayed["in_loss"].to_pylist() == direct.keep.tolist()
     if estimator == "mc_grpo":

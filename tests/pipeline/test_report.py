@@ -17,8 +17,10 @@ def test_initial_policy_names_the_warm_start_and_digests_its_weights(tmp_path):
     (tmp_path / "warm_start.json").write_text(json.dumps(record))
     line = initial_policy(tmp_path)
     digest = hashlib.sha256(b"weights").hexdigest()[:16]
-    assert line == (f"`{tmp_path}`, warm start of 30 epochs (1470 steps), loss 7.600 -> 0.106, "
-                    f"weights sha256 {digest}")  # fmt: skip
+    assert line == (
+        f"`{tmp_path}`, warm start of 30 epochs (1470 steps), loss 7.600 -> 0.106, "
+        f"weights sha256 {digest}"
+    )
 
 
 def test_initial_policy_of_a_plain_hf_directory_or_none(tmp_path):

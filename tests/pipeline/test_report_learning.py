@@ -40,7 +40,11 @@ def test_reward_change_compares_the_first_and_last_fifth_with_its_standard_error
 
 def test_accuracy_changes_are_paired_over_the_same_questions(tmp_path):
     write_eval(tmp_path, 0, {"a": ("l1", [0, 0]), "b": ("l1", [1, 1]), "c": ("l2", [0, 1])})
-    write_eval(tmp_path, 50, {"a": ("l1", [1, 1]), "b": ("l1", [1, 1]), "c": ("l2", [1, 1]), "d": ("l2", [1, 1])})  # fmt: skip
+    write_eval(
+        tmp_path,
+        50,
+        {"a": ("l1", [1, 1]), "b": ("l1", [1, 1]), "c": ("l2", [1, 1]), "d": ("l2", [1, 1])},
+    )
     first, last, rows = accuracy_changes(tmp_path)
     assert (first, last) == (0, 50)
     by_name = {r[0]: r[1:] for r in rows}
@@ -55,8 +59,18 @@ def test_accuracy_changes_are_paired_over_the_same_questions(tmp_path):
 
 
 def test_training_questions_are_paired_apart_from_the_held_out_ones(tmp_path):
-    write_eval(tmp_path, 0, {"a": ("l1", [0])}, training={"t1": ("l1", [0]), "t2": ("l2", [0]), "t3": ("l2", [1])})  # fmt: skip
-    write_eval(tmp_path, 9, {"a": ("l1", [1])}, training={"t1": ("l1", [1]), "t2": ("l2", [1]), "t3": ("l2", [1])})  # fmt: skip
+    write_eval(
+        tmp_path,
+        0,
+        {"a": ("l1", [0])},
+        training={"t1": ("l1", [0]), "t2": ("l2", [0]), "t3": ("l2", [1])},
+    )
+    write_eval(
+        tmp_path,
+        9,
+        {"a": ("l1", [1])},
+        training={"t1": ("l1", [1]), "t2": ("l2", [1]), "t3": ("l2", [1])},
+    )
     _, _, rows = accuracy_changes(tmp_path)
     by_name = {r[0]: r[1:] for r in rows}
     assert by_name["all"][:3] == (1, 0.0, 1.0)  # held-out only

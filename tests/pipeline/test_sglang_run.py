@@ -42,10 +42,21 @@ class StandIn:
         self.wait_healthy()
 
     def spawn(self) -> None:
-        argv = [sys.executable, "-m", "tests.actors.sglang_standin", "--model-path", str(self.policy),
-                "--port", str(self.port), "--standin-truth", str(self.truth),
-                *(["--standin-spans"] if self.spans else [])]  # fmt: skip
-        self.process = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "tests.actors.sglang_standin",
+            "--model-path",
+            str(self.policy),
+            "--port",
+            str(self.port),
+            "--standin-truth",
+            str(self.truth),
+            *(["--standin-spans"] if self.spans else []),
+        ]
+        self.process = subprocess.Popen(
+            argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
 
     def wait_healthy(self) -> None:
         deadline = time.monotonic() + 120
@@ -101,8 +112,16 @@ def run_killing_one(run_dir, run_cache, servers, *extra) -> str:
     """Launch, SIGKILL the second server mid-request after the first step, start it again on its port;
     once it has rejoined and generated, let the run go on a few steps more, then end it with
     SIGTERM (checkpointed, flushed). The run's stdout."""
-    proc = launch(run_dir, run_cache, *engine_on(servers), "--set", "learner.max_steps=100000",
-                  "--set", "buffer.max_staleness=1", *extra)  # fmt: skip
+    proc = launch(
+        run_dir,
+        run_cache,
+        *engine_on(servers),
+        "--set",
+        "learner.max_steps=100000",
+        "--set",
+        "buffer.max_staleness=1",
+        *extra,
+    )
     seen: list[str] = []
     try:
         wait_for_step(proc, 1, seen)
@@ -160,10 +179,18 @@ def check_run(run_dir: Path, servers) -> dict:
     events = servers[1].events()
     restart = max(i for i, e in enumerate(events) if e["event"] == "start")
     after = [e for e in events[restart + 1 :] if e["event"] in ("update", "generate")]
-    assert after and after[0]["event"] == "update", "the restarted server generated on its start-up weights"  # fmt: skip
-    assert all(min(e["versions"]) >= int(after[0]["weight_version"]) for e in after if e["event"] == "generate")  # fmt: skip
+    assert after and after[0]["event"] == "update", (
+        "the restarted server generated on its start-up weights"
+    )
+    assert all(
+        min(e["versions"]) >= int(after[0]["weight_version"])
+        for e in after
+        if e["event"] == "generate"
+    )
 
-    assert_labels_never_newer(run_dir, [e for s in servers for e in s.events() if e["event"] == "generate"])  # fmt: skip
+    assert_labels_never_newer(
+        run_dir, [e for s in servers for e in s.events() if e["event"] == "generate"]
+    )
     books = assert_accounting(run_dir)
     config = load_config(run_dir / "config.yaml")
     per_step = config.learner.groups_per_step * config.buffer.group_size
@@ -183,7 +210,9 @@ def assert_labels_never_newer(run_dir: Path, generated: list[dict]) -> None:
     answers: dict[tuple, list[list[int]]] = defaultdict(list)
     for event in generated:
         answers[tuple(event["output_ids"])].append(event["versions"])
-    table, bad = read_trajectories(run_dir / "trajectories", ["token_ids", "loss_mask", "token_versions"])  # fmt: skip
+    table, bad = read_trajectories(
+        run_dir / "trajectories", ["token_ids", "loss_mask", "token_versions"]
+    )
     assert not bad
     turns = []
     for ids, mask, labels in zip(*(table[c].to_pylist() for c in table.column_names), strict=True):
@@ -196,8 +225,14 @@ def assert_labels_never_newer(run_dir: Path, generated: list[dict]) -> None:
                 start = None
     assert turns
     for ids, labels in sorted(turns, key=lambda t: -max(t[1])):
-        fits = [truth for truth in answers[ids] if all(a <= b for a, b in zip(labels, truth, strict=True))]  # fmt: skip
-        assert fits, f"a turn labelled {labels} has no answer whose weights are that new: {answers[ids]}"  # fmt: skip
+        fits = [
+            truth
+            for truth in answers[ids]
+            if all(a <= b for a, b in zip(labels, truth, strict=True))
+        ]
+        assert fits, (
+            f"a turn labelled {labels} has no answer whose weights are that new: {answers[ids]}"
+        )
         answers[ids].remove(min(fits, key=min))
     labelled = [label for _, labels in turns for label in labels]
     assert max(labelled) >= 1  # generated with published weights, not only the start-up ones
@@ -220,7 +255,9 @@ def test_a_ray_run_on_two_sglang_servers_survives_one_being_killed(tmp_path, run
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="needs sglang (pip install '.[gpu]')")  # fmt: skip
+@pytest.mark.skipif(
+    importlib.util.find_spec("sglang") is None, reason="needs sglang (pip install '.[gpu]')"
+)
 def test_a_run_on_real_sglang_servers_the_launcher_starts(tmp_path, run_cache):
     """On a machine with 2+ GPUs and SGLang: the launcher starts a real server on the last GPU
     (the learner keeps GPU 0), every publish lands, and the server is gone at the end."""
@@ -229,8 +266,14 @@ def test_a_run_on_real_sglang_servers_the_launcher_starts(tmp_path, run_cache):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs: the learner's and the server's")
     run_dir = tmp_path / "run"
-    proc = launch(run_dir, run_cache, "--set", "actors.engine={type: sglang, mem_fraction_static: 0.3}",
-                  "--set", "learner.max_steps=3")  # fmt: skip
+    proc = launch(
+        run_dir,
+        run_cache,
+        "--set",
+        "actors.engine={type: sglang, mem_fraction_static: 0.3}",
+        "--set",
+        "learner.max_steps=3",
+    )
     out, err = proc.communicate(timeout=1800)
     assert proc.returncode == 0, err[-3000:] + out[-2000:]
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

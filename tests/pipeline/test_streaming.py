@@ -24,22 +24,46 @@ class Hanging(SimulatedAgent):
         return await super().run(task, prompt_id, sample_index)
 
 
-def simulate(tmp_path, *, eta, steps, pools=2, groups_per_step=2, group_size=4, empty=(),
-             agent=SimulatedAgent, timeout_s=None, concurrency=8, per_call_s=0.02, due_first=True):  # fmt: skip
+def simulate(
+    tmp_path,
+    *,
+    eta,
+    steps,
+    pools=2,
+    groups_per_step=2,
+    group_size=4,
+    empty=(),
+    agent=SimulatedAgent,
+    timeout_s=None,
+    concurrency=8,
+    per_call_s=0.02,
+    due_first=True,
+):
     config = StrataConfig(
         buffer=BufferConfig(group_size=group_size, max_staleness=eta, group_timeout_s=timeout_s),
         learner=LearnerConfig(groups_per_step=groups_per_step, max_steps=steps),
     )
     engine = SimulatedEngine()
     roles = SimulatedRoles(engine, step_s=0.02, empty=set(empty))
-    buffer = GroupBuffer(group_size=group_size, max_staleness=eta, groups_per_step=groups_per_step,
-                         group_timeout_s=timeout_s, due_first=due_first)  # fmt: skip
+    buffer = GroupBuffer(
+        group_size=group_size,
+        max_staleness=eta,
+        groups_per_step=groups_per_step,
+        group_timeout_s=timeout_s,
+        due_first=due_first,
+    )
     tasks = (SimulatedTask(str(i)) for i in itertools.count())
     actors = [
-        ActorPool(agent(engine, per_call_s=per_call_s, actor_id=f"pool-{i}"), buffer, tasks,
-                  group_size=group_size, concurrency=concurrency, name=f"pool-{i}")
+        ActorPool(
+            agent(engine, per_call_s=per_call_s, actor_id=f"pool-{i}"),
+            buffer,
+            tasks,
+            group_size=group_size,
+            concurrency=concurrency,
+            name=f"pool-{i}",
+        )
         for i in range(pools)
-    ]  # fmt: skip
+    ]
     summary = RunSummary()
     coro = stream(config, roles, buffer, actors, tmp_path, summary)
     asyncio.run(asyncio.wait_for(coro, 120))  # a hang fails the test instead of the suite
@@ -83,8 +107,9 @@ def test_no_stratum_is_starved_under_staleness(tmp_path, eta):
     assert min(shares(summary).values()) >= 0.95, shares(summary)
 
     (tmp_path / "fifo").mkdir()
-    fifo, _, buffer = simulate(tmp_path / "fifo", eta=eta, steps=40, groups_per_step=4,
-                               concurrency=16, due_first=False)  # fmt: skip
+    fifo, _, buffer = simulate(
+        tmp_path / "fifo", eta=eta, steps=40, groups_per_step=4, concurrency=16, due_first=False
+    )
     assert buffer.stats().dropped_stale > 0 and shares(fifo)[3] < 0.95, shares(fifo)
 
 
@@ -95,13 +120,19 @@ def assert_accounting_books(summary):
 
 
 def test_the_run_dir_books_agree_with_the_spill(tmp_path):
-    config = StrataConfig(buffer=BufferConfig(group_size=4, max_staleness=1),
-                          learner=LearnerConfig(groups_per_step=2, max_steps=4))  # fmt: skip
+    config = StrataConfig(
+        buffer=BufferConfig(group_size=4, max_staleness=1),
+        learner=LearnerConfig(groups_per_step=2, max_steps=4),
+    )
     engine = SimulatedEngine()
     buffer = make_buffer(config.buffer, tmp_path, 2)
     tasks = (SimulatedTask(str(i)) for i in itertools.count())
     pool = ActorPool(SimulatedAgent(engine), buffer, tasks, group_size=4, concurrency=8)
     summary = RunSummary()
-    asyncio.run(asyncio.wait_for(stream(config, SimulatedRoles(engine), buffer, [pool], tmp_path, summary), 120))  # fmt: skip
+    asyncio.run(
+        asyncio.wait_for(
+            stream(config, SimulatedRoles(engine), buffer, [pool], tmp_path, summary), 120
+        )
+    )
     assert summary.steps == 4
     assert_accounting(tmp_path)

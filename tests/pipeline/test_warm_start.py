@@ -89,8 +89,9 @@ class DemoRetrieval:
     def __init__(self, response: str, corpus):
         by_title = {p.title: p for p in corpus}
         self.hits = {}
-        for query, shown in re.findall(r"<search>(.*?)</search><information>(.*?)</information>",
-                                       response, re.S):  # fmt: skip
+        for query, shown in re.findall(
+            r"<search>(.*?)</search><information>(.*?)</information>", response, re.S
+        ):
             titles = re.findall(r"Doc \d+\(Title: (.*?)\) ", shown)
             self.hits[" ".join(query.split())] = [(by_title[t], 1.0) for t in titles]
 
@@ -101,18 +102,29 @@ class DemoRetrieval:
 @pytest.mark.parametrize("strategy", ["two_searches_python", "retry_search", "no_search"])
 def test_a_demo_is_the_sequence_the_agent_loop_produces(world, tokenizer, strategy):
     # The longest demo of the strategy: its observations run past the agent's cut.
-    demo = max((d for d in demos(world) if d["strategy"] == strategy), key=lambda d: len(d["response"]))  # fmt: skip
+    demo = max(
+        (d for d in demos(world) if d["strategy"] == strategy), key=lambda d: len(d["response"])
+    )
     # The turns the policy generates: the demo without its observations and the newline after them.
-    turns = re.split(r"<information>.*?</information>\n|<output>.*?</output>\n", demo["response"],
-                     flags=re.S)  # fmt: skip
+    turns = re.split(
+        r"<information>.*?</information>\n|<output>.*?</output>\n", demo["response"], flags=re.S
+    )
     engine = ReplayEngine(tokenizer, [tokenizer.encode(t, add_special_tokens=False) for t in turns])
     tools = {
         "search": SearchTool(DemoRetrieval(demo["response"], read_corpus(world / "corpus.jsonl"))),
         "python": PythonTool(),
     }
     loop = AgentLoop(engine, tokenizer, tools, ROOMY)
-    task = type("Task", (), {"id": demo["id"], "question": demo["question"],
-                             "ground_truth": (demo["answer"],), "data_source": "minigaia"})  # fmt: skip
+    task = type(
+        "Task",
+        (),
+        {
+            "id": demo["id"],
+            "question": demo["question"],
+            "ground_truth": (demo["answer"],),
+            "data_source": "minigaia",
+        },
+    )
     trajectory = asyncio.run(loop.run(task, demo["id"], 0))
     assert trajectory.finish_reason == "answer" and not engine.turns
 
@@ -149,8 +161,13 @@ def test_the_shared_prefix_changes_nothing_in_the_loss(world, warm, tokenizer):
         fast, n, _ = sft_loss(model, batch, prefix, tokenizer.pad_token_id)
         total = 0.0
         for e in batch:  # one sequence at a time, the model's own shifted loss
-            labels = [-100] * len(e.prompt_ids) + [t if m else -100 for t, m in zip(e.response_ids, e.loss_mask, strict=True)]  # fmt: skip
-            out = model(input_ids=torch.tensor([e.prompt_ids + e.response_ids]), labels=torch.tensor([labels]))  # fmt: skip
+            labels = [-100] * len(e.prompt_ids) + [
+                t if m else -100 for t, m in zip(e.response_ids, e.loss_mask, strict=True)
+            ]
+            out = model(
+                input_ids=torch.tensor([e.prompt_ids + e.response_ids]),
+                labels=torch.tensor([labels]),
+            )
             total += out.loss.item() * sum(e.loss_mask)
     assert n == sum(sum(e.loss_mask) for e in batch)
     assert fast.item() == pytest.approx(total / n, rel=1e-4)
@@ -171,7 +188,9 @@ def test_the_weights_follow_the_epochs_not_the_clock(world, warm, tokenizer):
 
     def train(deadline):
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_pretrained(warm[0], local_files_only=True, dtype=torch.float32)  # fmt: skip
+        model = AutoModelForCausalLM.from_pretrained(
+            warm[0], local_files_only=True, dtype=torch.float32
+        )
         result = train_sft(
             model, batch, tokenizer.pad_token_id, training, deadline, seed=0, progress=False
         )

@@ -130,8 +130,11 @@ def test_the_server_cli_serves_an_index_on_loopback(index_dir):
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.Popen(
         [sys.executable, "-m", "retrieval.server", "--index", str(index_dir), "--port", "0"],
-        cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         assert line.startswith("serving ") and "http://127.0.0.1:" in line, proc.stderr.read()
@@ -156,8 +159,10 @@ def test_the_server_cli_refuses_a_missing_index(tmp_path):
 
     done = subprocess.run(
         [sys.executable, "-m", "retrieval.server", "--index", str(tmp_path)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert (
         done.returncode == 2
         and "not an index directory" in done.stderr

@@ -15,7 +15,14 @@ import pytest
 from retrieval.corpus import format_passages, read_corpus
 from retrieval.world import SEARCH_R1_SCHEMA, VERSION, build_world, main, write_world
 
-FILES = ["corpus.jsonl", "demos.jsonl", "metadata.jsonl", "test.parquet", "train.parquet", "world.json"]  # fmt: skip
+FILES = [
+    "corpus.jsonl",
+    "demos.jsonl",
+    "metadata.jsonl",
+    "test.parquet",
+    "train.parquet",
+    "world.json",
+]
 TAGS = ("think", "search", "information", "python", "output", "answer")
 
 
@@ -225,9 +232,13 @@ def test_demos_are_well_formed_and_honest(corpus, questions, demos):
     by_title = {p.title: p for p in corpus.values()}
     by_id = {q["id"]: q for q in questions}
     assert {d["strategy"] for d in demos} == {
-        "no_search", "one_search", "two_searches", "two_searches_python", "retry_search",
+        "no_search",
+        "one_search",
+        "two_searches",
+        "two_searches_python",
+        "retry_search",
         "two_searches_astray",
-    }  # fmt: skip
+    }
     assert 0.3 < sum(d["correct"] for d in demos) / len(demos) < 0.7
     chained = sum(d["response"].count("<search>") >= 2 for d in demos if d["level"] > 1)
     assert 0.1 < chained / sum(d["level"] > 1 for d in demos) < 0.35  # chaining is left to RL
@@ -246,7 +257,9 @@ def test_demos_are_well_formed_and_honest(corpus, questions, demos):
             gold = [corpus[i] for i in q["extra_info"]["gold_doc_ids"]]
             for block, passage in zip(blocks, gold, strict=False):
                 assert f"(Title: {passage.title}) {passage.text}\n" in block
-        for a, b, out in re.findall(r"<python>print\((\d+) - (\d+)\)</python><output>(.*?)\n", d["response"]):  # fmt: skip
+        for a, b, out in re.findall(
+            r"<python>print\((\d+) - (\d+)\)</python><output>(.*?)\n", d["response"]
+        ):
             assert int(a) - int(b) == int(out)
     wrong = Counter(d["strategy"] for d in demos if not d["correct"])
     assert wrong["no_search"] and wrong["one_search"] and wrong["two_searches"]  # L3 slips
