@@ -64,6 +64,7 @@ def start_ray(runtime: RayRuntime, needed: dict[str, float], reserved_gpus: int 
             )
         else:
             ray.init(
+                address="local",  # None would join the machine's latest cluster (ray_current_cluster)
                 _node_ip_address=runtime.node_ip,
                 num_cpus=os.cpu_count() or 1,
                 num_gpus=gpus,

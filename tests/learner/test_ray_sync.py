@@ -16,7 +16,13 @@ ray = pytest.importorskip("ray")
 @pytest.fixture(scope="module")
 def cluster():
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+    )
     yield
     ray.shutdown()
 
