@@ -49,7 +49,7 @@ _ACTION_CLOSE = {"search": "</search>", "python": "</python>", "answer": "</answ
 
 
 class TaskLike(Protocol):
-    """What the loop needs of a question (pipeline.datasets.Question satisfies it)."""
+    """What the loop needs of a question (pipeline.assets.datasets.Question satisfies it)."""
 
     id: str
     question: str

@@ -21,7 +21,7 @@ resumes where it was: the tokens after the update carry the new version. Without
 finishes every running sequence (admitting none) and only then loads: the cost of not continuing
 rollouts across an update is the idle tail of that drain.
 
-Time is the event loop's (`loop.time()`): under `pipeline.virtual_time` a simulated hour takes as
+Time is the event loop's (`loop.time()`): under `pipeline.runtime.virtual_time` a simulated hour takes as
 long as the Python work it causes.
 """
 
@@ -68,7 +68,7 @@ class Workload:
     tool_latency_s: tuple[float, float] = (0.2, 2.0)
     """Tool call latency, log-uniform between these."""
     observation_words: int = 200
-    """Words in a tool's observation (one token each with `pipeline.simulation.sim_tokenizer`)."""
+    """Words in a tool's observation (one token each with `pipeline.runtime.simulated.sim_tokenizer`)."""
 
     def turn_tokens(self, rng: random.Random) -> int:
         return max(

@@ -1,7 +1,7 @@
 """Streaming vs synchronous at cluster scale, by simulation (`actors.engine.type: simulated`).
 
 The real streaming loop, group buffer, admission control, agent loop and weight publishing run
-over simulated GPU inference servers, tools and learner (`actors.simulated`, `pipeline.simulation`)
+over simulated GPU inference servers, tools and learner (`actors.simulated`, `pipeline.runtime.simulated`)
 on a virtual clock: a simulated hour costs only the Python work it causes. Synchronous is the same
 pipeline at η = 0 (a step's groups are admitted only once the previous step's weights are
 published: generate a batch, then train); streaming is η > 0.
@@ -42,8 +42,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pipeline.config_loader import load_config
-from pipeline.simulation import SimResult, simulate
+from pipeline.config.loader import load_config
+from pipeline.runtime.simulated import SimResult, simulate
 
 TOKEN_SCALE = 4
 GROUP_SIZE = 8

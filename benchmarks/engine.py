@@ -20,7 +20,7 @@ import torch
 
 from actors.embedded import EmbeddedEngine
 from actors.engine import SamplingParams
-from pipeline.tiny_policy import build_tiny_policy
+from pipeline.assets.tiny_policy import build_tiny_policy
 
 TEXTS = [
     f"Question {i}: where was Varno Telik born? <search> Varno Telik </search> <information> Doc 1(Title: "

@@ -31,7 +31,7 @@ from gpu_figures import add_options, describe, device_for, report
 
 from actors.embedded import EmbeddedEngine
 from actors.engine import SamplingParams
-from pipeline.tiny_policy import build_tiny_policy
+from pipeline.assets.tiny_policy import build_tiny_policy
 
 QWEN2_05B = dict(layers=24, hidden_size=896, heads=14, kv_heads=2, intermediate_size=4864)
 TINY = dict(layers=2, hidden_size=128, heads=4, kv_heads=2, intermediate_size=512)

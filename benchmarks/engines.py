@@ -30,7 +30,7 @@ def default_policy(scratch: Path) -> Path:
     cached = sorted((ROOT / "runs" / "cache").glob("policy-tiny-*"))
     if cached and (cached[0] / "config.json").is_file():
         return cached[0]
-    from pipeline.tiny_policy import build_tiny_policy
+    from pipeline.assets.tiny_policy import build_tiny_policy
 
     texts = [
         f"Question {i}: <search> Varno Telik </search> <answer> Quorvex {i} </answer>"

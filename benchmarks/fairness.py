@@ -1,7 +1,7 @@
 """Stratum fairness under bounded staleness: due-first consumption vs plain first-complete-first-out.
 
 The real buffer, admission, pools and streaming loop; a simulated agent whose trajectories take
-longer the more tools they call (pipeline.testing) and a learner step that sleeps. For η = 1 and 2
+longer the more tools they call (pipeline.runtime.fakes) and a learner step that sleeps. For η = 1 and 2
 it prints, per stratum, the share of generated trajectories (those that left the buffer), the share
 of trained ones and their ratio, with the stale drops and the run time, for both orders side by
 side in one run.
@@ -20,9 +20,9 @@ from pathlib import Path
 
 from actors.pool import ActorPool
 from buffers.group_buffer import GroupBuffer
-from pipeline.config import BufferConfig, LearnerConfig, StrataConfig
-from pipeline.streaming import RunSummary, stream
-from pipeline.testing import SimulatedAgent, SimulatedEngine, SimulatedRoles, SimulatedTask
+from pipeline.config.schema import BufferConfig, LearnerConfig, StrataConfig
+from pipeline.runtime.fakes import SimulatedAgent, SimulatedEngine, SimulatedRoles, SimulatedTask
+from pipeline.runtime.stream import RunSummary, stream
 
 
 def run_once(eta: int, due_first: bool, steps: int, per_call_s: float) -> tuple[dict, float, int]:

@@ -27,8 +27,8 @@ from buffers.testing import synthetic_trajectory
 from learner.ranks import ranked_learner
 from learner.trainer import Learner
 from learner.weight_sync import InProcessSync
-from pipeline.config import LearnerConfig
-from pipeline.tiny_policy import build_tiny_policy
+from pipeline.assets.tiny_policy import build_tiny_policy
+from pipeline.config.schema import LearnerConfig
 
 TEXTS = [
     f"Question {i}: <search> Varno Telik </search> <answer> Quorvex {i} </answer>"

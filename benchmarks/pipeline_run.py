@@ -16,9 +16,9 @@ import asyncio
 import tempfile
 from pathlib import Path
 
-from pipeline.assets import prepare_assets
-from pipeline.config_loader import load_config
-from pipeline.local_runtime import RunSummary, run_local
+from pipeline.assets.cache import prepare_assets
+from pipeline.config.loader import load_config
+from pipeline.runtime.local import RunSummary, run_local
 
 WORKLOAD = [
     "learner.groups_per_step=2",

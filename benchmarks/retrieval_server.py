@@ -20,11 +20,11 @@ from pathlib import Path
 import aiohttp
 import pyarrow.parquet as pq
 
+from pipeline.assets.world import build_world, write_world
 from retrieval.build import build
 from retrieval.encoders import load_encoder
 from retrieval.index import PassageIndex
 from retrieval.server import create_app, index_search, serve
-from retrieval.world import build_world, write_world
 
 CLIENTS = 64
 

@@ -14,7 +14,7 @@ samples):
   limits bound what the run holds; a leak grows with time);
 - file descriptors and processes do not grow: the last third's median at most 4 above the first's;
 - the run stopped cleanly (exit 130), left no process behind, and its books balance against its
-  spill (`pipeline.books.audit`).
+  spill (`pipeline.runtime.accounting.audit`).
 Writes OUT/soak.json (every sample and the verdict) and OUT/soak.png; the last line says PASS or
 FAIL with the figures.
 """
@@ -38,7 +38,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.books import audit  # noqa: E402
+from pipeline.runtime.accounting import audit  # noqa: E402
 
 WARMUP_SHARE = 0.2
 RSS_TOLERANCE = 0.10

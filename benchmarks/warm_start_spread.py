@@ -54,9 +54,9 @@ def build(epochs: int, seed: int, threads: int, out: Path) -> None:
     torch.set_num_threads(threads)
     from dataclasses import replace
 
-    from pipeline.assets import prepare_index, prepare_world
-    from pipeline.config_loader import load_config
-    from pipeline.warm_start import DEFAULT_TRAINING, warm_start
+    from pipeline.assets.cache import prepare_index, prepare_world
+    from pipeline.assets.warm_start import DEFAULT_TRAINING, warm_start
+    from pipeline.config.loader import load_config
 
     config = load_config(str(ROOT / "configs" / "local.yaml"))
     world = prepare_world(config, quiet=True)
@@ -99,7 +99,7 @@ def measure(epochs: int, seed: int, threads: int, out: Path) -> dict:
     rows = {
         r["name"]: r["accuracy"] for r in json.loads(evaluation.read_text())["rows"] if r["tools"]
     }
-    from pipeline.report import weights_digest
+    from pipeline.evaluation.report import weights_digest
 
     return {
         "epochs": epochs,

@@ -16,9 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.allocator import cap_arenas
-from pipeline.config import StrataConfig
-from pipeline.config_loader import ConfigError, dump_config, load_config, write_resolved_config
+from pipeline.config.loader import ConfigError, dump_config, load_config, write_resolved_config
+from pipeline.config.schema import StrataConfig
+from pipeline.runtime.allocator import cap_arenas
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -74,7 +74,7 @@ def new_run_dir(config: StrataConfig, config_path: str, requested: str | None) -
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    cap_arenas()  # resident memory stays flat over long runs (pipeline/allocator.py)
+    cap_arenas()  # resident memory stays flat over long runs (pipeline/runtime/allocator.py)
     notes: list[str] = []
     try:
         config = load_config(args.config, args.overrides, notes)
@@ -171,7 +171,7 @@ def unavailable(config: StrataConfig) -> str | None:
     """Why this machine cannot run `config`, in one line, or None."""
     import torch
 
-    from pipeline.config import (
+    from pipeline.config.schema import (
         EmbeddedEngine,
         PretrainedModel,
         RayRuntime,
@@ -286,20 +286,20 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
     from actors.pool import PoolFailure
     from actors.servers import ServerStartError
     from learner.checkpoint import CheckpointError
-    from pipeline.assets import prepare_assets
-    from pipeline.config import RayRuntime
-    from pipeline.evaluate import EvalError
-    from pipeline.report import learning_signal, write_report
-    from pipeline.streaming import RunSummary, RuntimeUnavailable
+    from pipeline.assets.cache import prepare_assets
+    from pipeline.config.schema import RayRuntime
+    from pipeline.evaluation.heldout import EvalError
+    from pipeline.evaluation.report import learning_signal, write_report
+    from pipeline.runtime.stream import RunSummary, RuntimeUnavailable
 
     def terminate(signum, frame):  # SIGTERM while the assets are built: stop like Ctrl-C
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, terminate)
-    from pipeline.config import SimulatedEngine
+    from pipeline.config.schema import SimulatedEngine
 
     if isinstance(config.actors.engine, SimulatedEngine):
-        from pipeline.simulation import run_simulated
+        from pipeline.runtime.simulated import run_simulated
 
         return run_simulated(config, run_dir)
     try:
@@ -314,9 +314,9 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
 
     progress = progress_printer(config, console)
     if isinstance(config.runtime, RayRuntime):
-        from pipeline.ray_runtime import run_ray as runtime
+        from pipeline.runtime.ray import run_ray as runtime
     else:
-        from pipeline.local_runtime import run_local as runtime
+        from pipeline.runtime.local import run_local as runtime
 
     def finishing(signum, frame):  # after streaming: the checkpoint is taken, the report is next
         print("strata: already stopping (writing the report); SIGKILL stops at once", flush=True)

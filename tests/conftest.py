@@ -99,7 +99,7 @@ def assert_loopback_listeners(pid: int) -> list[tuple[str, int, str]]:
 def run_cache(tmp_path_factory):
     """One `runtime.cache_dir` for every end-to-end run of the session, shared by the xdist
     workers: the world, its index and the warm-started policy are built by the first run that
-    needs them (the others wait on the asset's lock, pipeline/assets.py) and reused after."""
+    needs them (the others wait on the asset's lock, pipeline/assets/cache.py) and reused after."""
     if "PYTEST_XDIST_WORKER" not in os.environ:  # one process
         return tmp_path_factory.mktemp("run-cache")
     shared = tmp_path_factory.getbasetemp().parent / "run-cache"
@@ -109,11 +109,11 @@ def run_cache(tmp_path_factory):
 
 def assert_accounting(run_dir) -> dict:
     """The end of every end-to-end test: the run's books balance and match its spill
-    (`pipeline.books.audit`). Returns the books."""
+    (`pipeline.runtime.accounting.audit`). Returns the books."""
     import json
     from pathlib import Path
 
-    from pipeline.books import audit
+    from pipeline.runtime.accounting import audit
 
     assert not audit(Path(run_dir)), audit(Path(run_dir))
     return json.loads((Path(run_dir) / "accounting.json").read_text())

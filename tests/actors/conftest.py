@@ -2,7 +2,7 @@
 
 import pytest
 
-from pipeline.tiny_policy import build_tiny_policy
+from pipeline.assets.tiny_policy import build_tiny_policy
 
 TEXTS = [
     f"Question {i}: where was Varno Telik born? <think> I should search. </think> <search> Varno Telik "
@@ -22,11 +22,11 @@ def world_index(tmp_path_factory):
     """The small mini-GAIA world, indexed with the real MiniLM encoder: (index, search function)."""
     import os
 
+    from pipeline.assets.world import build_world, write_world
     from retrieval.build import build
     from retrieval.encoders import load_encoder
     from retrieval.index import PassageIndex
     from retrieval.server import index_search
-    from retrieval.world import build_world, write_world
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     root = tmp_path_factory.mktemp("world")

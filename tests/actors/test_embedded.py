@@ -192,8 +192,8 @@ def test_prompts_at_the_position_limit_and_empty_prompts(engine):
 
 def test_the_engine_takes_the_models_dtype_from_config(tiny_policy_dir):
     """model.dtype reaches the embedded engine (built as every runtime builds it)."""
-    from pipeline.components import make_engine
-    from pipeline.config import PretrainedModel, StrataConfig
+    from pipeline.config.schema import PretrainedModel, StrataConfig
+    from pipeline.runtime.parts import make_engine
 
     config = StrataConfig(model=PretrainedModel(path=str(tiny_policy_dir), dtype="bfloat16"))
     engine = make_engine(config, tiny_policy_dir)

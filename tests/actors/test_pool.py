@@ -209,7 +209,7 @@ def test_a_stopped_pool_leaves_no_member_running():
     """A member that takes a moment to stop (a tool call finishing) delivers before the pool's
     run ends, never after: the run then closes the buffer and writes its books, and a late put
     would be a trajectory the books count but the spill never holds."""
-    from pipeline.testing import SimulatedAgent, SimulatedEngine, SimulatedTask
+    from pipeline.runtime.fakes import SimulatedAgent, SimulatedEngine, SimulatedTask
 
     class SlowToStop(SimulatedAgent):
         async def run(self, task, prompt_id, sample_index):

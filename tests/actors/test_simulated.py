@@ -1,4 +1,4 @@
-"""The simulated cluster (actors.simulated) on the virtual clock (pipeline.virtual_time): the GPU
+"""The simulated cluster (actors.simulated) on the virtual clock (pipeline.runtime.virtual_time): the GPU
 model's timings exactly, weight updates with and without partial rollouts, and the real agent
 loop on top."""
 
@@ -12,8 +12,8 @@ import pytest
 from actors.agent import AgentLoop, AgentSettings
 from actors.engine import SamplingParams
 from actors.simulated import GpuModel, SimulatedEngine, SimulatedServer, SimulatedTool, Workload
-from pipeline import virtual_time
-from pipeline.datasets import Question
+from pipeline.assets.datasets import Question
+from pipeline.runtime import virtual_time
 
 GPU = GpuModel(step_s=0.01, step_per_seq_s=0.001, prefill_per_token_s=0.0001, max_batch=2)
 
@@ -135,7 +135,7 @@ def test_without_partial_rollouts_the_update_waits_for_the_running_sequences():
 @pytest.fixture(scope="module")
 def tokenizer():
     from actors.agent import CORRECTION, SEARCH_INSTRUCTION
-    from pipeline.tiny_policy import train_tokenizer
+    from pipeline.assets.tiny_policy import train_tokenizer
 
     return train_tokenizer(
         [SEARCH_INSTRUCTION, CORRECTION, "word passage simulated query"] * 20, 400

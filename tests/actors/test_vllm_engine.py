@@ -72,7 +72,7 @@ def test_a_missing_environment_says_how_to_make_it(tmp_path):
 
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory):
-    from pipeline.tiny_policy import build_tiny_policy
+    from pipeline.assets.tiny_policy import build_tiny_policy
 
     return build_tiny_policy(tmp_path_factory.mktemp("vllm") / "tiny", TEXTS, vocab_size=500)
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from buffers.reader import TrajectoryFileError, read_trajectories
 from buffers.spill import SPILL_SCHEMA, spill_table
 from buffers.testing import synthetic_trajectory as traj
-from pipeline.datasets import SEARCH_R1_COLUMNS, DatasetError, Question, load_questions
+from pipeline.assets.datasets import SEARCH_R1_COLUMNS, DatasetError, Question, load_questions
 from tests.faults.hostile import FUZZ_DATA, TEXT, assert_one_line
 
 # ---------------------------------------------------------------------------- dataset loaders

@@ -15,8 +15,8 @@ import yaml
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from pipeline.config import StrataConfig
-from pipeline.config_loader import ConfigError, load_config, model_classes, read_yaml
+from pipeline.config.loader import ConfigError, load_config, model_classes, read_yaml
+from pipeline.config.schema import StrataConfig
 from tests.faults.hostile import FUZZ, TEXT, assert_one_line, escaped
 
 ROOT = Path(__file__).resolve().parents[2]

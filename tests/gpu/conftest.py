@@ -22,7 +22,7 @@ def device() -> str:
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory):
     """The tiny policy's shape with random weights and a tokenizer trained on a few texts."""
-    from pipeline.tiny_policy import build_tiny_policy
+    from pipeline.assets.tiny_policy import build_tiny_policy
 
     texts = [
         f"Question {i}: <search> Varno Telik </search> <answer> Quorvex {i} </answer>"

@@ -20,7 +20,7 @@ from actors.embedded import EmbeddedEngine
 from actors.engine import SamplingParams
 from learner.batch import build_batch, response_logprobs
 from learner.trainer import Learner
-from pipeline.config import LearnerConfig
+from pipeline.config.schema import LearnerConfig
 from tests.conftest import assert_accounting, child_env
 from tests.gpu.conftest import MARKS
 from tests.learner.test_trainer import groups

@@ -7,7 +7,7 @@ import torch
 from pydantic import ValidationError
 
 from learner.losses import policy_loss
-from pipeline.config import LearnerConfig
+from pipeline.config.schema import LearnerConfig
 
 CLIP, DUAL, CAP, FLOOR = 0.2, 3.0, 1.5, 0.7
 

@@ -15,8 +15,8 @@ from buffers.testing import synthetic_trajectory
 from learner.checkpoint import load_checkpoint, save_checkpoint
 from learner.ranks import ranked_learner, split_by_tokens
 from learner.trainer import Learner
-from pipeline.config import LearnerConfig
-from pipeline.tiny_policy import build_tiny_policy
+from pipeline.assets.tiny_policy import build_tiny_policy
+from pipeline.config.schema import LearnerConfig
 
 TEXTS = [
     f"Question {i}: <search> Varno Telik </search> <answer> Quorvex {i} </answer>"

@@ -13,9 +13,9 @@ import pytest
 
 from learner.ranks import RankError
 from learner.trainer import Learner
-from pipeline.config import LearnerConfig, StrataConfig
-from pipeline.ray_cluster import import_ray
-from pipeline.tiny_policy import build_tiny_policy
+from pipeline.assets.tiny_policy import build_tiny_policy
+from pipeline.config.schema import LearnerConfig, StrataConfig
+from pipeline.runtime.ray_cluster import import_ray
 from tests.conftest import assert_loopback_listeners
 from tests.learner.test_ranks import COMPARED, TEXTS, assert_same, groups, options
 
@@ -46,7 +46,7 @@ def test_two_ranks_on_two_ray_nodes_train_like_one(two_nodes, policy, tmp_path):
 
     from ray.util.placement_group import remove_placement_group
 
-    from pipeline.ray_learner import LearnerWorker, learner_placement
+    from pipeline.runtime.ray_learner import LearnerWorker, learner_placement
 
     ray = two_nodes
     opts = options(zero_stage=2)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from learner.weight_sync import RaySync
-from pipeline.ray_runtime import WorkerTarget
+from pipeline.runtime.ray import WorkerTarget
 
 ray = pytest.importorskip("ray")
 

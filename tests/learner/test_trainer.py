@@ -19,8 +19,8 @@ from learner.batch import build_batch, response_logprobs
 from learner.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from learner.trainer import Learner
 from learner.weight_sync import CheckpointSync, InProcessSync
-from pipeline.config import LearnerConfig
-from pipeline.tiny_policy import build_tiny_policy
+from pipeline.assets.tiny_policy import build_tiny_policy
+from pipeline.config.schema import LearnerConfig
 
 TEXTS = [
     f"Question {i}: <search> Varno Telik </search> <answer> Quorvex {i} </answer>"
@@ -385,8 +385,8 @@ def test_importance_mask_weights_micro_batches_by_the_tokens_it_keeps(policy):
 
 def test_model_dtype_and_gradient_checkpointing_act(policy):
     """model.dtype and model.gradient_checkpointing reach the learner (bfloat16 trains on CPU)."""
-    from pipeline.components import make_learner
-    from pipeline.config import BufferConfig, PretrainedModel, StrataConfig
+    from pipeline.config.schema import BufferConfig, PretrainedModel, StrataConfig
+    from pipeline.runtime.parts import make_learner
 
     config = StrataConfig(
         model=PretrainedModel(path=str(policy), dtype="bfloat16"),

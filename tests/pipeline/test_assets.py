@@ -1,4 +1,4 @@
-"""Runs sharing a cache directory build each asset once (pipeline/assets.py's build locks)."""
+"""Runs sharing a cache directory build each asset once (pipeline/assets/cache.py's build locks)."""
 
 import subprocess
 import sys
@@ -7,8 +7,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = """
 import sys
-from pipeline.assets import prepare_world
-from pipeline.config_loader import load_config
+from pipeline.assets.cache import prepare_world
+from pipeline.config.loader import load_config
 prepare_world(load_config("configs/local.yaml", [f"runtime.cache_dir={sys.argv[1]}"]))
 """
 

@@ -5,8 +5,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from buffers.testing import synthetic_trajectory as traj
-from pipeline.components import make_buffer
-from pipeline.config import BufferConfig
+from pipeline.config.schema import BufferConfig
+from pipeline.runtime.parts import make_buffer
 
 
 def test_buffer_from_config_spills_into_the_run_dir(tmp_path):
@@ -33,8 +33,8 @@ def test_no_spill_when_disabled(tmp_path):
 def test_actor_side_from_config(tmp_path):
     from actors.sglang import SGLangEngine
     from actors.tools import PythonTool, SearchTool
-    from pipeline.components import agent_settings, make_engine, make_tools
-    from pipeline.config import ActorsConfig, RetrievalConfig, StrataConfig
+    from pipeline.config.schema import ActorsConfig, RetrievalConfig, StrataConfig
+    from pipeline.runtime.parts import agent_settings, make_engine, make_tools
 
     actors = ActorsConfig(
         engine={"type": "sglang", "urls": ["http://127.0.0.1:30000"]}, tools=["search", "python"]
@@ -53,8 +53,8 @@ def test_actor_side_from_config(tmp_path):
 
 
 def test_each_world_skew_is_its_own_cached_world(tmp_path):
-    from pipeline.assets import prepare_world
-    from pipeline.config import StrataConfig
+    from pipeline.assets.cache import prepare_world
+    from pipeline.config.schema import StrataConfig
 
     def world(skew=None):
         data = {"seed": 3} | ({"world_skew": skew} if skew is not None else {})

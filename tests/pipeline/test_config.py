@@ -4,15 +4,15 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from pipeline.config import PretrainedModel, SGLangEngine, StrataConfig
-from pipeline.config_loader import (
+from pipeline.config.loader import (
     ConfigError,
     dump_config,
     load_config,
     model_classes,
     read_yaml,
 )
-from pipeline.overrides import OverrideError, apply_override, parse_override, parse_value
+from pipeline.config.overrides import OverrideError, apply_override, parse_override, parse_value
+from pipeline.config.schema import PretrainedModel, SGLangEngine, StrataConfig
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -232,7 +232,7 @@ def test_setting_a_plain_type_field_keeps_the_sections_other_keys():
 def test_the_config_reference_is_made_from_the_schema():
     """docs/config.md is what `python -m pipeline.config_doc` prints: regenerate it after a
     schema change."""
-    from pipeline.config_doc import render
+    from pipeline.config.doc import render
 
     reference = (CONFIGS.parent / "docs" / "config.md").read_text()
     assert reference == render(), (

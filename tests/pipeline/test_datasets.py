@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.datasets import (
+from pipeline.assets.datasets import (
     DatasetError,
     Question,
     load_gaia,
@@ -15,7 +15,7 @@ from pipeline.datasets import (
     load_search_r1,
     load_world,
 )
-from retrieval.world import build_world, write_world
+from pipeline.assets.world import build_world, write_world
 
 
 @pytest.fixture(scope="module")
@@ -226,8 +226,8 @@ def test_prompts_longer_than_max_prompt_tokens_are_skipped_and_counted(tmp_path)
     from transformers import AutoTokenizer
 
     from actors.agent import prompt_ids
-    from pipeline.datasets import Question, drop_long_prompts
-    from pipeline.tiny_policy import build_tiny_policy
+    from pipeline.assets.datasets import Question, drop_long_prompts
+    from pipeline.assets.tiny_policy import build_tiny_policy
 
     policy = build_tiny_policy(
         tmp_path / "tiny", [f"Where was person {i} born?" for i in range(300)], vocab_size=300
@@ -246,10 +246,10 @@ def test_the_run_trains_on_data_train_files(tmp_path):
     """data.type search_r1 / gaia: the questions come from data.train_files, in order."""
     from transformers import AutoTokenizer
 
-    from pipeline.config_loader import load_config
-    from pipeline.streaming import RuntimeUnavailable, question_stream
-    from pipeline.tiny_policy import build_tiny_policy
-    from retrieval.world import main as world_main
+    from pipeline.assets.tiny_policy import build_tiny_policy
+    from pipeline.assets.world import main as world_main
+    from pipeline.config.loader import load_config
+    from pipeline.runtime.stream import RuntimeUnavailable, question_stream
 
     assert world_main(["--out", str(tmp_path / "world"), "--seed", "1"]) == 0
     tokenizer = AutoTokenizer.from_pretrained(

@@ -10,13 +10,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-import pipeline.evaluate as evaluate_module
+import pipeline.evaluation.heldout as evaluate_module
 from actors.engine import EngineError, NoServerBack
 from actors.rewards import score
 from buffers.records import from_arrow
-from pipeline.config import StrataConfig
-from pipeline.datasets import load_questions
-from pipeline.evaluate import (
+from pipeline.assets.datasets import load_questions
+from pipeline.config.schema import StrataConfig
+from pipeline.evaluation.heldout import (
     EVAL_ATTEMPTS,
     Item,
     Row,
@@ -25,7 +25,7 @@ from pipeline.evaluate import (
     main,
     run_items,
 )
-from pipeline.metrics import RunMetrics
+from pipeline.runtime.metrics import RunMetrics
 from tests.conftest import assert_accounting, child_env
 from tests.pipeline.test_local_run import ROOT, SHORT, launch
 
@@ -260,7 +260,7 @@ def test_held_out_accuracy_is_the_outcome_reward_only():
 
 class FlakyLoop:
     """An agent loop whose engine fails the first `failures` trajectories (a server killed
-    mid-request), then answers: stands in for AgentLoop in pipeline.evaluate.run_items."""
+    mid-request), then answers: stands in for AgentLoop in pipeline.evaluation.heldout.run_items."""
 
     failures = 0
 

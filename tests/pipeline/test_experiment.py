@@ -14,11 +14,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline import experiment
-from pipeline.config_loader import write_resolved_config
-from pipeline.experiment_data import level_accuracy, moving_average
-from pipeline.experiment_plan import override_text, plan, read_experiment
-from pipeline.experiment_report import main as report_main
-from pipeline.overrides import OverrideError, parse_override, parse_value
+from pipeline.config.loader import write_resolved_config
+from pipeline.config.overrides import OverrideError, parse_override, parse_value
+from pipeline.experiments.data import level_accuracy, moving_average
+from pipeline.experiments.plan import override_text, plan, read_experiment
+from pipeline.experiments.report import main as report_main
 from tests.conftest import assert_accounting, child_env
 from tests.pipeline.test_local_run import SHORT
 
@@ -276,7 +276,7 @@ def test_run_logged_appends_the_output_and_returns_the_status(tmp_path):
 
 
 def test_the_ray_runner_runs_each_command_as_a_task_in_this_directory(tmp_path):
-    from pipeline.experiment_plan import Run
+    from pipeline.experiments.plan import Run
 
     jobs = []
     for i in range(3):
@@ -531,8 +531,8 @@ def test_two_variants_run_end_to_end_resume_as_done_and_are_reported(tmp_path, r
 
 
 def test_a_tie_at_the_top_is_said_as_a_tie(tmp_path):
-    from pipeline.experiment_data import RunData
-    from pipeline.experiment_findings import accuracy_findings
+    from pipeline.experiments.data import RunData
+    from pipeline.experiments.findings import accuracy_findings
 
     record = eval_record(4, dict.fromkeys(QUESTIONS, 0.25), 1.0)
     groups = {
@@ -544,8 +544,8 @@ def test_a_tie_at_the_top_is_said_as_a_tie(tmp_path):
 
 
 def test_random_strata_are_placed_against_grpo_and_in_stratum_variance_is_averaged(tmp_path):
-    from pipeline.experiment_data import RunData
-    from pipeline.experiment_findings import findings
+    from pipeline.experiments.data import RunData
+    from pipeline.experiments.findings import findings
 
     def runs(variant, accuracies, stratifier="tool_calls"):
         config = {

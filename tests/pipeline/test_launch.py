@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 import pipeline.launch
-from pipeline.config_loader import load_config
+from pipeline.config.loader import load_config
 from pipeline.launch import main
 
 ROOT = Path(__file__).resolve().parents[2]

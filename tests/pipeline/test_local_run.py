@@ -178,7 +178,7 @@ def test_the_estimators_and_corrections_run_end_to_end(tmp_path, cache, options)
 
 
 def yaml_config_is_resolved(run_dir) -> bool:
-    from pipeline.config_loader import load_config
+    from pipeline.config.loader import load_config
 
     config = load_config(run_dir / "config.yaml")
     return config.learner.max_steps == 3 and config.buffer.group_size == 4

@@ -4,8 +4,8 @@ import re
 
 import pytest
 
-from pipeline.name_swap import NameSwap
-from retrieval.world import build_world
+from pipeline.assets.name_swap import NameSwap
+from pipeline.assets.world import build_world
 
 PARTS = {"first_name": ["Ada", "Bel", "Cor", "Dun"], "surname": ["Voss", "Kell", "Marr"]}
 DEMO = {

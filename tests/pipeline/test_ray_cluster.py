@@ -7,8 +7,8 @@ because a private cluster's CPU and GPU counts cannot be given to a joined one.
 
 import pytest
 
-from pipeline.config import RayRuntime
-from pipeline.ray_cluster import import_ray, start_ray
+from pipeline.config.schema import RayRuntime
+from pipeline.runtime.ray_cluster import import_ray, start_ray
 
 
 def test_a_private_cluster_ignores_ray_address_and_binds_loopback(monkeypatch):

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 from buffers.group_buffer import GroupBuffer
 from buffers.spill import ParquetSpill, spill_table
 from buffers.testing import synthetic_trajectory as traj
-from pipeline.recovery import BOOKS_KEY, SPILL_KEY, resume_run_dir, save_run_checkpoint
+from pipeline.runtime.recovery import BOOKS_KEY, SPILL_KEY, resume_run_dir, save_run_checkpoint
 
 
 class Roles:

@@ -11,7 +11,7 @@ from buffers.records import to_arrow
 from buffers.spill import ParquetSpill
 from buffers.testing import synthetic_trajectory as traj
 from learner.advantages import stratified_advantages
-from pipeline.replay import main
+from pipeline.evaluation.replay import main
 
 
 def write_run(run_dir, groups=12, group_size=4, incomplete=2, seed=0):

@@ -3,7 +3,7 @@
 import hashlib
 import json
 
-from pipeline.report import initial_policy
+from pipeline.evaluation.report import initial_policy
 
 
 def test_initial_policy_names_the_warm_start_and_digests_its_weights(tmp_path):

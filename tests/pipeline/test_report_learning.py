@@ -6,7 +6,12 @@ import math
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.report_learning import _verdict, accuracy_changes, learning_section, reward_change
+from pipeline.evaluation.report_learning import (
+    _verdict,
+    accuracy_changes,
+    learning_section,
+    reward_change,
+)
 
 
 def write_eval(run_dir, step, rewards, training=None):

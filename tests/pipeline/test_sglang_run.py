@@ -21,8 +21,8 @@ import pytest
 
 from actors.servers import free_port, healthy
 from buffers.reader import read_trajectories
-from pipeline.assets import prepare_assets
-from pipeline.config_loader import load_config
+from pipeline.assets.cache import prepare_assets
+from pipeline.config.loader import load_config
 from tests.conftest import assert_accounting
 from tests.pipeline.test_local_run import ROOT, SHORT, launch
 from tests.pipeline.test_ray_run import RAY, wait_for_step

@@ -8,8 +8,8 @@ from dataclasses import asdict
 
 import pytest
 
-from pipeline.config_loader import load_config
-from pipeline.simulation import simulate
+from pipeline.config.loader import load_config
+from pipeline.runtime.simulated import simulate
 from tests.conftest import assert_accounting, child_env
 from tests.pipeline.test_local_run import ROOT
 
@@ -91,7 +91,7 @@ def test_a_simulated_run_feeds_the_prometheus_metrics_in_simulated_seconds(tmp_p
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from pipeline.metrics import RunMetrics
+    from pipeline.runtime.metrics import RunMetrics
 
     metrics = RunMetrics()
     config = load_config("configs/local.yaml", [*SIM, "learner.max_steps=5"])
@@ -175,8 +175,8 @@ def test_a_simulated_run_is_the_same_every_time(tmp_path):
     overrides = [*SIM, "learner.max_steps=4"]
     first = asdict(simulate(load_config("configs/local.yaml", overrides), tmp_path / "a"))
     code = (
-        "import json; from dataclasses import asdict; from pipeline.config_loader import load_config; "
-        "from pipeline.simulation import simulate; "
+        "import json; from dataclasses import asdict; from pipeline.config.loader import load_config; "
+        "from pipeline.runtime.simulated import simulate; "
         f"r = asdict(simulate(load_config('configs/local.yaml', {overrides!r}), {str(tmp_path / 'b')!r})); "
         "print('RESULT', json.dumps(r))"
     )

@@ -1,5 +1,5 @@
 """The streaming loop with the real buffer, pools and admission; the learner and the agent are
-the fakes of `pipeline.testing` (a step sleeps; a trajectory takes longer the more tools it calls)."""
+the fakes of `pipeline.runtime.fakes` (a step sleeps; a trajectory takes longer the more tools it calls)."""
 
 import asyncio
 import itertools
@@ -8,10 +8,10 @@ import pytest
 
 from actors.pool import ActorPool
 from buffers.group_buffer import GroupBuffer
-from pipeline.components import make_buffer
-from pipeline.config import BufferConfig, LearnerConfig, StrataConfig
-from pipeline.streaming import RunSummary, stream
-from pipeline.testing import SimulatedAgent, SimulatedEngine, SimulatedRoles, SimulatedTask
+from pipeline.config.schema import BufferConfig, LearnerConfig, StrataConfig
+from pipeline.runtime.fakes import SimulatedAgent, SimulatedEngine, SimulatedRoles, SimulatedTask
+from pipeline.runtime.parts import make_buffer
+from pipeline.runtime.stream import RunSummary, stream
 from tests.conftest import assert_accounting
 
 

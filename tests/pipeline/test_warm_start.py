@@ -15,8 +15,7 @@ from actors.agent import AgentLoop
 from actors.engine import Generation
 from actors.tools import PythonTool, SearchTool
 from learner.sft import SftTimeout, Training, learning_rate, sft_loss, shared_prefix, train_sft
-from pipeline.config import TinyModel
-from pipeline.warm_start import (
+from pipeline.assets.warm_start import (
     CACHE_FILE,
     DEFAULT_TRAINING,
     LOCAL_AGENT,
@@ -29,8 +28,9 @@ from pipeline.warm_start import (
     retrieved_observations,
     warm_start,
 )
+from pipeline.assets.world import build_world, write_world
+from pipeline.config.schema import TinyModel
 from retrieval.corpus import read_corpus
-from retrieval.world import build_world, write_world
 
 EPOCHS = 4  # about 10 s here: enough for the loss to fall by more than 0.5
 TOOLS = ("search", "python")

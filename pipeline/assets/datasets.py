@@ -1,0 +1,315 @@
+"""Question files the pipeline trains and evaluates on, read into one `Question` type.
+
+Search-R1 parquet (`load_search_r1`), GAIA `metadata.jsonl` (`load_gaia`) and the bundled mini-GAIA
+world (`load_world`, Search-R1 parquet plus a manifest). A file that cannot be used raises
+`DatasetError` naming the file, the row (parquet, 0-based) or line (JSONL, 1-based) and the field.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from actors.agent import prompt_ids
+from pipeline.assets.world import VERSION as WORLD_VERSION
+
+SEARCH_R1_COLUMNS = (
+    "id",
+    "question",
+    "prompt",
+    "data_source",
+    "reward_model",
+    "golden_answers",
+    "ability",
+    "extra_info",
+)
+GAIA_FIELDS = ("task_id", "Question", "Level", "Final answer")
+
+
+class DatasetError(ValueError):
+    """A question file that cannot be used; one line naming the file, the row or line and the field."""
+
+
+@dataclass(frozen=True)
+class Question:
+    id: str
+    question: str
+    ground_truth: tuple[str, ...]  # acceptable answers, canonical first
+    data_source: str  # e.g. "nq", "minigaia_l2", "gaia_l1"; rewards and metrics are split by it
+    level: int | None = None
+    # Chat messages ({role, content}); empty when the file has none (GAIA).
+    prompt: tuple[dict[str, str], ...] = field(default=(), hash=False)
+    # Anything else the file holds per question, e.g. hop_queries and gold_doc_ids.
+    extra: dict[str, Any] = field(default_factory=dict, hash=False)
+
+
+def _field_error(path: Path, where: str, name: str, problem: str) -> DatasetError:
+    return DatasetError(f"{path}: {where}: field '{name}' {problem}")
+
+
+def _text(value: object, path: Path, where: str, name: str) -> str:
+    if value is None:
+        raise _field_error(path, where, name, "is missing")
+    if not isinstance(value, str):
+        raise _field_error(path, where, name, f"must be a string, not {type(value).__name__}")
+    if not value.strip():
+        raise _field_error(path, where, name, "is empty")
+    return value
+
+
+def _level(value: object, path: Path, where: str, name: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().isdecimal():  # isdigit() passes '²', int() not
+        with contextlib.suppress(ValueError):  # past int()'s 4300 digits: refused below as written
+            value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise _field_error(path, where, name, f"must be a positive integer, not {value!r}")
+    return value
+
+
+def _unique(
+    questions: list[Question], path: Path, unit: str, places: list[int], name: str
+) -> list[Question]:
+    """Refuse duplicate ids: two prompts sharing one would be merged into one group downstream.
+
+    `places[i]` is where question i stands in the file (its row, or its line number).
+    """
+    seen: dict[str, int] = {}
+    for q, place in zip(questions, places, strict=True):
+        if q.id in seen:
+            raise DatasetError(
+                f"{path}: {unit}s {seen[q.id]} and {place}: field '{name}' value {q.id!r} is duplicated"
+            )
+        seen[q.id] = place
+    return questions
+
+
+# ------------------------------------------------------------------------------ Search-R1 parquet
+
+
+def _read_parquet(path: Path) -> pa.Table:
+    if not path.is_file():
+        raise DatasetError(f"{path}: no such file")
+    try:
+        table = pq.read_table(path)
+        table.validate(full=True)  # data that is not what the schema says (strings not UTF-8)
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:  # the last: a column's name
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DatasetError(f"{path}: not a readable Parquet file ({reason})") from None
+    if table.num_rows == 0:
+        raise DatasetError(f"{path}: holds no questions")
+    return table
+
+
+def _ground_truth(row: dict[str, Any], path: Path, where: str) -> tuple[str, ...]:
+    if "reward_model" in row:
+        name, target = "reward_model.ground_truth.target", None
+        model = row["reward_model"]
+        truth = model.get("ground_truth") if isinstance(model, dict) else None
+        if isinstance(truth, dict):
+            target = truth.get("target")
+        elif truth is not None:  # verl's other datasets put the answer in ground_truth itself
+            name, target = "reward_model.ground_truth", truth
+    else:
+        name, target = "golden_answers", row["golden_answers"]
+    if target is None:
+        raise _field_error(path, where, name, "is missing")
+    if isinstance(target, str):
+        target = [target]
+    if not isinstance(target, list) or not all(isinstance(t, str) for t in target):
+        raise _field_error(path, where, name, "must be a string or a list of strings")
+    answers = tuple(t for t in target if t.strip())
+    if not answers:
+        raise _field_error(path, where, name, "is empty")
+    return answers
+
+
+def _prompt(value: object, path: Path, where: str) -> tuple[dict[str, str], ...]:
+    if value is None:
+        return ()
+    ok = isinstance(value, list) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in value
+    )
+    if not ok:
+        raise _field_error(path, where, "prompt", "must be a list of {role, content} messages")
+    return tuple({"role": m["role"], "content": m["content"]} for m in value)
+
+
+def _search_r1_row(row: dict[str, Any], index: int, path: Path) -> Question:
+    where = f"row {index}"
+    extra_info = row.get("extra_info")
+    extra_info = (
+        {k: v for k, v in extra_info.items() if v is not None}
+        if isinstance(extra_info, dict)
+        else {}
+    )
+    prompt = _prompt(row.get("prompt"), path, where)
+    if "question" in row:
+        question = _text(row["question"], path, where, "question")
+    else:
+        users = [m["content"] for m in prompt if m["role"] == "user"]
+        question = _text(users[-1] if users else None, path, where, "prompt (a user message)")
+    if "id" in row:
+        qid = row["id"]
+        if qid is None or isinstance(qid, bool) or not isinstance(qid, str | int):
+            raise _field_error(
+                path, where, "id", "is missing" if qid is None else "must be a string or an integer"
+            )
+        qid = str(qid)
+    elif "index" in extra_info:
+        qid = str(extra_info["index"])
+    else:
+        qid = f"{path.stem}-{index}"
+    extra = {k: v for k, v in extra_info.items() if k != "level"}
+    if row.get("ability") is not None:
+        extra["ability"] = row["ability"]
+    return Question(
+        id=qid,
+        question=question,
+        ground_truth=_ground_truth(row, path, where),
+        data_source=_text(row["data_source"], path, where, "data_source"),
+        level=_level(extra_info.get("level"), path, where, "extra_info.level"),
+        prompt=prompt,
+        extra=extra,
+    )
+
+
+def load_search_r1(path: str | os.PathLike[str]) -> list[Question]:
+    """Questions of a Search-R1 parquet file (id, question or prompt, data_source, reward_model or
+    golden_answers; extra_info optional), in file order."""
+    p = Path(path)
+    table = _read_parquet(p)
+    names, rows = set(table.column_names), f"all {table.num_rows} rows"
+    needed = [("data_source",), ("reward_model", "golden_answers"), ("question", "prompt")]
+    for options in needed:
+        if not names.intersection(options):
+            label = (
+                "reward_model.ground_truth.target" if options[0] == "reward_model" else options[0]
+            )
+            raise _field_error(p, rows, label, f"is missing (no {' or '.join(options)} column)")
+    # golden_answers is only the fallback: not read at all when reward_model is there.
+    skip = {"golden_answers"} if "reward_model" in names else set()
+    columns = {
+        n: table.column(n).to_pylist() for n in SEARCH_R1_COLUMNS if n in names and n not in skip
+    }
+    questions = [
+        _search_r1_row({n: values[i] for n, values in columns.items()}, i, p)
+        for i in range(table.num_rows)
+    ]
+    return _unique(questions, p, "row", list(range(table.num_rows)), "id")
+
+
+# ---------------------------------------------------------------------------- GAIA metadata.jsonl
+
+
+def _gaia_row(row: object, number: int, path: Path) -> Question:
+    where = f"line {number}"
+    if not isinstance(row, dict):
+        raise DatasetError(f"{path}: {where}: expected a JSON object")
+    task_id = _text(row.get("task_id"), path, where, "task_id")
+    level = _level(row.get("Level"), path, where, "Level")
+    if level is None:
+        raise _field_error(path, where, "Level", "is missing")
+    answer = row.get("Final answer")
+    if answer is None or (isinstance(answer, str) and not answer.strip()):
+        raise _field_error(
+            path,
+            where,
+            "Final answer",
+            "is missing: a question without a gold answer cannot be scored",
+        )
+    return Question(
+        id=task_id,
+        question=_text(row.get("Question"), path, where, "Question"),
+        ground_truth=(_text(answer, path, where, "Final answer"),),
+        data_source=f"gaia_l{level}",
+        level=level,
+        extra={k: v for k, v in row.items() if k not in GAIA_FIELDS},
+    )
+
+
+def load_gaia(path: str | os.PathLike[str]) -> list[Question]:
+    """Questions of a GAIA `metadata.jsonl` (task_id, Question, Level, Final answer), in file order."""
+    p = Path(path)
+    if not p.is_file():
+        raise DatasetError(f"{p}: no such file")
+    questions, lines = [], []
+    try:
+        with p.open(encoding="utf-8") as fh:
+            for number, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DatasetError(f"{p}: line {number}: invalid JSON ({exc.msg})") from None
+                except ValueError:  # not syntax: int() refuses a number of 4300+ digits
+                    raise DatasetError(
+                        f"{p}: line {number}: invalid JSON (a number of over 4300 digits)"
+                    ) from None
+                except RecursionError:
+                    raise DatasetError(
+                        f"{p}: line {number}: invalid JSON (nested too deeply)"
+                    ) from None
+                questions.append(_gaia_row(row, number, p))
+                lines.append(number)
+    except UnicodeDecodeError:
+        raise DatasetError(f"{p}: not UTF-8 text") from None
+    except OSError as exc:
+        raise DatasetError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    if not questions:
+        raise DatasetError(f"{p}: holds no questions")
+    return _unique(questions, p, "line", lines, "task_id")
+
+
+# ----------------------------------------------------------------------------------------- entry
+
+
+def load_questions(path: str | os.PathLike[str]) -> list[Question]:
+    """Questions of one file, by its suffix: .parquet is Search-R1, .jsonl is GAIA metadata."""
+    p = Path(path)
+    suffix = p.suffix.lower()
+    if suffix == ".parquet":
+        return load_search_r1(p)
+    if suffix == ".jsonl":
+        return load_gaia(p)
+    raise DatasetError(
+        f"{p}: unknown question file type {suffix or '(no suffix)'!r}; expected .parquet (Search-R1) or .jsonl (GAIA metadata)"
+    )
+
+
+def load_world(world_dir: str | os.PathLike[str]) -> tuple[list[Question], list[Question]]:
+    """(train, test) questions of a mini-GAIA world written by `python -m pipeline.assets.world`."""
+    d = Path(world_dir)
+    manifest = d / "world.json"
+    if not manifest.is_file():
+        raise DatasetError(
+            f"not a complete world: {manifest} is missing; build it with python -m pipeline.assets.world --out {d}"
+        )
+    try:
+        version = json.loads(manifest.read_text(encoding="utf-8")).get("version")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        version = None
+    if version != WORLD_VERSION:
+        raise DatasetError(
+            f"{manifest}: field 'version' is {version!r}, expected {WORLD_VERSION}; rebuild it with python -m pipeline.assets.world --out {d} --force"
+        )
+    return load_search_r1(d / "train.parquet"), load_search_r1(d / "test.parquet")
+
+
+def drop_long_prompts(
+    questions: list[Question], tokenizer: Any, tools: list[str], max_tokens: int
+) -> tuple[list[Question], int]:
+    """The questions whose prompt (instruction, question and chat template, as the agent loop
+    builds it with `tools`) has at most `max_tokens` tokens, and how many were skipped."""
+    kept = [q for q in questions if len(prompt_ids(tokenizer, tools, q.question)) <= max_tokens]
+    return kept, len(questions) - len(kept)

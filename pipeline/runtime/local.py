@@ -1,0 +1,244 @@
+"""The `local` runtime: every role in one process on one machine, streaming.
+
+Actor pools generate continuously into the group buffer; the learner takes each complete group as
+it comes, trains in a worker thread (so generation goes on meanwhile), publishes the new weights
+to the engine in-process and lets the pools admit new groups under the staleness bound. The run
+directory gets the Parquet spill, `metrics.jsonl` (one line per learner step), checkpoints and,
+at the end, `report.md` with plots. The loop itself is `pipeline.runtime.stream.stream`, shared with
+the Ray runtime; this module builds the in-process roles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from pathlib import Path
+
+import torch
+
+from actors.engine import EngineError
+from actors.pool import ActorPool
+from actors.remote import RemoteEngine
+from actors.servers import ServerWatch
+from actors.tools import ToolStats
+from learner.checkpoint import load_checkpoint, save_checkpoint
+from pipeline.assets.cache import Assets
+from pipeline.config.schema import EmbeddedEngine as EmbeddedEngineConfig
+from pipeline.config.schema import StrataConfig
+from pipeline.evaluation.heldout import eval_settings, periodic_eval, with_and_without_tools
+from pipeline.runtime.acting import Acting, open_acting
+from pipeline.runtime.allocator import trim
+from pipeline.runtime.metrics import start_metrics
+from pipeline.runtime.parts import (
+    close_learner,
+    make_buffer,
+    make_engine,
+    make_learner,
+    make_publisher,
+)
+from pipeline.runtime.recovery import resume_run_dir
+from pipeline.runtime.stream import (
+    CURSOR_KEY,
+    ActorStats,
+    RunSummary,
+    question_stream,
+    stream,
+)
+
+__all__ = ["RunSummary", "run_local", "set_threads"]
+
+
+def set_threads(config: StrataConfig) -> int:
+    """Generation and training share the cores: half each by default, so neither oversubscribes
+    (two 2-thread OpenMP pools on 2 cores made small tensor ops ~100x slower here)."""
+    threads = config.runtime.threads or max(1, (os.cpu_count() or 2) // 2)
+    torch.set_num_threads(threads)
+    return threads
+
+
+class LocalRoles:
+    """The learner in a worker thread of this process, publishing to the engine: in-process
+    (embedded) or as an HF checkpoint the servers reload (vLLM)."""
+
+    def __init__(self, learner, engine, agents, publisher) -> None:
+        self.learner, self.engine, self.agents, self.publisher = learner, engine, agents, publisher
+        self.sync_failures = 0
+        self.watch = None  # the ServerWatch of servers this run started, if any
+
+    @property
+    def version(self) -> int:
+        return self.learner.version
+
+    def _step(self, groups):
+        metrics = self.learner.step(groups)
+        trim()  # the step's activations go back to the system (pipeline/runtime/allocator.py)
+        return metrics
+
+    async def step(self, groups):
+        work = asyncio.ensure_future(asyncio.to_thread(self._step, groups))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:  # the run is stopping: let the step end before a checkpoint
+            while not work.done():  # however often it is asked to stop meanwhile
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(work)
+            raise
+
+    async def publish(self) -> dict:
+        version = self.learner.version
+        report = await self.publisher.publish(self.learner.state_dict(), version)
+        for problem in report.failures:  # a server keeps its weights; the next publish retries it
+            print(f"strata: weight sync to version {version} failed: {problem}", flush=True)
+        self.sync_failures += len(report.failures)
+        metrics = {**report.metrics(), "weight_sync_failures": self.sync_failures}
+        if self.watch is not None:
+            metrics["server_restarts"] = self.watch.restarts
+        try:  # what the engines say they serve, not what we believe
+            served = await self.engine.served_versions()
+            metrics["served_version_min"] = min(served.values(), default=metrics["served_version"])
+            metrics["served_version"] = min(
+                metrics["served_version"], metrics["served_version_min"]
+            )
+        except EngineError as exc:
+            print(f"strata: could not read the servers' weight versions: {exc}", flush=True)
+        return metrics
+
+    async def checkpoint(self, directory: Path, extra: dict) -> Path:
+        return await asyncio.to_thread(save_checkpoint, self.learner, directory, extra)
+
+    async def actor_stats(self) -> dict[str, ActorStats]:
+        tools = ToolStats()  # the pools share the one engine: their tool counts add up
+        for agent in self.agents:
+            for name in agent.stats.tools.calls:
+                tools.calls[name] += agent.stats.tools.calls[name]
+                tools.errors[name] += agent.stats.tools.errors[name]
+                tools.seconds[name] += agent.stats.tools.seconds[name]
+        rejoins = self.engine.stats()["rejoins"] if isinstance(self.engine, RemoteEngine) else 0
+        return {
+            "embedded-0": ActorStats(
+                self.engine.version, self.engine.generated_tokens, tools, int(rejoins)
+            )
+        }
+
+
+async def run_local(
+    config: StrataConfig,
+    assets: Assets,
+    run_dir: Path,
+    progress=None,
+    summary: RunSummary | None = None,
+    resume: bool = False,
+) -> RunSummary:
+    """Stream until learner.max_steps. `summary` (if given) is filled in place, so the caller
+    still has it when the run is interrupted. `resume`: go on from run_dir's latest checkpoint."""
+    set_threads(config)
+    summary = summary if summary is not None else RunSummary()
+    run_metrics = watching = learner = None
+    acting = await open_acting(
+        config, assets.policy_dir, index_dir=assets.index_dir, log_dir=run_dir / "logs"
+    )
+    try:
+        learner = make_learner(config, assets.policy_dir)
+        agents = [acting.agent(f"pool-{i}") for i in range(config.actors.num_pools)]
+        publisher = make_publisher(
+            config, [acting.engine], run_dir, learner.model, learner.tokenizer
+        )
+        roles = LocalRoles(learner, acting.engine, agents, publisher)
+        if acting.servers is not None:
+            roles.watch = watch_servers(acting.servers, acting.engine)
+            watching = asyncio.create_task(roles.watch.run())
+        skip = 0
+        if resume:
+            extra = await asyncio.to_thread(load_checkpoint, learner, run_dir / "checkpoints")
+            skip = int(extra.get(CURSOR_KEY, 0))
+            summary.resumed_from = learner.version
+            summary.books_before, summary.metrics = resume_run_dir(run_dir, extra, learner.version)
+            await roles.publish()  # the engine serves the resumed weights from the first token
+        buffer = make_buffer(config.buffer, run_dir, config.learner.groups_per_step)
+        tasks, summary.skipped_prompts = question_stream(
+            config, assets.world_dir, acting.tokenizer, skip
+        )
+        pools = [
+            ActorPool(
+                agent,
+                buffer,
+                tasks,
+                group_size=config.buffer.group_size,
+                concurrency=config.actors.concurrency,
+                name=agent.actor_id,
+                first_serial=skip,
+            )
+            for agent in agents
+        ]
+        if config.metrics.enabled:
+            run_metrics = start_metrics(config, run_dir, list(acting.tools))
+        started = lambda: skip + sum(p.stats.groups_started for p in pools)  # noqa: E731
+        evaluator = make_evaluator(config, assets, acting, learner, run_dir, run_metrics)
+        return await stream(
+            config,
+            roles,
+            buffer,
+            pools,
+            run_dir,
+            summary,
+            progress,
+            run_metrics,
+            started,
+            evaluator,
+        )
+    finally:
+        if watching is not None:  # first: no restart while the servers are being stopped
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
+        await acting.close()
+        if learner is not None:
+            close_learner(learner)
+        if run_metrics is not None:
+            run_metrics.close()
+
+
+def make_evaluator(
+    config: StrataConfig, assets: Assets, acting: Acting, learner, run_dir: Path, run_metrics
+):
+    """The run's periodic evaluation (eval.every_steps), or None. With the embedded engine it
+    runs on an engine of its own holding a copy of the evaluated version's weights; with servers,
+    on the run's servers (the version may move on during an evaluation: each trajectory records
+    the versions that sampled it)."""
+    embedded = isinstance(config.actors.engine, EmbeddedEngineConfig)
+    settings = eval_settings(config, config.eval.samples)
+
+    def snapshot():
+        if not embedded:
+            return None
+        return {name: t.detach().clone() for name, t in learner.state_dict().items()}
+
+    async def run(items, version: int, weights):
+        used = acting.engine
+        if embedded:
+            if not evaluator.engines:
+                evaluator.engines.append(make_engine(config, assets.policy_dir))
+            used = evaluator.engines[0]
+            await used.update_weights(version, state_dict=weights)
+        return await with_and_without_tools(
+            config,
+            used,
+            acting.tokenizer,
+            acting.tools,
+            settings,
+            items,
+            config.eval.samples,
+            config.actors.concurrency,
+        )
+
+    evaluator = periodic_eval(config, snapshot, run, run_dir, run_metrics)
+    return evaluator
+
+
+def watch_servers(servers, engine):
+    """A ServerWatch that restarts the run's dead servers and readmits them to `engine`."""
+
+    async def hold(url: str) -> None:
+        engine.hold(url)
+
+    return ServerWatch(servers, hold, engine.readmit)

@@ -1,0 +1,48 @@
+"""The retrieval server as a Ray actor of a `runtime.type: ray` run, kept serving on its port."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pipeline.runtime.stream import RunSummary
+from retrieval.server import load_app, serve
+
+
+class RetrievalWorker:
+    """The retrieval HTTP server, serving from this actor's event loop. Ray restarts the actor
+    when it dies (a fresh one serves nothing): `watch_retrieval` starts it again on its port."""
+
+    def __init__(self) -> None:
+        self.runner = None
+
+    async def start(self, index_dir: str, host: str, port: int) -> int:
+        self.runner, bound = await serve(load_app(index_dir), host, port)
+        return bound
+
+    def serving(self) -> bool:
+        return self.runner is not None
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+async def watch_retrieval(
+    worker, index_dir: str, host: str, port: int, summary: RunSummary, poll_s: float = 1.0
+) -> None:
+    """Keeps the retrieval actor serving on `port` (the URL every pool's search tool has): when
+    Ray has restarted it after a death, starts its server again there. Meanwhile searches fail
+    and the agents see error observations, counted as tool errors. Counts restarts in `summary`."""
+    from pipeline.runtime.ray import _ray_errors
+
+    errors = _ray_errors()
+    while True:
+        await asyncio.sleep(poll_s)
+        try:
+            if await worker.serving.remote():
+                continue
+            await worker.start.remote(index_dir, host, port)
+        except errors:  # dead, or being restarted by Ray: look again later
+            continue
+        summary.retrieval_restarts += 1
+        print(f"strata: the retrieval server died; restarted on port {port}", flush=True)

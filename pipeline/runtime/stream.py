@@ -1,0 +1,304 @@
+"""The streaming loop both runtimes share: the learner takes each complete group as it comes.
+
+A runtime builds the roles (`Roles`: the learner and what publishes its weights, wherever they
+live), the group buffer and the actor pools, and hands them to `stream`, which runs until
+`learner.max_steps`: a step's groups in (due groups first, see `buffers.group_buffer`), one
+learner step (the pools keep generating meanwhile), weights out, the buffer told which version
+the engines now serve (which frees the admission places of the groups trained into it), metrics
+and checkpoints written. A step none of whose groups is usable trains and publishes nothing: it
+is counted (`empty_steps`) and its groups' places come back at once. The run directory gets
+`metrics.jsonl` (one line per step) and `checkpoints/`; on a resumed run both continue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import math
+import random
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from actors.pool import ActorPool
+from actors.tools import ToolStats
+from buffers.group_buffer import BufferStats, GroupBuffer
+from buffers.records import Group
+from pipeline.assets.datasets import DatasetError, drop_long_prompts, load_questions, load_world
+from pipeline.config.schema import StrataConfig
+from pipeline.runtime.accounting import accounting, add_accounting, write_json
+from pipeline.runtime.recovery import save_run_checkpoint
+
+CURSOR_KEY = "tasks_started"
+"""Checkpoint field: tasks the pools had started, so a resumed run goes on with the next ones."""
+
+
+class RuntimeUnavailable(RuntimeError):
+    """A runtime that cannot start here (no cluster, too few resources); one line, what to do."""
+
+
+@dataclass
+class RunSummary:
+    steps: int = 0
+    """The learner's step count at the end (on a resumed run, including the steps before)."""
+    trajectories: int = 0
+    seconds: float = 0.0
+    learner_busy_s: float = 0.0
+    learner_idle_s: float = 0.0
+    metrics: list[dict] = field(default_factory=list)
+    checkpoint: Path | None = None
+    resumed_from: int = 0
+    """Step of the checkpoint this run resumed from (0: a fresh run)."""
+    books_before: dict = field(default_factory=dict)
+    """The books (`pipeline.runtime.accounting`) of the processes before this one, from the checkpoint it
+    resumed from; empty for a fresh run."""
+    actor_restarts: int = 0
+    retrieval_restarts: int = 0
+    """Times the retrieval server (a Ray actor) was started again after it died."""
+    skipped_prompts: int = 0
+    """Training questions whose prompt was longer than data.max_prompt_tokens (never asked)."""
+    empty_steps: int = 0
+    """Steps whose groups were all unusable (e.g. zero variance): nothing trained or published."""
+    accounting: dict = field(default_factory=dict)
+    """The run's trajectory accounting at the end (`accounting()`)."""
+
+    @property
+    def busy_fraction(self) -> float:
+        return self.learner_busy_s / max(self.seconds, 1e-9)
+
+
+@dataclass
+class ActorStats:
+    """What the metrics read off one generation actor (an engine and the loops that use it)."""
+
+    version: int
+    generated_tokens: int
+    tools: ToolStats
+    server_rejoins: int = 0
+    """Times one of its inference servers came back after failing (reloaded, readmitted)."""
+
+
+class Roles(Protocol):
+    """The learner side as the loop sees it, in-process or remote."""
+
+    @property
+    def version(self) -> int: ...
+
+    async def step(self, groups: list[Group]) -> dict:
+        """One learner step; the metrics' `groups` is how many were trained (0: nothing)."""
+        ...
+
+    async def publish(self) -> dict:
+        """Make every actor serve the learner's current version. Returns what it measured:
+        `published` (every engine took it), `weight_sync_seconds`, `served_version` (the oldest
+        version an engine serves now), `weight_sync_failures` so far, and per transport more."""
+        ...
+
+    async def checkpoint(self, directory: Path, extra: dict) -> Path: ...
+
+    async def actor_stats(self) -> dict[str, ActorStats]: ...
+
+
+def question_stream(
+    config: StrataConfig, world_dir: Path, tokenizer: Any, skip: int = 0
+) -> tuple[Iterator, int]:
+    """The run's training questions forever (`task_stream`): the first `data.num_questions` of
+    the world's training split (mini_gaia) or of `data.train_files`, less those whose prompt is longer than `data.max_prompt_tokens`
+    (skipped, and how many is returned and said in one line). RuntimeUnavailable if none fits."""
+    try:
+        if config.data.type == "mini_gaia":
+            train = load_world(world_dir)[0]
+        else:  # Search-R1 parquet or GAIA metadata.jsonl, in the order given
+            train = [q for path in config.data.train_files for q in load_questions(path)]
+    except DatasetError as exc:
+        raise RuntimeUnavailable(f"data.train_files: {exc}") from None
+    questions = train[: config.data.num_questions]
+    kept, skipped = drop_long_prompts(
+        questions, tokenizer, config.actors.tools, config.data.max_prompt_tokens
+    )
+    if not kept:
+        raise RuntimeUnavailable(
+            f"none of the {len(questions)} training questions fits data.max_prompt_tokens "
+            f"{config.data.max_prompt_tokens} (instruction and chat template included): raise it"
+        )
+    if skipped:
+        print(
+            f"strata: skipped {skipped} of {len(questions)} training questions: their prompt is "
+            f"longer than data.max_prompt_tokens {config.data.max_prompt_tokens}",
+            flush=True,
+        )
+    return task_stream(kept, config.data.seed, config.data.shuffle, skip), skipped
+
+
+def task_stream(questions: Sequence, seed: int, shuffle: bool, skip: int = 0) -> Iterator:
+    """Questions forever, reshuffled each epoch with a seeded generator; the first `skip` are
+    passed over (a resumed run continues where the checkpoint's pools had got to)."""
+
+    def forever():
+        rng = random.Random(seed)
+        for _ in itertools.count():
+            order = list(questions)
+            if shuffle:
+                rng.shuffle(order)
+            yield from order
+
+    return itertools.islice(forever(), skip, None)
+
+
+async def _next_groups(buffer: GroupBuffer, version: int, count: int, pools: list[asyncio.Task]):
+    """The buffer's next `count` groups; a pool that has failed raises its error instead (no
+    group would ever come)."""
+
+    def raise_failure(tasks) -> None:
+        for task in tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()
+
+    raise_failure(pools)
+    getting = asyncio.ensure_future(buffer.next_groups(version, count))
+    watched = [task for task in pools if not task.done()]
+    try:
+        while True:
+            done, _ = await asyncio.wait([getting, *watched], return_when=asyncio.FIRST_COMPLETED)
+            if getting in done:
+                return getting.result()
+            raise_failure(done)
+            watched = [task for task in watched if not task.done()]  # finished: out of tasks
+    finally:
+        if not getting.done():
+            getting.cancel()
+
+
+async def stream(
+    config: StrataConfig,
+    roles: Roles,
+    buffer: GroupBuffer,
+    pools: list[ActorPool],
+    run_dir: Path,
+    summary: RunSummary,
+    progress: Callable[[dict], None] | None = None,
+    run_metrics: Any = None,
+    tasks_started: Callable[[], int] = lambda: 0,
+    evaluator: Any = None,
+) -> RunSummary:
+    """Train until `learner.max_steps`; `summary` is filled in place, so the caller still has it
+    when the run is interrupted. Checkpoints go to run_dir/checkpoints, also on the way out.
+    `evaluator` (a pipeline.evaluation.heldout.PeriodicEval) evaluates the starting weights (step 0, unless
+    resumed) and those of the steps it is due at."""
+    clock = asyncio.get_running_loop().time  # monotonic; a simulated run's own (virtual) time
+    buffer.serve(roles.version)  # the engines serve the learner's weights from the start
+    pool_tasks = [asyncio.create_task(pool.run()) for pool in pools]
+    metrics_file = (run_dir / "metrics.jsonl").open("a")
+    start = clock()
+    trained = 0  # trajectories trained in this process (throughput counts only these)
+    tokens_at_start = sum(s.generated_tokens for s in (await roles.actor_stats()).values())
+    summary.steps = roles.version
+    if evaluator is not None and roles.version == 0:  # the starting policy: what training adds
+        evaluator.start(0, 0)
+    finished = False
+    try:
+        while roles.version < config.learner.max_steps:
+            waited = clock()
+            groups = await _next_groups(
+                buffer, roles.version, config.learner.groups_per_step, pool_tasks
+            )
+            busy = clock()
+            summary.learner_idle_s += busy - waited
+            metrics = await roles.step(groups)  # the pools keep generating meanwhile
+            summary.learner_busy_s += clock() - busy
+            if not metrics.get("groups"):  # nothing usable: nothing trained, nothing published
+                buffer.trained(groups, None)
+                summary.empty_steps += 1
+                if math.log10(summary.empty_steps).is_integer():  # the 1st, 10th, 100th, ...
+                    print(
+                        f"strata: {summary.empty_steps} step(s) so far had no usable group (e.g. "
+                        f"all rewards equal): nothing trained or published",
+                        flush=True,
+                    )
+                continue
+            published = await roles.publish()
+            metrics.update(published)
+            # A failed publish frees the places at once: waiting for a version an engine may never
+            # serve would hang the run. What an engine that kept older weights generates is
+            # dropped as stale at consumption, and counted.
+            buffer.trained(groups, roles.version if published["published"] else None)
+            buffer.serve(published["served_version"])
+            summary.steps = roles.version
+            trained += sum(g.size for g in groups)
+            summary.trajectories += sum(g.size for g in groups)
+            elapsed = clock() - start
+            stats = buffer.stats()
+            actors = await roles.actor_stats()
+            tokens = sum(s.generated_tokens for s in actors.values()) - tokens_at_start
+            metrics.update(
+                step=summary.steps,
+                elapsed_s=elapsed,
+                trajectories_per_s=trained / elapsed,
+                generated_tokens_per_s=max(tokens, 0) / elapsed,
+                buffer_ready=stats.ready_groups,
+                buffer_open=stats.open_groups,
+                dropped_stale=stats.dropped_stale,
+                abandoned=stats.abandoned,
+                abandoned_groups=stats.abandoned_groups,
+                empty_steps=summary.empty_steps,
+                skipped_prompts=summary.skipped_prompts,
+                aborted=sum(p.stats.aborted for p in pools),
+                server_rejoins=sum(a.server_rejoins for a in actors.values()),
+            )
+            metrics.update(fairness_metrics(stats))
+            if run_metrics is not None:
+                members = [t for g in groups for t in g.members]
+                run_metrics.observe_step(metrics, members, busy - waited)
+                run_metrics.sample(stats, actors)
+            metrics_file.write(json.dumps(metrics) + "\n")
+            metrics_file.flush()
+            summary.metrics.append(metrics)
+            if progress is not None:
+                progress(metrics)
+            every = config.learner.checkpoint_every
+            if every and summary.steps % every == 0:
+                extra = {"step": summary.steps, CURSOR_KEY: tasks_started()}
+                await save_run_checkpoint(
+                    roles, buffer, pools, run_dir, extra, summary.books_before
+                )
+            if evaluator is not None and evaluator.due(summary.steps):
+                evaluator.start(summary.steps, roles.version)  # runs beside the next steps
+        finished = True
+    finally:
+        summary.seconds = clock() - start
+        metrics_file.close()
+        for task in pool_tasks:
+            task.cancel()
+        await asyncio.gather(*pool_tasks, return_exceptions=True)
+        if evaluator is not None:  # a finished run waits for its last evaluation
+            await evaluator.close(wait=finished)
+        # The books of the run so far: its spill holds every process's rows.
+        summary.accounting = add_accounting(
+            summary.books_before, accounting(await buffer.close(), pools)
+        )
+        write_json(run_dir / "accounting.json", summary.accounting)
+        summary.steps = max(summary.steps, roles.version)  # a step the stop let finish counts
+        if summary.steps > summary.resumed_from:
+            extra = {"step": summary.steps, CURSOR_KEY: tasks_started()}
+            summary.checkpoint = await save_run_checkpoint(
+                roles, buffer, pools, run_dir, extra, summary.books_before
+            )
+    return summary
+
+
+def fairness_metrics(stats: BufferStats) -> dict[str, float]:
+    """Per stratum, its share of the trajectories trained and of those generated (every finished
+    trajectory that left the buffer: trained, dropped as stale or abandoned). Staleness that
+    starves a stratum shows as a trained share below its generated share."""
+    left = {
+        s: c["released"] + c["dropped_stale"] + c["abandoned"] for s, c in stats.per_stratum.items()
+    }
+    generated, trained = sum(left.values()), stats.released
+    out: dict[str, float] = {}
+    for stratum, row in stats.per_stratum.items():
+        if left[stratum]:
+            out[f"stratum/{stratum}/generated_share"] = left[stratum] / max(generated, 1)
+            out[f"stratum/{stratum}/trained_share"] = row["released"] / max(trained, 1)
+    return out
