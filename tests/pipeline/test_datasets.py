@@ -82,7 +82,9 @@ def test_world_gaia_metadata_matches_its_test_split(world_dir):
 
 def test_incomplete_world_says_how_to_build_it(tmp_path):
     (tmp_path / "train.parquet").write_bytes(b"")
-    with pytest.raises(DatasetError, match=r"not a complete world: .* python -m retrieval\.world"):
+    with pytest.raises(
+        DatasetError, match=r"not a complete world: .* python -m pipeline\.assets\.world"
+    ):
         load_world(tmp_path)
 
 

@@ -13,9 +13,9 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline import experiment
 from pipeline.config.loader import write_resolved_config
 from pipeline.config.overrides import OverrideError, parse_override, parse_value
+from pipeline.experiments import run as experiment
 from pipeline.experiments.data import level_accuracy, moving_average
 from pipeline.experiments.plan import override_text, plan, read_experiment
 from pipeline.experiments.report import main as report_main
