@@ -4,8 +4,9 @@ unions discriminated on `type` (see `pipeline.config.schema`)."""
 from __future__ import annotations
 
 import reprlib
+from typing import Annotated, Any, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator
+from pydantic import BaseModel, ConfigDict, Discriminator, Tag
 
 
 class Section(BaseModel):
@@ -37,3 +38,11 @@ def _tag_or(default: str) -> Discriminator:
         return getattr(value, "type", None)
 
     return Discriminator(pick)
+
+
+def backend_union(classes: tuple[type[Section], ...]) -> Any:
+    """A section that is one of `classes`, chosen by its `type` key; the first when the YAML
+    leaves `type` out. Each class's `type` field defaults to its own tag."""
+    tags = [c.model_fields["type"].default for c in classes]
+    members = tuple(Annotated[c, Tag(t)] for c, t in zip(classes, tags, strict=True))
+    return Annotated[Union[members], _tag_or(tags[0])]  # noqa: UP007 (a tuple of members)

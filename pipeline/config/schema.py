@@ -1,24 +1,21 @@
 """The configuration schema of the whole system: one pydantic model per section.
 
 Every field has a constraint and a docstring (the docstring is the field's description). Swappable
-backends are discriminated unions on `type`, so adding one is a new class plus one union member.
-Nothing here touches the disk or imports torch: `--dry-run` validates a config in well under a second.
-The `actors.engine` backends live in `pipeline.config.engines`, the shared base in `pipeline.config.base`.
+parts are unions discriminated on `type`: the engines and runtimes are the backends of
+`pipeline.backends` (each declares its own section there), the model kinds are below. Nothing here
+touches the disk or imports torch: `--dry-run` validates a config in well under a second.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import Field, Tag, model_validator
+from pydantic import Field, model_validator
 
-from pipeline.config.base import Section, _tag_or
-from pipeline.config.engines import EmbeddedEngine as EmbeddedEngine
-from pipeline.config.engines import EngineConfig
-from pipeline.config.engines import ServerEngine as ServerEngine
-from pipeline.config.engines import SGLangEngine as SGLangEngine
-from pipeline.config.engines import SimulatedEngine as SimulatedEngine
-from pipeline.config.engines import VLLMEngine as VLLMEngine
+from pipeline.backends import EngineConfig, RuntimeConfig
+from pipeline.backends.embedded import EmbeddedEngine
+from pipeline.backends.local import LocalRuntime
+from pipeline.config.base import Section, backend_union
 
 # ---------------------------------------------------------------------------------------- model
 
@@ -63,6 +60,11 @@ class TinyModel(Section):
             )
         return data
 
+    @property
+    def param_dtype(self) -> str:
+        """The parameters' dtype in the engines: the tiny policy is float32."""
+        return "float32"
+
     @model_validator(mode="after")
     def _heads_divide(self) -> TinyModel:
         if self.hidden_size % self.heads:
@@ -86,10 +88,13 @@ class PretrainedModel(Section):
     gradient_checkpointing: bool = False
     """Trade compute for memory in the learner."""
 
+    @property
+    def param_dtype(self) -> str:
+        """The parameters' dtype in the engines: `dtype`."""
+        return self.dtype
 
-ModelConfig = Annotated[
-    Annotated[TinyModel, Tag("tiny")] | Annotated[PretrainedModel, Tag("hf")], _tag_or("tiny")
-]
+
+ModelConfig = backend_union((TinyModel, PretrainedModel))
 
 
 # ----------------------------------------------------------------------------------------- data
@@ -341,59 +346,7 @@ class RetrievalConfig(Section):
 # -------------------------------------------------------------------------------------- runtime
 
 
-class RuntimeBase(Section):
-    runs_dir: str = Field("runs", min_length=1)
-    """Parent of run directories when --run-dir is not given."""
-    cache_dir: str = Field("runs/cache", min_length=1)
-    """Built assets reused across runs: the mini-GAIA world, its index, the warm-started policy."""
-    threads: int = Field(0, ge=0, le=1024)
-    """torch threads per process (0: half the cores, at least 1: generation and training share them)."""
-    seed: int = Field(0, ge=0)
-    """Global seed."""
-
-
-class LocalRuntime(RuntimeBase):
-    """Everything in one process on one machine (asyncio, threads as needed)."""
-
-    type: Literal["local"] = "local"
-    """Run on this machine."""
-
-
-class RayRuntime(RuntimeBase):
-    """Actor pools, learner and retrieval server as Ray actors, scaled independently."""
-
-    type: Literal["ray"] = "ray"
-    """Run under Ray."""
-    address: str | None = None
-    """Join this cluster (e.g. 127.0.0.1:6379); null: start a private local one."""
-    node_ip: str = "127.0.0.1"
-    """Address Ray binds to when it starts a local cluster."""
-    actor_num_cpus: float = Field(1.0, ge=0)
-    """CPUs reserved per actor pool."""
-    actor_num_gpus: float = Field(0.0, ge=0)
-    """GPUs reserved per actor pool."""
-    learner_num_cpus: float = Field(1.0, ge=0)
-    """CPUs reserved for the learner (per rank with learner.num_ranks > 1)."""
-    learner_num_gpus: float = Field(0.0, ge=0)
-    """GPUs reserved for the learner (per rank with learner.num_ranks > 1)."""
-    learner_placement: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
-    """With learner.num_ranks > 1: the strategy of the placement group whose bundle r (learner_num_cpus
-    and learner_num_gpus) holds rank r: PACK fills as few nodes as it can, STRICT_SPREAD puts
-    every rank on a node of its own."""
-    learner_rendezvous_host: str | None = None
-    """With learner.num_ranks > 1: the address rank 0 serves the ranks' rendezvous on (a TCPStore
-    bound to it alone); null: rank 0's node address as Ray knows it (127.0.0.1 on a private
-    cluster). Ranks on other machines must reach it; set GLOO_SOCKET_IFNAME or
-    NCCL_SOCKET_IFNAME for the interface their traffic takes."""
-    learner_rendezvous_port: int = Field(0, ge=0, le=65535)
-    """With learner.num_ranks > 1: the rendezvous port (0: any free one)."""
-    retrieval_num_cpus: float = Field(0.0, ge=0)
-    """CPUs reserved for the retrieval server (0: it shares them; it mostly waits on requests)."""
-
-
-RuntimeConfig = Annotated[
-    Annotated[LocalRuntime, Tag("local")] | Annotated[RayRuntime, Tag("ray")], _tag_or("local")
-]
+# `runtime`: the backends of pipeline/backends/ (local.py, ray.py).
 
 
 # -------------------------------------------------------------------------------------- metrics
@@ -459,13 +412,6 @@ class StrataConfig(Section):
     """Held-out evaluation."""
 
     @model_validator(mode="after")
-    def _rank_placement_acts(self) -> StrataConfig:
-        runtime = self.runtime
-        if not isinstance(runtime, RayRuntime) or self.learner.num_ranks > 1:
-            return self
-        for key in ("learner_placement", "learner_rendezvous_host", "learner_rendezvous_port"):
-            if getattr(runtime, key) != RayRuntime.model_fields[key].default:
-                raise ValueError(
-                    f"runtime.{key} places the learner's ranks: it acts with learner.num_ranks > 1 only"
-                )
+    def _backends_agree(self) -> StrataConfig:
+        self.runtime.check(self)
         return self

@@ -19,8 +19,10 @@ from pathlib import Path
 
 from actors.agent import AgentLoop, AgentSettings
 from actors.rewards import format_reward
-from pipeline.config.schema import ActorsConfig, EmbeddedEngine, LocalRuntime, StrataConfig
-from pipeline.runtime.acting import open_acting
+from pipeline.backends.embedded import EmbeddedEngine
+from pipeline.backends.local import LocalRuntime
+from pipeline.config.schema import ActorsConfig, StrataConfig
+from pipeline.runtime.parts import open_acting
 
 LOCAL_AGENT = AgentSettings(
     max_turns=4, max_new_tokens_per_turn=64, max_response_tokens=640, max_observation_tokens=128

@@ -46,12 +46,12 @@ from actors.vllm import checkpoint_problem
 from buffers.records import to_arrow
 from pipeline.assets.cache import prepare_index, prepare_world
 from pipeline.assets.datasets import DatasetError, Question, load_questions
+from pipeline.backends.local import LocalRuntime
 from pipeline.config.loader import ConfigError, load_config
-from pipeline.config.schema import EmbeddedEngine, LocalRuntime, StrataConfig
+from pipeline.config.schema import StrataConfig
 from pipeline.evaluation.report_learning import BASELINE_ACTOR, TOOLS_ACTOR, TRAIN_ACTOR, TRAIN_ROW
-from pipeline.launch import unavailable
-from pipeline.runtime.acting import open_acting
-from pipeline.runtime.parts import agent_settings
+from pipeline.runtime.parts import agent_settings, open_acting
+from pipeline.runtime.preflight import unavailable
 
 
 class EvalError(ValueError):
@@ -310,7 +310,7 @@ async def evaluate(
     settings = eval_settings(config, samples)
     acting = await open_acting(config, checkpoint, index_dir=index_dir, log_dir=log_dir)
     try:
-        if not isinstance(config.actors.engine, EmbeddedEngine) and acting.servers is None:
+        if not config.actors.engine.in_process and acting.servers is None:
             await acting.engine.update_weights(1, path=str(checkpoint))  # running servers: load it
         concurrency = config.actors.concurrency * config.actors.num_pools
         return await with_and_without_tools(

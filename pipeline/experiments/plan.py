@@ -124,7 +124,7 @@ class Run:
 def plan(experiment: ExperimentConfig, source: str, only: list[str] | None = None) -> list[Run]:
     """Every run of `experiment` (of the variants in `only`), each resolved config validated and
     each run directory's state checked; the first problem is a one-line ConfigError."""
-    from pipeline.launch import refused_for_training, unavailable
+    from pipeline.runtime.preflight import refused_for_training, unavailable
 
     names = list(experiment.variants)
     unknown = [n for n in only or [] if n not in experiment.variants]
@@ -173,8 +173,6 @@ def plan(experiment: ExperimentConfig, source: str, only: list[str] | None = Non
 
 def parallel_problem(runs: list[Run]) -> str | None:
     """Why these runs cannot run side by side on one machine (the ray runner), in one line."""
-    from pipeline.config.schema import RayRuntime
-
     configs = [(r.name, r.config) for r in runs if r.action != "skip" and r.config is not None]
     ports = [(n, c.metrics.port) for n, c in configs if c.metrics.enabled and c.metrics.port]
     if len(configs) > 1 and ports:
@@ -182,7 +180,7 @@ def parallel_problem(runs: list[Run]) -> str | None:
             f"runner ray runs several of the {len(configs)} runs at once, and {ports[0][0]} serves metrics on the "
             f"fixed port {ports[0][1]}: add metrics.port: 0 (any free port) to the experiment's `set`"
         )
-    nested = [n for n, c in configs if isinstance(c.runtime, RayRuntime)]
+    nested = [n for n, c in configs if c.runtime.starts_ray]
     if nested:
         return (
             f"runner ray runs each run as a Ray task, and {nested[0]} uses runtime.type ray "
@@ -225,7 +223,7 @@ def action_for(run_dir: Path, config: StrataConfig, where: str) -> str:
 def changed_settings(run_dir: Path, config: StrataConfig, where: str) -> list[str]:
     """Dotted keys whose value in `run_dir/config.yaml` differs from `config`'s, apart from those
     `launch --resume` may change."""
-    from pipeline.launch import RESUMABLE_CHANGES
+    from pipeline.runtime.run_dir import RESUMABLE_CHANGES
 
     try:
         saved = load_config(run_dir / "config.yaml")

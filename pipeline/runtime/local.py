@@ -24,18 +24,18 @@ from actors.servers import ServerWatch
 from actors.tools import ToolStats
 from learner.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.assets.cache import Assets
-from pipeline.config.schema import EmbeddedEngine as EmbeddedEngineConfig
 from pipeline.config.schema import StrataConfig
 from pipeline.evaluation.heldout import eval_settings, periodic_eval, with_and_without_tools
-from pipeline.runtime.acting import Acting, open_acting
 from pipeline.runtime.allocator import trim
 from pipeline.runtime.metrics import start_metrics
 from pipeline.runtime.parts import (
+    Acting,
     close_learner,
     make_buffer,
     make_engine,
     make_learner,
     make_publisher,
+    open_acting,
 )
 from pipeline.runtime.recovery import resume_run_dir
 from pipeline.runtime.stream import (
@@ -205,7 +205,7 @@ def make_evaluator(
     runs on an engine of its own holding a copy of the evaluated version's weights; with servers,
     on the run's servers (the version may move on during an evaluation: each trajectory records
     the versions that sampled it)."""
-    embedded = isinstance(config.actors.engine, EmbeddedEngineConfig)
+    embedded = config.actors.engine.in_process
     settings = eval_settings(config, config.eval.samples)
 
     def snapshot():

@@ -1,36 +1,45 @@
-"""Build the system's parts from config sections: the one place config meets constructors."""
+"""The system's parts built from config: the one place config meets constructors.
+
+The buffer, the learner and the weight publisher for the learner's side; for the acting side,
+`open_acting` builds every part one way everywhere (retrieval server -> tools -> inference
+servers -> engine -> tokenizer) for the local runtime, the Ray runtime's generation actors,
+`pipeline.evaluate` and the warm start's format check. They differ only in what they hand it: a
+search URL of a retrieval server that runs elsewhere (Ray), server URLs a runtime started and
+split between pools, or nothing, in which case what is missing is started here, in this process.
+What differs between engines and runtimes is asked of the chosen backend (`pipeline.backends`).
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+from transformers import AutoTokenizer
 
-from actors.agent import AgentSettings
+from actors.agent import AgentLoop, AgentSettings
 from actors.engine import RolloutEngine
+from actors.servers import ManagedServers
 from actors.tools import PythonTool, SearchTool, Tool
 from buffers.group_buffer import GroupBuffer
 from buffers.spill import ParquetSpill
 from buffers.strata import make_stratifier
-from learner.ranks import RayPlacement, ranked_learner
+from learner.ranks import ranked_learner
 from learner.trainer import Learner
-from learner.weight_sync import CheckpointSync, InProcessSync, NcclSync, Publisher, RaySync
+from learner.weight_sync import Publisher
 from pipeline.config.schema import (
     ActorsConfig,
     BufferConfig,
     PretrainedModel,
-    RayRuntime,
     RetrievalConfig,
     StrataConfig,
     StratifierConfig,
 )
-from pipeline.config.schema import EmbeddedEngine as EmbeddedEngineConfig
-from pipeline.config.schema import SGLangEngine as SGLangEngineConfig
-from pipeline.config.schema import VLLMEngine as VLLMEngineConfig
-from pipeline.runtime.stream import RuntimeUnavailable
 from retrieval.client import RetrievalClient
+from retrieval.server import load_app, serve
 
 
 def make_buffer(
@@ -59,15 +68,10 @@ def make_buffer(
 def make_publisher(
     config: StrataConfig, targets: list, run_dir: str | os.PathLike[str], model=None, tokenizer=None
 ) -> Publisher:
-    """The weight publisher of the run's transport: in-process engines get a snapshot (under Ray,
-    through the object store); servers an HF checkpoint under run_dir/weights/ (or, with
-    `weight_sync: nccl` on GPUs, a broadcast)."""
-    engine = config.actors.engine
-    if isinstance(engine, EmbeddedEngineConfig):
-        return RaySync(targets) if config.runtime.type == "ray" else InProcessSync(targets)
-    if isinstance(engine, SGLangEngineConfig) and engine.weight_sync == "nccl":
-        return NcclSync(targets)
-    return CheckpointSync(targets, Path(run_dir) / "weights", model, tokenizer, keep=2)
+    """The weight publisher of the run's transport, as the engine declares it: in-process engines
+    get a snapshot (under Ray, through the object store); servers an HF checkpoint under
+    run_dir/weights/ (or, with `weight_sync: nccl` on GPUs, a broadcast)."""
+    return config.actors.engine.publisher(config, targets, run_dir, model, tokenizer)
 
 
 def make_learner(config: StrataConfig, policy_dir: str | os.PathLike[str]):
@@ -79,23 +83,12 @@ def make_learner(config: StrataConfig, policy_dir: str | os.PathLike[str]):
     kwargs = dict(
         group_size=config.buffer.group_size,
         temperature=config.actors.temperature,
-        dtype=model_dtype(config) if pretrained else None,
+        dtype=config.model.param_dtype if pretrained else None,
         gradient_checkpointing=pretrained and config.model.gradient_checkpointing,
     )
     if config.learner.num_ranks == 1:
         return Learner(policy_dir, config.learner, **kwargs)
-    placement = None
-    runtime = config.runtime
-    if isinstance(runtime, RayRuntime):  # in the learner's actor, on bundle 0 of its group
-        import ray
-
-        placement = RayPlacement(
-            ray.util.get_current_placement_group(),
-            runtime.learner_num_cpus,
-            runtime.learner_num_gpus,
-            runtime.learner_rendezvous_host,
-            runtime.learner_rendezvous_port,
-        )
+    placement = config.runtime.rank_placement()  # None: processes started here
     return ranked_learner(
         policy_dir,
         config.learner,
@@ -113,61 +106,13 @@ def close_learner(learner) -> None:
         learner.peers = None
 
 
-def _embedded(
-    config: StrataConfig, model_path: str | os.PathLike[str], urls: list[str] | None
-) -> RolloutEngine:
-    from actors.embedded import EmbeddedEngine
-
-    engine = config.actors.engine
-    return EmbeddedEngine.from_pretrained(
-        model_path,
-        device=engine.device,
-        dtype=model_dtype(config),
-        max_batch_size=engine.max_batch_size,
-        seed=config.runtime.seed,
-    )
-
-
-def _sglang(
-    config: StrataConfig, model_path: str | os.PathLike[str], urls: list[str] | None
-) -> RolloutEngine:
-    from actors.sglang import SGLangEngine
-
-    engine = config.actors.engine
-    return SGLangEngine(list(urls or engine.urls), timeout_s=engine.timeout_s)
-
-
-def _vllm(
-    config: StrataConfig, model_path: str | os.PathLike[str], urls: list[str] | None
-) -> RolloutEngine:
-    from actors.vllm import VLLMEngine
-
-    engine = config.actors.engine
-    return VLLMEngine(list(urls or engine.urls), timeout_s=engine.timeout_s)
-
-
-ENGINES: dict[
-    str, Callable[[StrataConfig, str | os.PathLike[str], list[str] | None], RolloutEngine]
-] = {
-    "embedded": _embedded,
-    "sglang": _sglang,
-    "vllm": _vllm,
-}
-"""`actors.engine.type` -> how the engine is built (each imports its backend only when chosen)."""
-
-
 def make_engine(
     config: StrataConfig, model_path: str | os.PathLike[str], urls: list[str] | None = None
 ) -> RolloutEngine:
     """The generation backend `actors.engine` names, serving the policy at `model_path`.
     `urls`: the servers to use instead of `actors.engine.urls` (those the runtime started, or a
     pool's share of them)."""
-    return ENGINES[config.actors.engine.type](config, model_path, urls)
-
-
-def model_dtype(config: StrataConfig) -> str:
-    """The policy's parameter dtype: `model.dtype` for a pretrained model; the tiny one is float32."""
-    return config.model.dtype if isinstance(config.model, PretrainedModel) else "float32"
+    return config.actors.engine.build(config, model_path, urls)
 
 
 def _search_tool(config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None) -> Tool:
@@ -226,14 +171,112 @@ def pool_urls(config: StrataConfig) -> list[list[str] | None]:
     pools would be paused and reloaded by both). None per pool for in-process engines; started
     servers are not known yet (empty lists until they are). RuntimeUnavailable with fewer servers
     than pools."""
-    engine, pools = config.actors.engine, config.actors.num_pools
-    if isinstance(engine, EmbeddedEngineConfig):
-        return [None] * pools
-    count = len(engine.urls) or (engine.num_servers if isinstance(engine, VLLMEngineConfig) else 0)
-    if count < pools:
-        where = "actors.engine.urls" if engine.urls else "actors.engine.num_servers"
-        raise RuntimeUnavailable(
-            f"actors.num_pools {pools} needs at least {pools} servers, one pool each, but {where} "
-            f"gives {count}: add servers or lower actors.num_pools"
+    return config.actors.engine.pool_urls(config.actors.num_pools)
+
+
+# ------------------------------------------------------------------------------ the acting parts
+
+
+@dataclass
+class Acting:
+    """What generates trajectories, and what `close` stops, users first."""
+
+    config: StrataConfig
+    engine: RolloutEngine
+    tokenizer: Any
+    tools: dict[str, Tool]
+    servers: Any = None
+    """The inference servers started here (actors.servers.ManagedServers), if any."""
+    retrieval: Any = None
+    """The retrieval server's aiohttp runner, when it was started here."""
+
+    def agent(
+        self, actor_id: str, settings: AgentSettings | None = None, tools: dict | None = None
+    ) -> AgentLoop:
+        """An agent loop on these parts: the config's settings and tools unless given."""
+        settings = settings or agent_settings(self.config.actors, self.config.learner.stratifier)
+        return AgentLoop(
+            self.engine,
+            self.tokenizer,
+            self.tools if tools is None else tools,
+            settings,
+            actor_id=actor_id,
         )
-    return [list(engine.urls[i::pools]) for i in range(pools)]
+
+    async def close(self) -> None:
+        if "search" in self.tools:
+            await self.tools["search"].client.close()
+        await self.engine.close()
+        if self.servers is not None:
+            self.servers.stop()
+        if self.retrieval is not None:
+            await self.retrieval.cleanup()
+
+
+async def open_acting(
+    config: StrataConfig,
+    policy_dir: str | os.PathLike[str],
+    *,
+    index_dir: str | os.PathLike[str] | None = None,
+    search_url: str | None = None,
+    urls: list[str] | None = None,
+    log_dir: str | os.PathLike[str] | None = None,
+) -> Acting:
+    """The acting parts of `config`, serving the policy at `policy_dir`.
+
+    `search_url`: a retrieval server running elsewhere; else `retrieval.url`; else one is started
+    here on `index_dir`. `urls`: the inference servers to use (a pool's share of those the
+    runtime started); else `actors.engine.urls`; else, for vLLM and SGLang, servers are started
+    here on `policy_dir` (logs in `log_dir`) and stopped by `close`."""
+    retrieval = servers = None
+    tools: dict[str, Tool] = {}
+    try:
+        search_url = search_url or config.retrieval.url
+        if "search" in config.actors.tools and search_url is None:
+            if index_dir is None:
+                raise ValueError("the search tool is enabled but there is no index to serve")
+            retrieval, port = await serve(
+                load_app(str(index_dir)), config.retrieval.host, config.retrieval.port
+            )
+            search_url = f"http://{config.retrieval.host}:{port}"
+        tools = make_tools(config.actors, config.retrieval, search_url)
+        if urls is None:
+            servers, urls = start_servers(config, policy_dir, log_dir)
+        engine = make_engine(config, policy_dir, urls=urls)
+    except BaseException:
+        await Acting(config, _NoEngine(), None, tools, servers, retrieval).close()
+        raise
+    tokenizer = engine.tokenizer  # servers hold none: the policy directory's own
+    if tokenizer is None:
+        tokenizer = AutoTokenizer.from_pretrained(str(policy_dir), local_files_only=True)
+    return Acting(config, engine, tokenizer, tools, servers, retrieval)
+
+
+def start_servers(
+    config: StrataConfig, policy_dir: str | os.PathLike[str], log_dir: str | os.PathLike[str] | None
+):
+    """(servers, their URLs) when `config` generates on vLLM or SGLang servers given by no URL:
+    started here (call from the main thread: they die with it), else (None, None)."""
+    servers = managed_servers(config, policy_dir, log_dir)
+    if servers is None:
+        return None, None
+    print(
+        f"strata: starting {servers.count} {servers.label} server(s) (logs in {servers.log_dir})",
+        flush=True,
+    )
+    return servers, servers.start()
+
+
+def managed_servers(
+    config: StrataConfig, policy_dir: str | os.PathLike[str], log_dir: str | os.PathLike[str] | None
+) -> ManagedServers | None:
+    """The servers the launcher starts for `config` (not started yet), or None when it names
+    running ones or generates in-process."""
+    return config.actors.engine.servers(config, policy_dir, log_dir)
+
+
+class _NoEngine:
+    """Stands in for an engine that was never made, so a failed `open_acting` closes the rest."""
+
+    async def close(self) -> None:
+        return None

@@ -49,13 +49,18 @@ from actors.servers import ServerWatch
 from actors.tools import ToolStats
 from buffers.records import InvalidTrajectory, Trajectory
 from pipeline.assets.cache import Assets
-from pipeline.config.schema import EmbeddedEngine as EmbeddedEngineConfig
-from pipeline.config.schema import RayRuntime, StrataConfig
-from pipeline.config.schema import SGLangEngine as SGLangEngineConfig
+from pipeline.backends.ray import RayRuntime
+from pipeline.config.schema import StrataConfig
 from pipeline.evaluation.heldout import eval_settings, periodic_eval, with_and_without_tools
-from pipeline.runtime.acting import open_acting, start_servers
 from pipeline.runtime.metrics import start_metrics
-from pipeline.runtime.parts import make_buffer, make_engine, make_publisher, pool_urls
+from pipeline.runtime.parts import (
+    make_buffer,
+    make_engine,
+    make_publisher,
+    open_acting,
+    pool_urls,
+    start_servers,
+)
 from pipeline.runtime.ray_cluster import import_ray, start_ray
 from pipeline.runtime.ray_learner import LearnerWorker, learner_placement
 from pipeline.runtime.ray_retrieval import RetrievalWorker, watch_retrieval
@@ -152,7 +157,7 @@ class GenerationWorker:
         get an engine of their own loaded with `weights`; servers are evaluated as they serve."""
         agent = await self._ready()
         engine = agent.engine
-        if isinstance(self.config.actors.engine, EmbeddedEngineConfig):
+        if self.config.actors.engine.in_process:
             if self.eval_engine is None:
                 self.eval_engine = make_engine(self.config, self.policy_dir)
             await self.eval_engine.update_weights(version, state_dict=weights)
@@ -353,11 +358,7 @@ async def run_ray(
         "GPU": pools_n * runtime.actor_num_gpus + ranks * runtime.learner_num_gpus,
     }
     urls = pool_urls(config)
-    engine = config.actors.engine
-    started_gpus = 0
-    if isinstance(engine, SGLangEngineConfig) and not engine.urls:
-        started_gpus = engine.num_servers * engine.tp_size
-    start_ray(runtime, needed, reserved_gpus=started_gpus)
+    start_ray(runtime, needed, reserved_gpus=config.actors.engine.started_gpus())
     run_metrics = retrieval = retrieval_watch = servers = watching = learner = None
     workers: dict[str, Any] = {}
     try:
@@ -486,7 +487,7 @@ def make_evaluator(config: StrataConfig, learner: Any, worker: Any, run_dir: Pat
     """Periodic evaluation in the first generation actor: the weights are the learner's
     state_dict as an ObjectRef taken when the step comes due (in-process engines), or what the
     servers serve."""
-    embedded = isinstance(config.actors.engine, EmbeddedEngineConfig)
+    embedded = config.actors.engine.in_process
 
     def snapshot():
         return learner.state_dict.remote() if embedded else None  # queued before the next step

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping
 
 from learner.ranks import is_loopback
-from pipeline.config.schema import RayRuntime
+from pipeline.backends.ray import RayRuntime
 from pipeline.runtime.stream import RuntimeUnavailable
 
 LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"

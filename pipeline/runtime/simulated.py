@@ -29,7 +29,7 @@ from actors.simulated import GpuModel, SimulatedEngine, SimulatedServer, Simulat
 from actors.tools import ToolStats
 from buffers.records import Group
 from pipeline.assets.datasets import Question
-from pipeline.config.schema import SimulatedEngine as SimulatedConfig
+from pipeline.backends.simulated import SimulatedEngine as SimulatedConfig
 from pipeline.config.schema import StrataConfig
 from pipeline.runtime import virtual_time
 from pipeline.runtime.accounting import write_json

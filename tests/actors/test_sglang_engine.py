@@ -424,7 +424,7 @@ def test_weight_sync_nccl_is_refused_under_ray_in_one_line(monkeypatch):
     """The rule itself, as on an 8-GPU machine with sglang (without CUDA the launcher-started
     servers are refused first)."""
     from pipeline.config.loader import load_config
-    from pipeline.launch import unavailable
+    from pipeline.runtime.preflight import unavailable
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)

@@ -16,9 +16,9 @@ from actors.engine import SamplingParams
 from actors.servers import ServerWatch
 from actors.sglang import SGLangEngine
 from actors.sglang_server import SGLangServers, gpu_sets, launch_problem, physical_gpus
+from pipeline.backends.sglang import SGLangEngine as SGLangConfig
 from pipeline.config.loader import load_config
-from pipeline.config.schema import SGLangEngine as SGLangConfig
-from pipeline.runtime.acting import managed_servers
+from pipeline.runtime.parts import managed_servers
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -4,6 +4,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
+from pipeline.backends.sglang import SGLangEngine
 from pipeline.config.loader import (
     ConfigError,
     dump_config,
@@ -12,7 +13,7 @@ from pipeline.config.loader import (
     read_yaml,
 )
 from pipeline.config.overrides import OverrideError, apply_override, parse_override, parse_value
-from pipeline.config.schema import PretrainedModel, SGLangEngine, StrataConfig
+from pipeline.config.schema import PretrainedModel, StrataConfig
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

@@ -198,7 +198,7 @@ def test_progress_lines_come_every_log_every_steps_and_for_the_last():
 
     from rich.console import Console
 
-    from pipeline.launch import progress_printer
+    from pipeline.runtime.run import progress_printer
 
     config = load_config(LOCAL, ["metrics.log_every=2", "learner.max_steps=5"])
     out = io.StringIO()

@@ -7,7 +7,7 @@ because a private cluster's CPU and GPU counts cannot be given to a joined one.
 
 import pytest
 
-from pipeline.config.schema import RayRuntime
+from pipeline.backends.ray import RayRuntime
 from pipeline.runtime.ray_cluster import import_ray, start_ray
 
 

@@ -210,6 +210,10 @@ def test_each_pool_owns_its_servers_and_fewer_servers_than_pools_is_refused():
         RuntimeUnavailable, match=r"num_pools 3 needs at least 3 servers.*num_servers gives 2"
     ):
         pool_urls(started)
+    # configs/gaia.yaml: two SGLang servers the launcher starts, two pools, one each (the count
+    # once came from urls alone, so a started SGLang server counted as none)
+    gaia = load_config(ROOT / "configs" / "gaia.yaml")
+    assert pool_urls(gaia) == [[], []]
 
 
 needs_vllm = pytest.mark.skipif(
