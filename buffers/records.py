@@ -71,6 +71,10 @@ def _oldest_version(versions: np.ndarray) -> int:
     return oldest if oldest <= _INT32_MAX else -1
 
 
+MAX_STRATUM = 1 << 16
+"""Strata are small non-negative ints (a count of tool calls, a tool signature): the learner's
+per-(group, stratum) cells are indexed by them."""
+
 # What each of buffers/tokens.c's verdicts -1 .. -5 means (3 is said with the version found).
 _TOKEN_PROBLEMS = {
     1: "loss_mask holds values other than 0 and 1",
@@ -201,6 +205,10 @@ class Trajectory:
         self._policy_version = verdict  # of the arrays just checked, not one cached before
         if not math.isfinite(self.reward):
             raise self._invalid(f"reward {self.reward!r} is not finite")
+        if not 0 <= self.stratum < MAX_STRATUM:
+            raise self._invalid(f"stratum {self.stratum} outside [0, {MAX_STRATUM})")
+        if len(self.prompt_token_ids) == 0:
+            raise self._invalid("no prompt tokens")
         if not (-1 <= self.first_answer_token <= n) or (self.first_answer_token < 0) != (
             self.first_answer_turn < 0
         ):

@@ -8,40 +8,12 @@ recorded them; nothing is re-tokenised.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from buffers.records import Group, Trajectory
-
-MAX_STRATUM = 1 << 16
-
-
-class InvalidGroup(ValueError):
-    """A group the learner refuses to train on; counted, never trained."""
-
-
-def validate_group(group: Group, group_size: int) -> None:
-    """Raise InvalidGroup for a wrong size, mismatched token arrays, NaN rewards or a bad stratum."""
-    where = f"group {group.prompt_id!r}"
-    if group.size != group_size:
-        raise InvalidGroup(f"{where}: {group.size} members, expected {group_size}")
-    for t in group.members:
-        n = len(t.token_ids)
-        if not (len(t.loss_mask) == len(t.behavior_logprobs) == len(t.token_versions) == n):
-            raise InvalidGroup(
-                f"{where}: sample {t.sample_index} has token arrays of different lengths"
-            )
-        if not math.isfinite(t.reward):
-            raise InvalidGroup(f"{where}: sample {t.sample_index} has reward {t.reward}")
-        if not 0 <= t.stratum < MAX_STRATUM:
-            raise InvalidGroup(
-                f"{where}: sample {t.sample_index} has stratum {t.stratum} outside [0, {MAX_STRATUM})"
-            )
-        if len(t.prompt_token_ids) == 0:
-            raise InvalidGroup(f"{where}: sample {t.sample_index} has no prompt tokens")
+from buffers.records import Trajectory
 
 
 @dataclass

@@ -16,14 +16,18 @@ this open. Here the denominator falls back to the group's population std (+ eps)
 members away from the majority still get a bounded signal; a group whose rewards are all equal
 gets 0. A group of one gets 0 under every estimator.
 
-Add one: a function `(rewards, group_ids, strata, alpha, eps) -> Estimate` in `ESTIMATORS` and its
-name in `AdvantageConfig.type`.
+Each registers itself with `@register_estimator(name, *params)`: a function
+`(rewards, group_ids, strata, **params) -> Estimate` whose keyword parameters are the fields of
+its config section (`learner.advantage: {type: NAME, ...}`, pipeline/config/algorithm.py; a test
+checks the two agree). Add one: the function here, its section there, its loop in
+learner/reference.py for the tests to compare against.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -44,10 +48,33 @@ class Estimate:
     """bool per trajectory: False leaves it out of the loss (its tokens count nowhere)."""
 
 
+@dataclass(frozen=True)
+class Estimator:
+    fn: Callable[..., Estimate]
+    params: tuple[str, ...]
+    """Its keyword parameters: the fields of its config section besides `type`."""
+
+
+ESTIMATORS: dict[str, Estimator] = {}
+"""`learner.advantage.type` -> the estimator; filled by `register_estimator`."""
+
+
+def register_estimator(
+    name: str, *params: str
+) -> Callable[[Callable[..., Estimate]], Callable[..., Estimate]]:
+    """Register the decorated function as estimator `name`, taking keyword `params`."""
+
+    def register(fn: Callable[..., Estimate]) -> Callable[..., Estimate]:
+        if name in ESTIMATORS:
+            raise ValueError(f"estimator {name!r} is registered twice")
+        ESTIMATORS[name] = Estimator(fn, params)
+        return fn
+
+    return register
+
+
 def _groups(rewards: torch.Tensor, group_ids: torch.Tensor, strata: torch.Tensor, eps: float):
     _check_inputs(rewards, group_ids, strata)
-    if not torch.isfinite(rewards).all():
-        raise ValueError("rewards must be finite: a NaN or inf reward cannot be trained on")
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
     g, values = _dense_ids(group_ids.to(device=rewards.device, dtype=torch.int64))
@@ -65,11 +92,13 @@ def _all(rewards: torch.Tensor) -> torch.Tensor:
     return torch.ones_like(rewards, dtype=torch.bool)
 
 
-def stratified(rewards, group_ids, strata, alpha: float = 0.6, eps: float = 1e-6) -> Estimate:
+@register_estimator("stratified", "alpha", "eps")
+def stratified(rewards, group_ids, strata, *, alpha: float = 0.6, eps: float = 1e-6) -> Estimate:
     return Estimate(stratified_advantages(rewards, group_ids, strata, alpha, eps), _all(rewards))
 
 
-def grpo(rewards, group_ids, strata, alpha: float = 0.0, eps: float = 1e-6) -> Estimate:
+@register_estimator("grpo", "eps")
+def grpo(rewards, group_ids, strata, *, eps: float = 1e-6) -> Estimate:
     """(r - mean_g) * 1 / (std_g + eps); 0 where std_g + eps is 0 or the group has one member."""
     g, count, mean, std = _groups(rewards, group_ids, strata, eps)
     denom = std + eps
@@ -77,15 +106,17 @@ def grpo(rewards, group_ids, strata, alpha: float = 0.0, eps: float = 1e-6) -> E
     return Estimate(_scaled(rewards, g, mean, scale), _all(rewards))
 
 
-def dr_grpo(rewards, group_ids, strata, alpha: float = 0.0, eps: float = 1e-6) -> Estimate:
-    g, count, mean, _ = _groups(rewards, group_ids, strata, eps)
+@register_estimator("dr_grpo")
+def dr_grpo(rewards, group_ids, strata) -> Estimate:
+    g, count, mean, _ = _groups(rewards, group_ids, strata, 0.0)
     scale = (count > 1).to(rewards.dtype)
     return Estimate(_scaled(rewards, g, mean, scale), _all(rewards))
 
 
-def rloo(rewards, group_ids, strata, alpha: float = 0.0, eps: float = 1e-6) -> Estimate:
+@register_estimator("rloo")
+def rloo(rewards, group_ids, strata) -> Estimate:
     """r_i - (sum_g - r_i) / (n - 1) = n / (n - 1) * (r_i - mean_g)."""
-    g, count, mean, _ = _groups(rewards, group_ids, strata, eps)
+    g, count, mean, _ = _groups(rewards, group_ids, strata, 0.0)
     n = count.to(rewards.dtype)
     scale = torch.where(n > 1, n / (n - 1).clamp(min=1), torch.zeros_like(n))
     return Estimate(_scaled(rewards, g, mean, scale), _all(rewards))
@@ -125,7 +156,8 @@ def _medians(values: torch.Tensor, rows: list[tuple[torch.Tensor, torch.Tensor]]
     return median, pivot
 
 
-def mc_grpo(rewards, group_ids, strata, alpha: float = 0.0, eps: float = 1e-6) -> Estimate:
+@register_estimator("mc_grpo", "eps")
+def mc_grpo(rewards, group_ids, strata, *, eps: float = 1e-6) -> Estimate:
     g, count, _, std = _groups(rewards, group_ids, strata, eps)
     rows = _rows(g, count)
     median, pivot = _medians(rewards, rows, len(count))
@@ -138,26 +170,22 @@ def mc_grpo(rewards, group_ids, strata, alpha: float = 0.0, eps: float = 1e-6) -
     return Estimate(advantages, ~pivot)
 
 
-ESTIMATORS: dict[str, Callable[..., Estimate]] = {
-    "stratified": stratified,
-    "grpo": grpo,
-    "dr_grpo": dr_grpo,
-    "rloo": rloo,
-    "mc_grpo": mc_grpo,
-}
-
-
 def estimate(
-    name: str,
-    rewards: torch.Tensor,
-    group_ids: torch.Tensor,
-    strata: torch.Tensor,
-    alpha: float = 0.6,
-    eps: float = 1e-6,
+    name: str, rewards: torch.Tensor, group_ids: torch.Tensor, strata: torch.Tensor, **params: Any
 ) -> Estimate:
-    """The advantages of estimator `name` (a key of `ESTIMATORS`)."""
+    """The advantages of estimator `name` (a key of `ESTIMATORS`) with its keyword `params`.
+    Rewards must be finite: the buffer refuses a trajectory whose reward is not."""
     if name not in ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {name!r}: use {', '.join(ESTIMATORS)}")
-    if rewards.is_floating_point() and not torch.isfinite(rewards).all():
-        raise ValueError("rewards must be finite: a NaN or inf reward cannot be trained on")
-    return ESTIMATORS[name](rewards, group_ids, strata, alpha, eps)
+    chosen = ESTIMATORS[name]
+    unknown = sorted(set(params) - set(chosen.params))
+    if unknown:
+        takes = ", ".join(chosen.params) or "no parameters"
+        raise ValueError(f"estimator {name} takes {takes}, not {', '.join(unknown)}")
+    return chosen.fn(rewards, group_ids, strata, **params)
+
+
+def section_params(name: str, section: Any) -> dict[str, Any]:
+    """The keyword parameters of estimator `name` read from its config section (by attribute:
+    the learner never imports the pipeline's config classes)."""
+    return {p: getattr(section, p) for p in ESTIMATORS[name].params}

@@ -55,13 +55,15 @@ def stratum_summary(
     rewards: torch.Tensor,
     strata: torch.Tensor,
     extra: dict[str, torch.Tensor] | None = None,
+    advantages: torch.Tensor | None = None,
 ) -> dict[int, dict[str, float]]:
     """For each stratum: trajectory count, mean reward, mean advantage, the mean in-stratum advantage
     variance over its cells whose rewards vary (NaN if none: a cell of equal rewards carries no
     signal and would only pull the mean towards 0), and the mean of every `extra` column (NaNs
-    ignored)."""
+    ignored). `advantages`: those trained (another estimator's); None: `result`'s blend."""
     rewards = rewards.to(torch.float64)
-    cell_var = in_stratum_variance(result, result.advantages.to(torch.float64))
+    advantages = result.advantages if advantages is None else advantages
+    cell_var = in_stratum_variance(result, advantages.to(torch.float64))
     summary: dict[int, dict[str, float]] = {}
     for value in torch.unique(strata).tolist():
         rows = strata == value
@@ -69,7 +71,7 @@ def stratum_summary(
         entry = {
             "count": float(rows.sum().item()),
             "mean_reward": rewards[rows].mean().item(),
-            "mean_advantage": result.advantages[rows].to(torch.float64).mean().item(),
+            "mean_advantage": advantages[rows].to(torch.float64).mean().item(),
             "in_stratum_adv_var": cell_var[cells].mean().item() if cells.any() else float("nan"),
         }
         for name, column in (extra or {}).items():

@@ -25,13 +25,11 @@ from typing import Any
 import torch
 
 from buffers.records import Group
-from learner.advantages import stratified_advantages_with_stats
-from learner.batch import InvalidGroup, TrainBatch, build_batch, response_logprobs, validate_group
-from learner.estimators import Estimate, estimate
+from learner.algorithm import plan_step
+from learner.batch import TrainBatch, build_batch, response_logprobs
 from learner.losses import MASKS, kept_by_importance, kl_penalty, policy_loss
 from learner.ranks import RankError, RankPeers, TcpRendezvous, init_rank_group, split_by_tokens
 from learner.schedule import step_schedule
-from learner.telemetry import stratum_summary, theorem1_terms
 
 
 def init_distributed() -> None:
@@ -165,7 +163,6 @@ class Learner:
         if self.reference is not None:
             self.reference.to(self.engine.device)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.counts: Counter[str] = Counter()
 
     @property
     def model(self) -> torch.nn.Module:
@@ -190,44 +187,13 @@ class Learner:
     # --------------------------------------------------------------------------------- the step
 
     def step(self, groups: list[Group]) -> dict[str, float]:
-        """One optimiser step on `groups`; returns the step's telemetry (plain floats)."""
+        """One optimiser step on `groups` (learner/algorithm.py plans it: which trajectories,
+        their advantages, what the loss keeps); returns the step's telemetry (plain floats)."""
         start = time.perf_counter()
-        usable = []
-        for group in groups:
-            try:
-                validate_group(group, self.group_size)
-            except InvalidGroup:
-                self.counts["invalid_groups"] += 1
-                continue
-            if self.config.drop_zero_variance_groups and len(set(group.rewards.tolist())) == 1:
-                self.counts["zero_variance_groups"] += 1
-                continue
-            usable.append(group)
-        metrics: dict[str, float] = {
-            "groups": float(len(usable)),
-            "skipped_groups": float(len(groups) - len(usable)),
-        }
-        if not usable:
-            return metrics
-        trajectories = [t for g in usable for t in g.members]
-        rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float64)
-        group_ids = torch.tensor([i for i, g in enumerate(usable) for _ in g.members])
-        strata = torch.tensor([t.stratum for t in trajectories])  # assigned at collection
-        # the stratified statistics feed the per-stratum telemetry whatever the estimator
-        result = stratified_advantages_with_stats(
-            rewards, group_ids, strata, self.config.alpha, self.config.eps
-        )
-        if self.config.advantage.type == "stratified":  # already computed: not twice
-            chosen = Estimate(result.advantages, torch.ones(len(rewards), dtype=torch.bool))
-        else:
-            chosen = estimate(
-                self.config.advantage.type,
-                rewards,
-                group_ids,
-                strata,
-                self.config.alpha,
-                self.config.eps,
-            )
+        plan = plan_step(groups, self.config)
+        if not plan.groups:
+            return plan.metrics
+        usable, trajectories = plan.groups, plan.trajectories
         # every rank trains whole groups, dealt by tokens so the ranks' shares weigh alike
         sizes = [sum(len(t.prompt_token_ids) + len(t.token_ids) for t in g.members) for g in usable]
         shares = []
@@ -243,8 +209,8 @@ class Learner:
             shares.append(
                 (
                     [trajectories[r] for r in rows.tolist()],
-                    chosen.advantages[rows],
-                    chosen.keep[rows],
+                    plan.advantages[rows],
+                    plan.keep[rows],
                 )
             )
         if self.peers is None:
@@ -256,7 +222,7 @@ class Learner:
                 self.peers.gather("train")
             except (RuntimeError, RankError) as exc:  # gloo's error for a peer gone is pages long
                 raise self.peers.failure(f"step {self.version + 1}", exc) from exc
-        metrics.update(self._telemetry(result, rewards, strata, trajectories, sums, start))
+        metrics = {**plan.metrics, **self._telemetry(trajectories, sums, start)}
         metrics.update(rank_metrics(self.rank_stats))  # one rank too: the same series either way
         return metrics
 
@@ -489,7 +455,7 @@ class Learner:
         )
         return loss, weighted
 
-    def _telemetry(self, result, rewards, strata, trajectories, sums, start) -> dict[str, float]:
+    def _telemetry(self, trajectories, sums, start) -> dict[str, float]:
         tokens = max(sums["tokens"], 1.0)
         metrics = {
             k.removesuffix("_sum"): v / tokens for k, v in sums.items() if k.endswith("_sum")
@@ -498,7 +464,6 @@ class Learner:
         metrics["trained_tokens"] = sums["tokens"]
         metrics["grad_norm"] = sums["grad_norm"] or float(self.engine.get_global_grad_norm() or 0.0)
         metrics["lr"] = float(self.engine.get_lr()[0])
-        metrics["reward_mean"] = float(rewards.mean())
         metrics["tool_calls_mean"] = sum(len(t.tool_names) for t in trajectories) / len(
             trajectories
         )
@@ -513,12 +478,6 @@ class Learner:
         metrics["staleness_token_mean"] = (
             float(sum((self.version - 1 - v).sum() for v in generated)) / count
         )
-        metrics["adv_var_global_unnormalised"] = float(result.global_centered.var(unbiased=False))
-        metrics.update(theorem1_terms(result))
-        for stratum, row in stratum_summary(result, rewards, strata).items():
-            metrics[f"stratum/{stratum}/count"] = row["count"]
-            metrics[f"stratum/{stratum}/reward"] = row["mean_reward"]
-            metrics[f"stratum/{stratum}/in_stratum_adv_var"] = row["in_stratum_adv_var"]
         metrics["step_seconds"] = time.perf_counter() - start
         metrics["version"] = float(self.version)
         return metrics

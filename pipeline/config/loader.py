@@ -121,6 +121,19 @@ def _section_model(raw: dict[str, Any], parts: Sequence[str]) -> type[BaseModel]
     return model
 
 
+def _other_members_with(raw: dict[str, Any], parent: str, leaf: str) -> list[str]:
+    """The `type`s of the other backends of the union at `parent` that have key `leaf`."""
+    if not parent:
+        return []
+    *above, name = parent.split(".")
+    holder = _section_model(raw, above)
+    field = holder.model_fields.get(name) if holder is not None else None
+    members = model_classes(field.annotation) if field is not None else []
+    if len(members) < 2:
+        return []
+    return [m.model_fields["type"].default for m in members if leaf in m.model_fields]
+
+
 def _union_tags(model: type[BaseModel] = StrataConfig) -> set[str]:
     """Every `type` tag of every backend union in the schema (pydantic puts them into error locations)."""
     tags: set[str] = set()
@@ -162,6 +175,14 @@ def _describe(error: dict[str, Any], raw: dict[str, Any], origin: str) -> str:
         parent, _, leaf = dotted.rpartition(".")
         model = _section_model(raw, parent.split(".") if parent else [])
         hint = ""
+        owners = _other_members_with(raw, parent, leaf)
+        if model is not None and owners:
+            kind = model.model_fields["type"].default
+            return (
+                f"{origin}: {dotted} does not act for {parent}.type {kind} (it is a key of "
+                f"{', '.join(owners)}): remove it, or give the whole section, e.g. "
+                f"--set '{parent}={{type: {kind}}}'"
+            )
         if model is not None:
             valid = list(model.model_fields)
             close = difflib.get_close_matches(leaf, valid, n=1)

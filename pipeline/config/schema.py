@@ -8,13 +8,14 @@ touches the disk or imports torch: `--dry-run` validates a config in well under 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from pipeline.backends import EngineConfig, RuntimeConfig
 from pipeline.backends.embedded import EmbeddedEngine
 from pipeline.backends.local import LocalRuntime
+from pipeline.config.algorithm import AdvantageConfig, StratifiedAdvantage
 from pipeline.config.base import Section, backend_union
 
 # ---------------------------------------------------------------------------------------- model
@@ -215,21 +216,29 @@ class StratifierConfig(Section):
     """random: seed of the assignment."""
 
 
-class AdvantageConfig(Section):
-    type: Literal["stratified", "grpo", "dr_grpo", "rloo", "mc_grpo"] = "stratified"
-    """The advantage estimator (learner/estimators.py): stratified (Stratified GRPO, learner.alpha),
-    grpo, dr_grpo (no std division), rloo (leave-one-out), mc_grpo (median / MAD, the pivot of an
-    odd group left out of the loss)."""
-
-
 class LearnerConfig(Section):
-    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
-    """How rewards become advantages."""
-    alpha: float = Field(0.6, ge=0, le=1)
-    """Blend: A = alpha * A_SAN + (1 - alpha) * A_GN; 0 is GRPO, 1 is pure SAN (advantage.type
-    stratified only)."""
-    eps: float = Field(1e-6, ge=0, le=1)
-    """Added to every std before dividing."""
+    MOVED: ClassVar[dict[str, str]] = {
+        "alpha": "learner.advantage.alpha",
+        "eps": "learner.advantage.eps",
+    }
+    """Keys that moved into a section of their own: their old spelling is refused naming the new one."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: object) -> object:
+        if isinstance(data, dict):
+            for old, new in cls.MOVED.items():
+                if old in data:
+                    raise ValueError(
+                        f"learner.{old} moved to {new} (each estimator's parameters are in its own "
+                        f"section, e.g. learner.advantage: {{type: stratified, alpha: 0.6, eps: 1e-6}}): use {new}"
+                    )
+        return data
+
+    advantage: AdvantageConfig = Field(default_factory=StratifiedAdvantage)
+    """How rewards become advantages: the estimator (learner/estimators.py) and its parameters:
+    stratified (Stratified GRPO: alpha, eps), grpo (eps), dr_grpo (no std division), rloo
+    (leave-one-out), mc_grpo (median / MAD: eps; the pivot of an odd group left out of the loss)."""
     stratifier: StratifierConfig = Field(default_factory=StratifierConfig)
     """How trajectories map to strata."""
     groups_per_step: int = Field(4, ge=1, le=65536)
@@ -305,16 +314,6 @@ class LearnerConfig(Section):
             raise ValueError(
                 f"ratio sequence (GSPO) clips one ratio per sequence; importance {self.importance} "
                 "corrects tokens: use importance none or seq_mask with it"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _alpha_acts(self) -> LearnerConfig:
-        default = LearnerConfig.model_fields["alpha"].default
-        if self.advantage.type != "stratified" and self.alpha != default:
-            raise ValueError(
-                f"alpha {self.alpha} blends only the stratified estimator, not "
-                f"advantage.type {self.advantage.type}: leave alpha at {default} or use stratified"
             )
         return self
 

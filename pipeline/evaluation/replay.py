@@ -51,14 +51,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "run_dir", help="a run directory (holding trajectories/) or a folder of Parquet files"
     )
-    p.add_argument("--alpha", type=float, help="blend; default: the run's learner.alpha, else 0.6")
+    p.add_argument(
+        "--alpha",
+        type=float,
+        help="blend (stratified); default: the run's learner.advantage.alpha, else 0.6",
+    )
     p.add_argument(
         "--estimator",
         choices=sorted(ESTIMATORS),
         help="advantage estimator; default: the run's learner.advantage.type, else stratified",
     )
     p.add_argument(
-        "--eps", type=float, help="std stabiliser; default: the run's learner.eps, else 1e-6"
+        "--eps",
+        type=float,
+        help="std stabiliser; default: the run's learner.advantage.eps, else 1e-6",
     )
     p.add_argument(
         "--stratifier",
@@ -180,6 +186,27 @@ def _plot(table: pa.Table, path: Path) -> None:
     plt.close(fig)
 
 
+def _estimator_params(estimator: str, args: argparse.Namespace, learner_cfg: dict) -> dict:
+    """The estimator's parameters: --alpha / --eps, else the run's learner.advantage section
+    (learner.alpha / learner.eps in runs written before they moved there), else the defaults."""
+    section = learner_cfg.get("advantage", {})
+    takes = ESTIMATORS[estimator].params
+    params = {}
+    for name, default in (("alpha", 0.6), ("eps", 1e-6)):
+        flag = getattr(args, name)
+        if flag is not None and name not in takes:
+            raise ReplayError(
+                f"--{name} does not act for estimator {estimator} (it takes {', '.join(takes) or 'nothing'})"
+            )
+        if name in takes:
+            params[name] = (
+                flag if flag is not None else section.get(name, learner_cfg.get(name, default))
+            )
+    if not 0 <= params.get("alpha", 0) <= 1 or params.get("eps", 0) < 0:
+        raise ReplayError(f"--alpha must lie in [0, 1] and --eps be >= 0 (got {params})")
+    return params
+
+
 def replay(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
@@ -187,11 +214,8 @@ def replay(args: argparse.Namespace) -> int:
     source = run_dir / "trajectories" if (run_dir / "trajectories").is_dir() else run_dir
     config = _run_config(run_dir)
     learner_cfg, buffer_cfg = config.get("learner", {}), config.get("buffer", {})
-    alpha = args.alpha if args.alpha is not None else learner_cfg.get("alpha", 0.6)
-    eps = args.eps if args.eps is not None else learner_cfg.get("eps", 1e-6)
-    if not 0 <= alpha <= 1 or eps < 0:
-        raise ReplayError(f"--alpha must lie in [0, 1] and --eps be >= 0 (got {alpha}, {eps})")
     estimator = args.estimator or learner_cfg.get("advantage", {}).get("type", "stratified")
+    params = _estimator_params(estimator, args, learner_cfg)
 
     table, bad = read_trajectories(source, COLUMNS, skip_bad=args.skip_bad)
     for error in bad:
@@ -217,8 +241,8 @@ def replay(args: argparse.Namespace) -> int:
         table["prompt_id"].dictionary_encode().combine_chunks().indices.to_numpy().astype(np.int64)
     )
     strata = _strata(table, args, config)
-    result = stratified_advantages_with_stats(rewards, group_ids, strata, alpha=alpha, eps=eps)
-    chosen = estimate(estimator, rewards, group_ids, strata, alpha, eps)
+    result = stratified_advantages_with_stats(rewards, group_ids, strata)  # the strata's statistics
+    chosen = estimate(estimator, rewards, group_ids, strata, **params)
 
     consumed = table["consumed_version"].to_numpy(zero_copy_only=False).astype(np.float64)
     staleness = np.where(consumed >= 0, consumed - table["policy_version"].to_numpy(), np.nan)
@@ -226,8 +250,9 @@ def replay(args: argparse.Namespace) -> int:
         "mean_staleness": torch.from_numpy(staleness),
         "mean_tool_calls": torch.from_numpy(table["num_tool_calls"].to_numpy().astype(np.float64)),
     }
-    summary = stratum_summary(result, rewards, strata, extra)
-    print(f"estimator {estimator}, alpha {alpha}, eps {eps}, stratifier {args.stratifier}")
+    summary = stratum_summary(result, rewards, strata, extra, advantages=chosen.advantages)
+    given = "".join(f", {name} {value}" for name, value in params.items())
+    print(f"estimator {estimator}{given}, stratifier {args.stratifier}")
     header = f"{'stratum':>8} {'count':>8} {'mean reward':>12} {'in-stratum adv var':>19} {'mean staleness':>15} {'mean tool calls':>16}"
     print(header)
     for stratum, row in summary.items():

@@ -276,7 +276,6 @@ NOT_SIMULATED = (
     "retrieval",
     "eval",
     "learner.lr",
-    "learner.alpha",
     "learner.advantage",
     "learner.importance",
     "learner.kl_coef",

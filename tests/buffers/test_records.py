@@ -91,6 +91,9 @@ def test_policy_version_is_the_oldest_generated_token():
         (lambda t: setattr(t, "reward", float("nan")), "not finite"),
         (lambda t: setattr(t, "prompt_id", ""), "empty prompt_id"),
         (lambda t: setattr(t, "sample_index", -1), "negative sample_index"),
+        (lambda t: setattr(t, "stratum", -4), r"stratum -4 outside \[0, 65536\)"),
+        (lambda t: setattr(t, "stratum", 1 << 16), "stratum 65536 outside"),
+        (lambda t: setattr(t, "prompt_token_ids", t.prompt_token_ids[:0]), "no prompt tokens"),
     ],
 )
 @pytest.mark.parametrize(
@@ -116,6 +119,7 @@ def test_lists_become_typed_arrays():
     u = Trajectory(
         prompt_id="p",
         sample_index=0,
+        prompt_token_ids=[7],
         token_ids=[1, 2],
         loss_mask=[1, 1],
         behavior_logprobs=[-0.5, -0.25],

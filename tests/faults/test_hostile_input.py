@@ -110,15 +110,19 @@ BROKE_THE_LOADER = [  # (document, overrides, what the one line says): each once
     (b"learner:\n  alpha: !!float ''\n", [], "cannot read '' as !!float"),  # IndexError
     (b"learner:\n  alpha: " + b"9" * 5000 + b"\n", [], "as !!int"),  # int() stops at 4300 digits
     (
-        b"learner:\n  alpha: 0x" + b"F" * 5000 + b"\n",
+        b"learner:\n  advantage:\n    alpha: 0x" + b"F" * 5000 + b"\n",
         [],
-        "learner.alpha = a number of over 4300 digits",
+        "learner.advantage.alpha = a number of over 4300 digits",
     ),  # repr() did
     (b"[" * 1000 + b"]" * 1000, [], "invalid YAML: nested too deeply"),  # RecursionError
     (b"", ["a=" + "[" * 3000 + "]" * 3000], "brackets nested too deeply"),  # ... in parse_value
     # Were two lines: a newline in a key, or in a --set.
     (b'learner:\n  "a\\nb": 1\n', [], "unknown key 'learner.a\\nb'"),
-    (b"", ["learner.alpha=2\n3"], "(--set learner.alpha=2\\n3): learner.alpha = '2\\n3'"),
+    (
+        b"",
+        ["learner.advantage.alpha=2\n3"],
+        "(--set learner.advantage.alpha=2\\n3): learner.advantage.alpha = '2\\n3'",
+    ),
     # A type (a union's tag) of a billion strings hung inside pydantic, which str()-ed it whole.
     ((BOMB + "model:\n  type: *h\n").encode(), [], "model.type = '[[...], [...], "),
     # Not a traceback, but no fix either: 'unable to extract tag using discriminator pick()'.
@@ -299,7 +303,7 @@ def test_a_yaml_alias_bomb_fails_fast_in_a_short_line(scratch):
     "text, overrides",
     [
         ("learner:\n  alpha: !!int abc\n", []),  # was a ValueError traceback
-        ('learner:\n  "a\\nb": 1\n', ["learner.alpha=2\n3"]),  # was two lines
+        ('learner:\n  "a\\nb": 1\n', ["learner.advantage.alpha=2\n3"]),  # was two lines
         ("", ["a=" + "[" * 3000 + "]" * 3000]),  # was a RecursionError traceback
         ("- just\n- a list\n", []),
     ],

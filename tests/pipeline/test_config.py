@@ -29,7 +29,7 @@ def test_shipped_configs_validate_and_round_trip(name, tmp_path):
 def test_the_recipes_say_what_the_paper_says():
     r1 = load_config(CONFIGS / "search_r1.yaml")
     assert isinstance(r1.model, PretrainedModel) and "Qwen2.5-3B" in r1.model.path
-    assert (r1.learner.alpha, r1.buffer.group_size, r1.learner.lr) == (0.6, 8, 1e-6)
+    assert (r1.learner.advantage.alpha, r1.buffer.group_size, r1.learner.lr) == (0.6, 8, 1e-6)
     assert (r1.learner.kl_coef, r1.learner.kl_kind, r1.learner.clip_low) == (0.001, "k3", 0.2)
     assert (r1.actors.max_turns, r1.retrieval.topk, r1.data.type) == (4, 3, "search_r1")
     gaia = load_config(CONFIGS / "gaia.yaml")
@@ -99,36 +99,36 @@ def test_override_application():
     assert raw == {"learner": {"alpha": 0.6, "stratifier": {"type": "random"}}}
     with pytest.raises(OverrideError, match=r"'learner\.alpha' is a value"):
         apply_override(raw, "learner.alpha.low", 1)
-    for bad in ["alpha", "=3", "learner..alpha=1", "learner.alpha"]:
+    for bad in ["alpha", "=3", "learner..alpha=1", "learner.advantage.alpha"]:
         with pytest.raises(OverrideError, match=r"dotted\.key=value"):
             parse_override(bad)
 
 
 def test_yaml_reads_exponent_floats(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("learner:\n  lr: 1e-6\n  eps: 1.0e-8\n")
+    path.write_text("learner:\n  lr: 1e-6\n  advantage: {eps: 1.0e-8}\n")
     config = load_config(path)
-    assert config.learner.lr == 1e-6 and config.learner.eps == 1e-8
+    assert config.learner.lr == 1e-6 and config.learner.advantage.eps == 1e-8
 
 
 @pytest.mark.parametrize(
     "text, overrides, expected",
     [
         (
-            "learner:\n  alpah: 0.5\n",
+            "learner:\n  advantage:\n    alpah: 0.5\n",
             [],
-            "{p}: unknown key 'learner.alpah' (did you mean 'learner.alpha'?)",
+            "{p}: unknown key 'learner.advantage.alpah' (did you mean 'learner.advantage.alpha'?)",
         ),
         ("bogus: 1\n", [], "{p}: unknown key 'bogus' (valid keys: model, data, actors"),
         (
-            "learner:\n  alpha: 1.5\n",
+            "learner:\n  advantage:\n    alpha: 1.5\n",
             [],
-            "{p}: learner.alpha = 1.5: input should be less than or equal to 1",
+            "{p}: learner.advantage.alpha = 1.5: input should be less than or equal to 1",
         ),
         (
             "",
-            ["learner.alpha=-1"],
-            "{p} (--set learner.alpha=-1): learner.alpha = -1: input should be greater",
+            ["learner.advantage.alpha=-1"],
+            "{p} (--set learner.advantage.alpha=-1): learner.advantage.alpha = -1: input should be greater",
         ),
         (
             "",
@@ -163,7 +163,22 @@ def test_yaml_reads_exponent_floats(tmp_path):
             "learner.num_ranks > 1 only",
         ),
         ("model:\n  heads: 3\n", [], "{p}: model: hidden_size 128 must be divisible by heads 3"),
-        ("learner:\n  eps: .nan\n", [], "learner.eps = nan: input should be a finite number"),
+        (
+            "learner:\n  advantage: {eps: .nan}\n",
+            [],
+            "learner.advantage.eps = nan: input should be a finite number",
+        ),
+        (
+            "learner:\n  alpha: 0.8\n",
+            [],
+            "{p}: learner: learner.alpha moved to learner.advantage.alpha",
+        ),
+        (
+            "learner:\n  advantage: {type: grpo, alpha: 0.8}\n",
+            [],
+            "{p}: learner.advantage.alpha does not act for learner.advantage.type grpo (it is a key "
+            "of stratified): remove it, or give the whole section, e.g. --set 'learner.advantage={{type: grpo}}'",
+        ),
         ("learner: [1\n", [], "{p}:2:1: invalid YAML"),
         ("- 1\n", [], "{p}: the top level must be a mapping of sections, got list"),
         ("data:\n  type: gaia\n", [], "{p}: data: data.type 'gaia' needs data.train_files"),
@@ -174,7 +189,11 @@ def test_yaml_reads_exponent_floats(tmp_path):
             "'search_r1': remove it",
         ),
         ("", ["data.world_skew=5"], "data.world_skew = 5: input should be less than or equal to 4"),
-        ("", ["learner.alpha"], "--set 'learner.alpha': expected dotted.key=value"),
+        (
+            "",
+            ["learner.advantage.alpha"],
+            "--set 'learner.advantage.alpha': expected dotted.key=value",
+        ),
         (
             "",
             ["actors.engine={type sglang}"],
@@ -246,3 +265,20 @@ def test_the_config_reference_is_made_from_the_schema():
         "actors.engine.device",
     ):
         assert f"`{key}`" in reference
+
+
+def test_each_estimator_section_holds_exactly_its_parameters():
+    """learner.advantage's sections and learner/estimators.py's registry name the same
+    estimators, each section's keys are its function's keyword parameters, with its defaults."""
+    import inspect
+
+    from learner.estimators import ESTIMATORS
+    from pipeline.config.algorithm import ADVANTAGES
+
+    assert {c.model_fields["type"].default for c in ADVANTAGES} == set(ESTIMATORS)
+    for section in ADVANTAGES:
+        estimator = ESTIMATORS[section.model_fields["type"].default]
+        assert set(section.model_fields) - {"type"} == set(estimator.params)
+        signature = inspect.signature(estimator.fn).parameters
+        for name in estimator.params:
+            assert section.model_fields[name].default == signature[name].default

@@ -25,9 +25,9 @@ from tests.pipeline.test_local_run import SHORT
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL = str(ROOT / "configs" / "local.yaml")
 ABLATION = {
-    "grpo": {"learner.alpha": 0.0},
-    "san": {"learner.alpha": 1.0},
-    "blend": {"learner.alpha": 0.6},
+    "grpo": {"learner.advantage.alpha": 0.0},
+    "san": {"learner.advantage.alpha": 1.0},
+    "blend": {"learner.advantage.alpha": 0.6},
     "random_k2": {"learner.stratifier.type": "random", "learner.stratifier.k": 2},
     "random_k3": {"learner.stratifier.type": "random", "learner.stratifier.k": 3},
 }
@@ -40,7 +40,10 @@ def write_experiment(tmp_path, **fields) -> Path:
         "out": str(tmp_path / "out"),
         "seeds": [0],
         "set": {"learner.max_steps": 3},
-        "variants": {"grpo": {"learner.alpha": 0.0}, "san": {"learner.alpha": 1.0}},
+        "variants": {
+            "grpo": {"learner.advantage.alpha": 0.0},
+            "san": {"learner.advantage.alpha": 1.0},
+        },
     } | fields
     path = tmp_path / "experiment.yaml"
     path.write_text(yaml.safe_dump(body, sort_keys=False))
@@ -127,7 +130,7 @@ def test_dry_run_lists_the_fifteen_runs_of_the_ablation(tmp_path, monkeypatch, c
         "--set",
         "eval.every_steps=100",
         "--set",
-        "learner.alpha=0.0",
+        "learner.advantage.alpha=0.0",
         "--set",
         "runtime.seed=0",
     ]
@@ -151,14 +154,14 @@ def test_dry_run_lists_the_fifteen_runs_of_the_ablation(tmp_path, monkeypatch, c
 )
 def test_an_override_reads_back_as_the_value_the_yaml_gave(value):
     try:
-        text = override_text("learner.alpha", value)
+        text = override_text("learner.advantage.alpha", value)
     except OverrideError:
         return  # said in one line, before any run
-    assert parse_override(text) == ("learner.alpha", value)
+    assert parse_override(text) == ("learner.advantage.alpha", value)
 
 
 def test_override_text_examples():
-    assert override_text("learner.alpha", 0.0) == "learner.alpha=0.0"
+    assert override_text("learner.advantage.alpha", 0.0) == "learner.advantage.alpha=0.0"
     assert override_text("actors.tools", ["search"]) == "actors.tools=[search]"
     assert override_text("x.name", "1") == "x.name='1'"  # a string, not the int 1
     assert parse_value(override_text("x.y", {"type": "random", "k": 2})[4:]) == {
@@ -230,12 +233,16 @@ def test_a_run_dir_made_with_other_settings_is_refused_up_front(tmp_path, capsys
     runs = {r.name: r for r in plan(read_experiment(path), str(path))}
     make_run_dir(runs["san-seed0"], checkpoint=1, report=False)
     path = write_experiment(
-        tmp_path, variants={"grpo": {"learner.alpha": 0.0}, "san": {"learner.alpha": 0.9}}
+        tmp_path,
+        variants={
+            "grpo": {"learner.advantage.alpha": 0.0},
+            "san": {"learner.advantage.alpha": 0.9},
+        },
     )
     fake = FakeLaunch()
     assert experiment.main([str(path)], run=fake) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "learner.alpha" in err and "san-seed0" in err
+    assert err.count("\n") == 1 and "learner.advantage.alpha" in err and "san-seed0" in err
     assert fake.calls == []
 
 
@@ -385,7 +392,12 @@ def write_synthetic_experiment(out: Path, theorem1: bool = True, evals: bool = T
     body = {
         "experiment": "configs/experiments/x.yaml",
         "runs": runs,
-        "config": {"variants": {"grpo": {"learner.alpha": 0.0}, "blend": {"learner.alpha": 0.6}}},
+        "config": {
+            "variants": {
+                "grpo": {"learner.advantage.alpha": 0.0},
+                "blend": {"learner.advantage.alpha": 0.6},
+            }
+        },
     }
     (out / "experiment.json").write_text(json.dumps(body))
 
@@ -495,7 +507,10 @@ def test_two_variants_run_end_to_end_resume_as_done_and_are_reported(tmp_path, r
     path = write_experiment(
         tmp_path,
         set=common,
-        variants={"grpo": {"learner.alpha": 0.0}, "blend": {"learner.alpha": 0.6}},
+        variants={
+            "grpo": {"learner.advantage.alpha": 0.0},
+            "blend": {"learner.advantage.alpha": 0.6},
+        },
     )
     argv = [sys.executable, "-m", "pipeline.experiment", str(path)]
     done = subprocess.run(

@@ -16,12 +16,23 @@ LOCAL = str(ROOT / "configs" / "local.yaml")
 def test_dry_run_prints_the_resolved_config_and_writes_nothing(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert (
-        main([LOCAL, "--dry-run", "--set", "learner.alpha=0.8", "--set", "actors.tools=[search]"])
+        main(
+            [
+                LOCAL,
+                "--dry-run",
+                "--set",
+                "learner.advantage.alpha=0.8",
+                "--set",
+                "actors.tools=[search]",
+            ]
+        )
         == 0
     )
     resolved = yaml.safe_load(capsys.readouterr().out)
-    assert resolved["learner"]["alpha"] == 0.8 and resolved["actors"]["tools"] == ["search"]
-    assert resolved["learner"]["eps"] == 1e-6  # defaults are spelled out
+    assert resolved["learner"]["advantage"]["alpha"] == 0.8 and resolved["actors"]["tools"] == [
+        "search"
+    ]
+    assert resolved["learner"]["advantage"]["eps"] == 1e-6  # defaults are spelled out
     assert list(tmp_path.iterdir()) == []
 
 
@@ -63,10 +74,10 @@ def test_an_existing_run_dir_is_never_overwritten(tmp_path, capsys, no_training)
 
 def test_bad_value_is_one_line_and_writes_nothing(tmp_path, capsys, no_training):
     run_dir = tmp_path / "run"
-    assert main([LOCAL, "--run-dir", str(run_dir), "--set", "learner.alpha=2"]) == 2
+    assert main([LOCAL, "--run-dir", str(run_dir), "--set", "learner.advantage.alpha=2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("strata: error: ")
-    assert "learner.alpha = 2" in err and "less than or equal to 1" in err
+    assert "learner.advantage.alpha = 2" in err and "less than or equal to 1" in err
     assert not run_dir.exists()
 
 

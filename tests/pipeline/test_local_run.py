@@ -272,10 +272,10 @@ def test_resume_refuses_other_settings_and_runs_without_a_checkpoint(tmp_path, c
     resolved = launch(run_dir, cache, "--dry-run")  # the run's own settings, as a run writes them
     (run_dir / "config.yaml").write_text(resolved.communicate(timeout=120)[0])
     (run_dir / "checkpoints" / "latest").write_text("step-000002\n")
-    done = launch(run_dir, cache, "--resume", "--set", "learner.alpha=0.9")
+    done = launch(run_dir, cache, "--resume", "--set", "learner.advantage.alpha=0.9")
     _, err = done.communicate(timeout=120)
     assert done.returncode == 2 and err.count("\n") == 1
-    assert "in learner.alpha:" in err and "only learner.max_steps may change" in err
+    assert "in learner.advantage.alpha:" in err and "only learner.max_steps may change" in err
 
 
 @pytest.mark.skipif(

@@ -1,0 +1,71 @@
+"""One learner step's algorithm, apart from the trainer: the step's groups in; the trajectories
+to train, their advantages under the chosen estimator, which of them the loss keeps, and the
+step's reward and per-stratum telemetry out. A pure function (no model, no ranks): the DeepSpeed
+learner (learner/trainer.py) trains what it returns and nothing else.
+
+Groups arrive checked: the buffer refuses a trajectory whose arrays disagree, whose reward is not
+finite or whose stratum is out of range (buffers/records.py), and hands out complete groups
+only. The one filter here is the config's own, `drop_zero_variance_groups`.
+
+Telemetry reads the strata's statistics (each group's and each (group, stratum) cell's mean and
+spread: Theorem 1's terms) whatever the estimator, and the in-stratum variance of the advantages
+actually trained.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from buffers.records import Group, Trajectory
+from learner.advantages import stratified_advantages_with_stats
+from learner.estimators import estimate, section_params
+from learner.telemetry import stratum_summary, theorem1_terms
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What one optimiser step trains: `trajectories` group by group, in order."""
+
+    groups: list[Group]
+    trajectories: list[Trajectory]
+    advantages: torch.Tensor
+    """One per trajectory (float64)."""
+    keep: torch.Tensor
+    """bool per trajectory: False leaves it out of the loss."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """groups, skipped_groups, and (when any group is left) the reward and stratum telemetry."""
+
+
+def plan_step(groups: list[Group], config: Any) -> StepPlan:
+    """The step's plan under `config`, the `learner` config section (read by attribute)."""
+    usable = [g for g in groups if not (config.drop_zero_variance_groups and _flat(g))]
+    metrics = {"groups": float(len(usable)), "skipped_groups": float(len(groups) - len(usable))}
+    trajectories = [t for g in usable for t in g.members]
+    if not usable:
+        empty = torch.zeros(0, dtype=torch.float64)
+        return StepPlan(usable, trajectories, empty, empty.bool(), metrics)
+    rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float64)
+    group_ids = torch.tensor([i for i, g in enumerate(usable) for _ in g.members])
+    strata = torch.tensor([t.stratum for t in trajectories])  # assigned at collection
+    name = config.advantage.type
+    chosen = estimate(name, rewards, group_ids, strata, **section_params(name, config.advantage))
+    stats = stratified_advantages_with_stats(rewards, group_ids, strata)  # the strata's statistics
+    metrics["reward_mean"] = float(rewards.mean())
+    metrics["adv_var_global_unnormalised"] = float(stats.global_centered.var(unbiased=False))
+    metrics.update(theorem1_terms(stats))
+    for stratum, row in stratum_summary(
+        stats, rewards, strata, advantages=chosen.advantages
+    ).items():
+        metrics[f"stratum/{stratum}/count"] = row["count"]
+        metrics[f"stratum/{stratum}/reward"] = row["mean_reward"]
+        metrics[f"stratum/{stratum}/in_stratum_adv_var"] = row["in_stratum_adv_var"]
+    return StepPlan(usable, trajectories, chosen.advantages, chosen.keep, metrics)
+
+
+def _flat(group: Group) -> bool:
+    """Every reward of the group equal: no group-normalised signal."""
+    rewards = group.rewards
+    return bool((rewards == rewards[0]).all())

@@ -1,0 +1,60 @@
+"""The algorithm's config sections: one per advantage estimator (`learner.advantage`), each
+holding the parameters its function in learner/estimators.py takes and nothing else, so a key
+that does not act for the chosen estimator is refused rather than ignored. The union lists them;
+a test checks each section's fields against its registered function's parameters."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from pipeline.config.base import Section, backend_union
+
+
+class StratifiedAdvantage(Section):
+    """Stratified GRPO (Algorithm 1): alpha * A_SAN + (1 - alpha) * A_GN."""
+
+    type: Literal["stratified"] = "stratified"
+    """Stratified advantage normalisation blended with group normalisation."""
+    alpha: float = Field(0.6, ge=0, le=1)
+    """Blend: A = alpha * A_SAN + (1 - alpha) * A_GN; 0 is GRPO, 1 is pure SAN."""
+    eps: float = Field(1e-6, ge=0, le=1)
+    """Added to every std before dividing."""
+
+
+class GrpoAdvantage(Section):
+    """GRPO: (r - mean_g) / (std_g + eps)."""
+
+    type: Literal["grpo"] = "grpo"
+    """Group-normalised advantages."""
+    eps: float = Field(1e-6, ge=0, le=1)
+    """Added to every group's std before dividing."""
+
+
+class DrGrpoAdvantage(Section):
+    """Dr. GRPO: r - mean_g, no division by the std."""
+
+    type: Literal["dr_grpo"] = "dr_grpo"
+    """Mean-centred advantages."""
+
+
+class RlooAdvantage(Section):
+    """RLOO: r - the mean of the group's other members."""
+
+    type: Literal["rloo"] = "rloo"
+    """Leave-one-out baseline."""
+
+
+class McGrpoAdvantage(Section):
+    """MC-GRPO: (r - median_g) / (MAD_g + eps); an odd group's pivot is left out of the loss."""
+
+    type: Literal["mc_grpo"] = "mc_grpo"
+    """Median-centred advantages."""
+    eps: float = Field(1e-6, ge=0, le=1)
+    """Added to every group's MAD (or its std, where the MAD is 0) before dividing."""
+
+
+ADVANTAGES = (StratifiedAdvantage, GrpoAdvantage, DrGrpoAdvantage, RlooAdvantage, McGrpoAdvantage)
+"""`learner.advantage.type` -> its section; the first is the default."""
+AdvantageConfig = backend_union(ADVANTAGES)
