@@ -4,15 +4,18 @@ A stratifier sees, for each trajectory, the names of the tools it called in orde
 `["search", "search", "python"]`) and returns one int64 stratum per trajectory. The agent loop
 records it in `Trajectory.stratum`, so the buffer's books, the Parquet spill, replay and the
 learner's advantages all use the same strata. Values are stable across batches, so per-stratum
-telemetry lines up from step to step. Add one: a class with `__call__` and an entry in
-`STRATIFIERS`.
+telemetry lines up from step to step. Add one: a class with `__call__`, registered with
+`@register_stratifier(name, *params)` (its own parameters, the fields of its config section
+`learner.stratifier: {type: NAME, ...}` in pipeline/config/algorithm.py); every stratifier is
+built with the run's tool names and turn limit besides.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -24,6 +27,32 @@ class Stratifier(Protocol):
         """One int64 stratum per trajectory; `keys` name the trajectories (prompt#sample) for
         stratifiers that need a stable identity."""
         ...
+
+
+@dataclass(frozen=True)
+class Registered:
+    make: Callable[..., Stratifier]
+    """(tools, max_calls, **params) -> the stratifier."""
+    params: tuple[str, ...]
+    """Its own parameters: the fields of its config section besides `type`."""
+
+
+STRATIFIERS: dict[str, Registered] = {}
+"""`learner.stratifier.type` -> the stratifier; filled by `register_stratifier`."""
+
+
+def register_stratifier(
+    name: str, *params: str
+) -> Callable[[Callable[..., Stratifier]], Callable[..., Stratifier]]:
+    """Register the decorated factory `(tools, max_calls, **params)` as stratifier `name`."""
+
+    def register(make: Callable[..., Stratifier]) -> Callable[..., Stratifier]:
+        if name in STRATIFIERS:
+            raise ValueError(f"stratifier {name!r} is registered twice")
+        STRATIFIERS[name] = Registered(make, params)
+        return make
+
+    return register
 
 
 class ToolCallCount:
@@ -80,22 +109,35 @@ class RandomStrata:
         return np.array([int.from_bytes(d, "little") % self.k for d in digests], dtype=np.int64)
 
 
-STRATIFIERS: dict[str, Callable[..., Stratifier]] = {
-    "tool_calls": lambda tools, max_calls, k, seed: ToolCallCount(),
-    "tool_signature": lambda tools, max_calls, k, seed: ToolSignature(tools, max_calls),
-    "random": lambda tools, max_calls, k, seed: RandomStrata(k, seed),
-}
+@register_stratifier("tool_calls")
+def _tool_calls(tools: Sequence[str], max_calls: int) -> Stratifier:
+    return ToolCallCount()
+
+
+@register_stratifier("tool_signature")
+def _tool_signature(tools: Sequence[str], max_calls: int) -> Stratifier:
+    return ToolSignature(tools, max_calls)
+
+
+@register_stratifier("random", "k", "seed")
+def _random(tools: Sequence[str], max_calls: int, *, k: int = 2, seed: int = 0) -> Stratifier:
+    return RandomStrata(k, seed)
 
 
 def make_stratifier(
-    name: str,
-    *,
-    tools: Sequence[str] = ("search", "python"),
-    max_calls: int = 8,
-    k: int = 2,
-    seed: int = 0,
+    name: str, *, tools: Sequence[str] = ("search", "python"), max_calls: int = 8, **params: Any
 ) -> Stratifier:
-    """The stratifier a config names (a key of `STRATIFIERS`)."""
+    """The stratifier a config names (a key of `STRATIFIERS`) with its own `params`."""
     if name not in STRATIFIERS:
         raise ValueError(f"unknown stratifier {name!r}: use {', '.join(STRATIFIERS)}")
-    return STRATIFIERS[name](tools, max_calls, k, seed)
+    chosen = STRATIFIERS[name]
+    unknown = sorted(set(params) - set(chosen.params))
+    if unknown:
+        takes = ", ".join(chosen.params) or "no parameters"
+        raise ValueError(f"stratifier {name} takes {takes}, not {', '.join(unknown)}")
+    return chosen.make(tools, max_calls, **params)
+
+
+def section_params(section: Any) -> dict[str, Any]:
+    """The stratifier's own parameters read from its config section (by attribute)."""
+    return {p: getattr(section, p) for p in STRATIFIERS[section.type].params}

@@ -1,7 +1,8 @@
-"""The algorithm's config sections: one per advantage estimator (`learner.advantage`), each
-holding the parameters its function in learner/estimators.py takes and nothing else, so a key
-that does not act for the chosen estimator is refused rather than ignored. The union lists them;
-a test checks each section's fields against its registered function's parameters."""
+"""The algorithm's config sections: one per advantage estimator (`learner.advantage`, registered
+in learner/estimators.py) and one per stratifier (`learner.stratifier`, buffers/strata.py), each
+holding the parameters its registered function takes and nothing else, so a key that does not
+act for the chosen one is refused rather than ignored. A test checks each section's fields
+against its function's parameters."""
 
 from __future__ import annotations
 
@@ -58,3 +59,33 @@ class McGrpoAdvantage(Section):
 ADVANTAGES = (StratifiedAdvantage, GrpoAdvantage, DrGrpoAdvantage, RlooAdvantage, McGrpoAdvantage)
 """`learner.advantage.type` -> its section; the first is the default."""
 AdvantageConfig = backend_union(ADVANTAGES)
+
+
+class ToolCallsStrata(Section):
+    """The paper's stratifier: stratum k = k tool calls."""
+
+    type: Literal["tool_calls"] = "tool_calls"
+    """The number of tool calls."""
+
+
+class ToolSignatureStrata(Section):
+    """Counts per tool: two searches and a python call differ from three searches."""
+
+    type: Literal["tool_signature"] = "tool_signature"
+    """The count of each tool (actors.tools), up to actors.max_turns each."""
+
+
+class RandomStrata(Section):
+    """Random strata: the paper's structure-blind control (its Table 7)."""
+
+    type: Literal["random"] = "random"
+    """A hash of the seed and the trajectory's key, in [0, k)."""
+    k: int = Field(2, ge=1, le=1024)
+    """Number of strata."""
+    seed: int = Field(0, ge=0)
+    """Seed of the assignment."""
+
+
+STRATIFIERS = (ToolCallsStrata, ToolSignatureStrata, RandomStrata)
+"""`learner.stratifier.type` -> its section; the first is the default."""
+StratifierConfig = backend_union(STRATIFIERS)

@@ -15,7 +15,12 @@ from pydantic import Field, model_validator
 from pipeline.backends import EngineConfig, RuntimeConfig
 from pipeline.backends.embedded import EmbeddedEngine
 from pipeline.backends.local import LocalRuntime
-from pipeline.config.algorithm import AdvantageConfig, StratifiedAdvantage
+from pipeline.config.algorithm import (
+    AdvantageConfig,
+    StratifiedAdvantage,
+    StratifierConfig,
+    ToolCallsStrata,
+)
 from pipeline.config.base import Section, backend_union
 
 # ---------------------------------------------------------------------------------------- model
@@ -207,15 +212,6 @@ class BufferConfig(Section):
 # -------------------------------------------------------------------------------------- learner
 
 
-class StratifierConfig(Section):
-    type: Literal["tool_calls", "tool_signature", "random"] = "tool_calls"
-    """tool_calls: number of calls (the paper's); tool_signature: count per tool; random: control."""
-    k: int = Field(2, ge=1, le=1024)
-    """random: number of strata."""
-    seed: int = Field(0, ge=0)
-    """random: seed of the assignment."""
-
-
 class LearnerConfig(Section):
     MOVED: ClassVar[dict[str, str]] = {
         "alpha": "learner.advantage.alpha",
@@ -239,8 +235,9 @@ class LearnerConfig(Section):
     """How rewards become advantages: the estimator (learner/estimators.py) and its parameters:
     stratified (Stratified GRPO: alpha, eps), grpo (eps), dr_grpo (no std division), rloo
     (leave-one-out), mc_grpo (median / MAD: eps; the pivot of an odd group left out of the loss)."""
-    stratifier: StratifierConfig = Field(default_factory=StratifierConfig)
-    """How trajectories map to strata."""
+    stratifier: StratifierConfig = Field(default_factory=ToolCallsStrata)
+    """How trajectories map to strata, assigned when each is made: tool_calls (the number of calls,
+    the paper's), tool_signature (a count per tool), random (k strata: the control)."""
     groups_per_step: int = Field(4, ge=1, le=65536)
     """Complete groups consumed per optimiser step."""
     micro_batch_size: int = Field(8, ge=1, le=65536)

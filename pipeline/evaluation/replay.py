@@ -22,7 +22,7 @@ import torch
 import yaml
 
 from buffers.reader import TrajectoryFileError, read_trajectories
-from buffers.strata import make_stratifier
+from buffers.strata import STRATIFIERS, make_stratifier
 from learner.advantages import stratified_advantages_with_stats
 from learner.estimators import ESTIMATORS, estimate
 from learner.telemetry import stratum_summary
@@ -132,12 +132,12 @@ def _strata(table: pa.Table, args: argparse.Namespace, config: dict) -> torch.Te
     if args.stratifier == "tool_calls":
         return torch.from_numpy(table["num_tool_calls"].to_numpy().astype(np.int64))
     actors = config.get("actors", {})
+    given = {"k": args.k, "seed": args.seed}
     stratifier = make_stratifier(
         args.stratifier,
         tools=actors.get("tools", ["search", "python"]),
         max_calls=actors.get("max_turns", 8),
-        k=args.k,
-        seed=args.seed,
+        **{p: given[p] for p in STRATIFIERS[args.stratifier].params},
     )
     if args.stratifier == "random":  # by trajectory key, as the agent loop assigns them
         keys = [

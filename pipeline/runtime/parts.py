@@ -26,17 +26,17 @@ from actors.servers import ManagedServers
 from actors.tools import PythonTool, SearchTool, Tool
 from buffers.group_buffer import GroupBuffer
 from buffers.spill import ParquetSpill
-from buffers.strata import make_stratifier
+from buffers.strata import make_stratifier, section_params
 from learner.ranks import ranked_learner
 from learner.trainer import Learner
 from learner.weight_sync import Publisher
+from pipeline.config.algorithm import StratifierConfig, ToolCallsStrata
 from pipeline.config.schema import (
     ActorsConfig,
     BufferConfig,
     PretrainedModel,
     RetrievalConfig,
     StrataConfig,
-    StratifierConfig,
 )
 from retrieval.client import RetrievalClient
 from retrieval.server import load_app, serve
@@ -147,9 +147,9 @@ def make_tools(
 def agent_settings(config: ActorsConfig, strata: StratifierConfig | None = None) -> AgentSettings:
     """The agent loop's settings; `strata` (learner.stratifier) picks the stratifier that
     assigns each trajectory's stratum at collection (default: the number of tool calls)."""
-    strata = strata or StratifierConfig()
+    strata = strata or ToolCallsStrata()
     stratifier = make_stratifier(
-        strata.type, tools=config.tools, max_calls=config.max_turns, k=strata.k, seed=strata.seed
+        strata.type, tools=config.tools, max_calls=config.max_turns, **section_params(strata)
     )
     return AgentSettings(
         max_turns=config.max_turns,

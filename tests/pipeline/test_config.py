@@ -229,7 +229,8 @@ def test_dump_holds_every_default():
         "metrics",
         "eval",
     }
-    assert dumped["learner"]["stratifier"] == {"type": "tool_calls", "k": 2, "seed": 0}
+    assert dumped["learner"]["stratifier"] == {"type": "tool_calls"}
+    assert dumped["learner"]["advantage"] == {"type": "stratified", "alpha": 0.6, "eps": 1e-6}
 
 
 def test_setting_a_plain_type_field_keeps_the_sections_other_keys():
@@ -282,3 +283,23 @@ def test_each_estimator_section_holds_exactly_its_parameters():
         signature = inspect.signature(estimator.fn).parameters
         for name in estimator.params:
             assert section.model_fields[name].default == signature[name].default
+
+
+def test_each_stratifier_section_holds_exactly_its_parameters():
+    import inspect
+
+    from buffers.strata import STRATIFIERS as REGISTERED
+    from pipeline.config.algorithm import STRATIFIERS
+
+    assert {c.model_fields["type"].default for c in STRATIFIERS} == set(REGISTERED)
+    for section in STRATIFIERS:
+        registered = REGISTERED[section.model_fields["type"].default]
+        assert set(section.model_fields) - {"type"} == set(registered.params)
+        signature = inspect.signature(registered.make).parameters
+        for name in registered.params:
+            assert section.model_fields[name].default == signature[name].default
+    with pytest.raises(
+        ConfigError,
+        match=r"learner\.stratifier\.k does not act for learner\.stratifier\.type tool_calls",
+    ):
+        load_config("configs/local.yaml", ["learner.stratifier.k=3"])
