@@ -140,7 +140,7 @@ def main() -> None:
         zero2 = tokens_per_second(path, 2, args.steps, vocab)
         # configs/gaia.yaml's loss: proximal log-probs from the first forward or a pass of their
         # own, alternating, best of two each (a process's first runs are the slowest)
-        gaia = {"importance": "tis", "kl_coef": 0.001}
+        gaia = {"importance": {"type": "tis"}, "kl_coef": 0.001}
         proximal = {False: 0.0, True: 0.0}
         for _ in range(2):
             for reuse in (False, True):

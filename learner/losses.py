@@ -6,13 +6,8 @@ the token and 0 for tool observations and padding: only generated tokens carry l
 Off-policy correction follows the decoupled objective of AReaL: the PPO ratio is taken against a
 *proximal* policy (log-probs recomputed by the learner before the update) when one is given, and the
 gap between proximal and *behaviour* policy (the actor that sampled the token, possibly several
-versions old) is corrected with the weight w = exp(proximal - behaviour) of each token:
-
-    tis       the loss times min(w, is_cap)                        (truncated importance sampling)
-    mask      tokens with w > is_cap are dropped
-    icepop    tokens with w outside [is_floor, is_cap] are dropped   (IcePop's two-sided mask)
-    seq_mask  whole sequences whose geometric-mean weight exp(mean log w) leaves [is_floor, is_cap]
-              are dropped                                          (sequence-level masked IS)
+versions old) is corrected with the weight w = exp(proximal - behaviour) of each token by the
+chosen correction (learner/corrections.py: tis, mask, icepop, seq_mask).
 
 Without a proximal policy the ratio is against the behaviour policy. `ratio_level="sequence"` is
 GSPO: one ratio per sequence, exp of the length-normalised log-ratio over its kept tokens, clipped
@@ -26,10 +21,9 @@ from typing import Literal
 
 import torch
 
-Importance = Literal["none", "tis", "mask", "icepop", "seq_mask"]
+from learner.corrections import NO_CORRECTION, Correction
+
 Ratio = Literal["token", "sequence"]
-MASKS = ("mask", "icepop", "seq_mask")
-"""The corrections that drop tokens (and so change what micro-batches weigh)."""
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 KLKind = Literal["k1", "k2", "k3"]
 
@@ -78,24 +72,14 @@ def kept_by_importance(
     loss_mask: torch.Tensor,
     behavior_logprobs: torch.Tensor,
     proximal_logprobs: torch.Tensor | None,
-    importance: Importance,
-    is_cap: float,
-    is_floor: float = 0.0,
+    correction: Correction = NO_CORRECTION,
 ) -> torch.Tensor:
-    """The tokens the loss is taken over: `loss_mask`, less those a masking correction drops (see
-    the module doc). The learner weights micro-batches by these counts, so it must decide exactly
-    as `policy_loss` does: both call this."""
-    if importance not in MASKS or proximal_logprobs is None:
+    """The tokens the loss is taken over: `loss_mask`, less those a dropping correction drops.
+    The learner weights micro-batches by these counts, so it must decide exactly as
+    `policy_loss` does: both call this."""
+    if not correction.drops or proximal_logprobs is None:
         return loss_mask
-    log_w = (proximal_logprobs - behavior_logprobs).detach()
-    if importance == "seq_mask":
-        mask = loss_mask.to(log_w.dtype)
-        mean_log_w = (log_w * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        geo = torch.exp(mean_log_w).unsqueeze(-1)
-        return loss_mask * ((geo >= is_floor) & (geo <= is_cap)).to(loss_mask.dtype)
-    weight = torch.exp(log_w)
-    keep = weight <= is_cap if importance == "mask" else (weight >= is_floor) & (weight <= is_cap)
-    return loss_mask * keep.to(loss_mask.dtype)
+    return correction.apply(proximal_logprobs - behavior_logprobs, loss_mask)[1]
 
 
 def policy_loss(
@@ -108,9 +92,7 @@ def policy_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     dual_clip: float | None = 3.0,
-    importance: Importance = "none",
-    is_cap: float = 2.0,
-    is_floor: float = 0.0,
+    correction: Correction = NO_CORRECTION,
     ratio_level: Ratio = "token",
     agg: Aggregation = "token-mean",
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -118,8 +100,8 @@ def policy_loss(
 
     Per token: `max(-A*r, -A*clip(r, 1-clip_low, 1+clip_high))`, capped at `-A*dual_clip` when A < 0,
     with `r = exp(logprobs - base)` and base = proximal if given, else behaviour log-probs.
-    `importance="tis"` multiplies by `min(exp(proximal - behaviour), is_cap)`; `"mask"` drops tokens
-    whose `exp(proximal - behaviour)` exceeds `is_cap`. Importance weights carry no gradient.
+    `correction` weighs or drops tokens by their weight exp(proximal - behaviour) (e.g. tis
+    multiplies by min(w, cap), mask drops tokens with w > cap). Weights carry no gradient.
     """
     if logprobs.shape != behavior_logprobs.shape or logprobs.shape != loss_mask.shape:
         raise ValueError(
@@ -144,21 +126,17 @@ def policy_loss(
             f"advantages must be [B] or [B, T], got {tuple(advantages.shape)} for logprobs "
             f"{tuple(logprobs.shape)}"
         )
-    if importance not in ("none", "tis", *MASKS):
-        raise ValueError(f"unknown importance {importance!r}: use none, tis, {', '.join(MASKS)}")
     if ratio_level not in ("token", "sequence"):
         raise ValueError(f"unknown ratio level {ratio_level!r}: use token or sequence")
-    if importance != "none" and proximal_logprobs is None:
-        raise ValueError(f"importance={importance!r} needs proximal_logprobs")
+    if correction.active and proximal_logprobs is None:
+        raise ValueError(f"importance correction {correction.name!r} needs proximal_logprobs")
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
 
     mask = loss_mask.to(logprobs.dtype)
     advantages = advantages.to(logprobs.dtype).detach()
     base = (proximal_logprobs if proximal_logprobs is not None else behavior_logprobs).detach()
-    kept = kept_by_importance(
-        mask, behavior_logprobs, proximal_logprobs, importance, is_cap, is_floor
-    )
+    kept = kept_by_importance(mask, behavior_logprobs, proximal_logprobs, correction)
     if ratio_level == "sequence":  # GSPO: exp of the mean log-ratio over the sequence's kept tokens
         log_s = ((logprobs - base) * kept).sum(-1) / kept.sum(-1).clamp(min=1)
         ratio = torch.exp(log_s).unsqueeze(-1).expand_as(logprobs)
@@ -176,21 +154,21 @@ def policy_loss(
 
     weight = torch.ones_like(mask)
     dropped = torch.zeros_like(mask)
-    if importance != "none":
-        raw_weight = torch.exp(proximal_logprobs - behavior_logprobs).detach()
-        weight = raw_weight
-        if importance == "tis":
-            loss = loss * torch.clamp(raw_weight, max=is_cap)
-        elif importance in MASKS:
+    truncated = torch.zeros_like(mask)  # tokens whose weight was cut (tis: above its cap)
+    if correction.active:
+        log_w = (proximal_logprobs - behavior_logprobs).detach()
+        weight = torch.exp(log_w)
+        if correction.drops:
             dropped, mask = mask - kept, kept
+        else:
+            multiplier = correction.apply(log_w, mask)[0]
+            loss = loss * multiplier
+            truncated = (multiplier < weight).to(mask.dtype)
 
     total = aggregate(loss, mask, agg)
     tokens = loss_mask.to(logprobs.dtype)
     with torch.no_grad():
         gap = (logprobs - behavior_logprobs).detach()  # the learner's log-prob minus the actor's
-        truncated = (
-            (weight > is_cap).to(mask.dtype) if importance == "tis" else torch.zeros_like(mask)
-        )
         has_tokens = tokens.sum(-1) > 0
         emptied = has_tokens & (mask.sum(-1) == 0)  # every token of the sequence dropped
         metrics = {

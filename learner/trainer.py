@@ -27,7 +27,8 @@ import torch
 from buffers.records import Group
 from learner.algorithm import plan_step
 from learner.batch import TrainBatch, build_batch, response_logprobs
-from learner.losses import MASKS, kept_by_importance, kl_penalty, policy_loss
+from learner.corrections import Correction
+from learner.losses import kept_by_importance, kl_penalty, policy_loss
 from learner.ranks import RankError, RankPeers, TcpRendezvous, init_rank_group, split_by_tokens
 from learner.schedule import step_schedule
 
@@ -112,6 +113,7 @@ class Learner:
 
         hf_logging.disable_progress_bar()
         self.config = config
+        self.correction = Correction.from_section(config.importance)
         self.group_size = group_size
         self.temperature = temperature
         self.version = version
@@ -250,28 +252,24 @@ class Learner:
         # them: no pass of their own, unless the correction drops tokens (each micro-batch's
         # weight counts the kept tokens of the whole step, so they are needed before the first)
         # or the model has dropout (a training forward is then one noisy sample of the policy).
+        correction = self.correction
         reuse = (
-            self.config.importance != "none"
+            correction.active
             and self.reuse_forward_for_proximal
-            and (self.config.importance not in MASKS and not self.dropout)
+            and not (correction.drops or self.dropout)
         )
-        if batch is not None and self.config.importance != "none":
+        if batch is not None and correction.active:
             if not reuse:
                 proximal = self._proximal(batch, steps)
             elif self.config.ppo_epochs > 1:  # filled by the first epoch for the later ones
                 proximal = torch.zeros_like(batch.behavior_logprobs)
-        elif self.config.importance != "none" and self.config.zero_stage == 3 and not reuse:
+        elif correction.active and self.config.zero_stage == 3 and not reuse:
             self._proximal(None, steps)  # ZeRO-3's forward gathers parameters: every rank joins
         if batch is not None:
             # The tokens the loss is taken over (importance "mask" drops some before the loss
             # sees them): each micro-batch's share of the step is its share of these.
             kept = kept_by_importance(
-                batch.response_mask,
-                batch.behavior_logprobs,
-                proximal,
-                self.config.importance,
-                self.config.is_cap,
-                self.config.is_floor,
+                batch.response_mask, batch.behavior_logprobs, proximal, correction
             )
         local = (
             [0.0, 0.0, 0.0]
@@ -417,9 +415,7 @@ class Learner:
             clip_low=self.config.clip_low,
             clip_high=self.config.clip_high,
             dual_clip=self.config.dual_clip,
-            importance=self.config.importance,
-            is_cap=self.config.is_cap,
-            is_floor=self.config.is_floor,
+            correction=self.correction,
             ratio_level=self.config.ratio,
             agg=self.config.loss_agg,
         )

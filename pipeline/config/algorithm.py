@@ -1,5 +1,6 @@
 """The algorithm's config sections: one per advantage estimator (`learner.advantage`, registered
-in learner/estimators.py) and one per stratifier (`learner.stratifier`, buffers/strata.py), each
+in learner/estimators.py), one per off-policy correction (`learner.importance`,
+learner/corrections.py) and one per stratifier (`learner.stratifier`, buffers/strata.py), each
 holding the parameters its registered function takes and nothing else, so a key that does not
 act for the chosen one is refused rather than ignored. A test checks each section's fields
 against its function's parameters."""
@@ -89,3 +90,55 @@ class RandomStrata(Section):
 STRATIFIERS = (ToolCallsStrata, ToolSignatureStrata, RandomStrata)
 """`learner.stratifier.type` -> its section; the first is the default."""
 StratifierConfig = backend_union(STRATIFIERS)
+
+
+class NoImportance(Section):
+    """No correction: the PPO ratio is taken against the proximal policy as it is."""
+
+    type: Literal["none"] = "none"
+    """No importance correction."""
+
+
+class TisImportance(Section):
+    """Truncated importance sampling: the loss times min(w, cap)."""
+
+    type: Literal["tis"] = "tis"
+    """Truncated importance sampling."""
+    cap: float = Field(2.0, gt=1)
+    """Truncation of the weight w = pi_prox / pi_behav."""
+
+
+class MaskImportance(Section):
+    """Tokens whose weight exceeds cap are dropped from the loss."""
+
+    type: Literal["mask"] = "mask"
+    """One-sided token mask."""
+    cap: float = Field(2.0, gt=1)
+    """Tokens with w = pi_prox / pi_behav above this are dropped."""
+
+
+class IcePopImportance(Section):
+    """IcePop: tokens whose weight lies outside [floor, cap] are dropped."""
+
+    type: Literal["icepop"] = "icepop"
+    """Two-sided token mask."""
+    floor: float = Field(0.5, ge=0, lt=1)
+    """Tokens with w = pi_prox / pi_behav below this are dropped."""
+    cap: float = Field(2.0, gt=1)
+    """Tokens with w above this are dropped."""
+
+
+class SeqMaskImportance(Section):
+    """Sequence-level masked IS: sequences whose geometric-mean weight leaves [floor, cap] are dropped."""
+
+    type: Literal["seq_mask"] = "seq_mask"
+    """Sequence mask."""
+    floor: float = Field(0.5, ge=0, lt=1)
+    """Sequences whose geometric-mean w = pi_prox / pi_behav is below this are dropped."""
+    cap: float = Field(2.0, gt=1)
+    """Sequences whose geometric-mean w is above this are dropped."""
+
+
+IMPORTANCE = (NoImportance, TisImportance, MaskImportance, IcePopImportance, SeqMaskImportance)
+"""`learner.importance.type` -> its section; the first is the default."""
+ImportanceConfig = backend_union(IMPORTANCE)

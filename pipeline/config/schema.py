@@ -17,6 +17,8 @@ from pipeline.backends.embedded import EmbeddedEngine
 from pipeline.backends.local import LocalRuntime
 from pipeline.config.algorithm import (
     AdvantageConfig,
+    ImportanceConfig,
+    NoImportance,
     StratifiedAdvantage,
     StratifierConfig,
     ToolCallsStrata,
@@ -216,6 +218,8 @@ class LearnerConfig(Section):
     MOVED: ClassVar[dict[str, str]] = {
         "alpha": "learner.advantage.alpha",
         "eps": "learner.advantage.eps",
+        "is_cap": "learner.importance.cap",
+        "is_floor": "learner.importance.floor",
     }
     """Keys that moved into a section of their own: their old spelling is refused naming the new one."""
 
@@ -226,9 +230,15 @@ class LearnerConfig(Section):
             for old, new in cls.MOVED.items():
                 if old in data:
                     raise ValueError(
-                        f"learner.{old} moved to {new} (each estimator's parameters are in its own "
-                        f"section, e.g. learner.advantage: {{type: stratified, alpha: 0.6, eps: 1e-6}}): use {new}"
+                        f"learner.{old} moved to {new} (each estimator's and correction's parameters "
+                        f"are in its own section, e.g. learner.importance: {{type: tis, cap: 2.0}}): use {new}"
                     )
+            if isinstance(data.get("importance"), str):
+                kind = data["importance"]
+                raise ValueError(
+                    f"learner.importance is a section now: write learner.importance: {{type: {kind}}} "
+                    f"(--set learner.importance.type={kind}), its cap and floor inside it"
+                )
         return data
 
     advantage: AdvantageConfig = Field(default_factory=StratifiedAdvantage)
@@ -262,15 +272,11 @@ class LearnerConfig(Section):
     """PPO clip above: ratio ceiling 1 + clip_high."""
     dual_clip: float | None = Field(3.0, gt=1)
     """Cap of the loss for negative advantages at -A * dual_clip (null: off)."""
-    importance: Literal["none", "tis", "mask", "icepop", "seq_mask"] = "none"
+    importance: ImportanceConfig = Field(default_factory=NoImportance)
     """Off-policy correction against the proximal policy (the weights before the step, whose
-    log-probs the learner computes), on w = pi_prox / pi_behav: tis (loss times min(w, is_cap)),
-    mask (drop tokens with w > is_cap), icepop (drop tokens with w outside [is_floor, is_cap]),
-    seq_mask (drop sequences whose geometric-mean w leaves it)."""
-    is_cap: float = Field(2.0, gt=1)
-    """Truncation (tis) or upper rejection threshold (mask, icepop, seq_mask) of the weight."""
-    is_floor: float = Field(0.5, ge=0, lt=1)
-    """Lower rejection threshold of the weight (icepop, seq_mask)."""
+    log-probs the learner computes), on w = pi_prox / pi_behav (learner/corrections.py): none,
+    tis (loss times min(w, cap)), mask (drop tokens with w > cap), icepop (drop tokens with w
+    outside [floor, cap]), seq_mask (drop sequences whose geometric-mean w leaves it)."""
     ratio: Literal["token", "sequence"] = "token"
     """token: PPO's per-token ratio and clip; sequence: GSPO's length-normalised sequence ratio
     and clip (needs loss_agg seq-mean-token-mean)."""
@@ -297,19 +303,13 @@ class LearnerConfig(Section):
 
     @model_validator(mode="after")
     def _corrections_make_sense(self) -> LearnerConfig:
-        if self.is_floor != LearnerConfig.model_fields[
-            "is_floor"
-        ].default and self.importance not in ("icepop", "seq_mask"):
-            raise ValueError(
-                f"is_floor applies to importance icepop or seq_mask, not {self.importance}"
-            )
         if self.ratio == "sequence" and self.loss_agg != "seq-mean-token-mean":
             raise ValueError(
                 f"ratio sequence (GSPO) averages over sequences: use loss_agg seq-mean-token-mean, not {self.loss_agg}"
             )
-        if self.ratio == "sequence" and self.importance in ("tis", "mask", "icepop"):
+        if self.ratio == "sequence" and self.importance.type in ("tis", "mask", "icepop"):
             raise ValueError(
-                f"ratio sequence (GSPO) clips one ratio per sequence; importance {self.importance} "
+                f"ratio sequence (GSPO) clips one ratio per sequence; importance {self.importance.type} "
                 "corrects tokens: use importance none or seq_mask with it"
             )
         return self

@@ -6,6 +6,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from learner.corrections import Correction
 from learner.losses import policy_loss
 from pipeline.config.schema import LearnerConfig
 
@@ -54,9 +55,7 @@ def test_icepop_drops_tokens_outside_the_band(seed):
         clip_low=CLIP,
         clip_high=CLIP,
         dual_clip=DUAL,
-        importance="icepop",
-        is_cap=CAP,
-        is_floor=FLOOR,
+        correction=Correction("icepop", {"floor": FLOOR, "cap": CAP}),
     )
     want = loop_token_loss(logp, behaviour, proximal, mask, adv, lambda i, t, w: FLOOR <= w <= CAP)
     assert float(got) == pytest.approx(want, rel=1e-9)
@@ -80,9 +79,7 @@ def test_seq_mask_drops_whole_sequences_by_their_geometric_mean_weight(seed):
         clip_low=CLIP,
         clip_high=CLIP,
         dual_clip=DUAL,
-        importance="seq_mask",
-        is_cap=CAP,
-        is_floor=FLOOR,
+        correction=Correction("seq_mask", {"floor": FLOOR, "cap": CAP}),
     )
     assert not keep_seq[0] and any(keep_seq)
     want = loop_token_loss(logp, behaviour, proximal, mask, adv, lambda i, t, w: keep_seq[i])
@@ -121,13 +118,9 @@ def test_gspo_clips_one_length_normalised_ratio_per_sequence(seed):
 @pytest.mark.parametrize(
     "options, message",
     [
-        (
-            {"importance": "tis", "is_floor": 0.8},
-            "is_floor applies to importance icepop or seq_mask",
-        ),
         ({"ratio": "sequence"}, "use loss_agg seq-mean-token-mean"),
         (
-            {"ratio": "sequence", "loss_agg": "seq-mean-token-mean", "importance": "tis"},
+            {"ratio": "sequence", "loss_agg": "seq-mean-token-mean", "importance": {"type": "tis"}},
             "use importance none or seq_mask",
         ),
     ],
@@ -136,5 +129,7 @@ def test_combinations_that_make_no_sense_are_refused(options, message):
     with pytest.raises(ValidationError, match=message):
         LearnerConfig(**options)
     LearnerConfig(
-        ratio="sequence", loss_agg="seq-mean-token-mean", importance="seq_mask", is_floor=0.8
+        ratio="sequence",
+        loss_agg="seq-mean-token-mean",
+        importance={"type": "seq_mask", "floor": 0.8},
     )

@@ -5,6 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from learner.corrections import Correction
 from learner.losses import aggregate, kl_penalty, policy_loss
 
 
@@ -114,8 +115,7 @@ def test_truncated_importance_sampling():
         torch.tensor([1.0]),
         torch.ones(1, 3),
         proximal_logprobs=prox,
-        importance="tis",
-        is_cap=1.5,
+        correction=Correction("tis", {"cap": 1.5}),
     )
     assert loss.item() == pytest.approx(-(1 + 1.5 + 1.5) / 3)
     assert m["importance_weight_max"] == pytest.approx(4.0)
@@ -129,7 +129,12 @@ def test_importance_mask_drops_tokens_over_the_cap():
     behav = logs([[1.0, 0.5, 0.25]])  # weights 1, 2, 4; cap 1.5 drops the last two
     adv = torch.tensor([[1.0, 10.0, 10.0]])
     loss, m = policy_loss(
-        lp, behav, adv, torch.ones(1, 3), proximal_logprobs=prox, importance="mask", is_cap=1.5
+        lp,
+        behav,
+        adv,
+        torch.ones(1, 3),
+        proximal_logprobs=prox,
+        correction=Correction("mask", {"cap": 1.5}),
     )
     assert loss.item() == pytest.approx(-1.0)
     assert m["mask_drop_fraction"] == pytest.approx(2 / 3)
@@ -141,7 +146,12 @@ def test_importance_weights_carry_no_gradient():
     prox = zeros(1, 2).requires_grad_(True)
     behav = logs([[0.5, 0.5]]).requires_grad_(True)
     loss, _ = policy_loss(
-        lp, behav, torch.tensor([1.0]), torch.ones(1, 2), proximal_logprobs=prox, importance="tis"
+        lp,
+        behav,
+        torch.tensor([1.0]),
+        torch.ones(1, 2),
+        proximal_logprobs=prox,
+        correction=Correction("tis"),
     )
     loss.backward()
     assert prox.grad is None and behav.grad is None
@@ -159,9 +169,8 @@ def test_advantage_per_sequence_equals_broadcast_per_token():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(importance="tis"), "proximal"),
-        (dict(importance="mask"), "proximal"),
-        (dict(importance="bogus"), "importance"),
+        (dict(correction=Correction("tis")), "proximal"),
+        (dict(correction=Correction("mask")), "proximal"),
         (dict(dual_clip=1.0), "dual_clip"),
         (dict(agg="mean"), "agg"),
     ],
@@ -235,7 +244,12 @@ def test_off_policy_telemetry_by_hand():
     proximal = behaviour.clone()
     proximal[0, 1] += 2.0  # w = e^2 > cap on one token
     _, tis = policy_loss(
-        logp, behaviour, adv, mask, proximal_logprobs=proximal, importance="tis", is_cap=2.0
+        logp,
+        behaviour,
+        adv,
+        mask,
+        proximal_logprobs=proximal,
+        correction=Correction("tis", {"cap": 2.0}),
     )
     assert tis["truncated_fraction"] == pytest.approx(1 / 5)
     proximal[1] += 3.0  # the second sequence's geometric-mean weight e^3: dropped whole
@@ -245,8 +259,13 @@ def test_off_policy_telemetry_by_hand():
         adv,
         mask,
         proximal_logprobs=proximal,
-        importance="seq_mask",
-        is_cap=2.0,
-        is_floor=0.5,
+        correction=Correction("seq_mask", {"floor": 0.5, "cap": 2.0}),
     )
     assert seq["sequence_drop_fraction"] == pytest.approx(1 / 2)
+
+
+def test_unknown_corrections_and_parameters_are_refused_in_one_line():
+    with pytest.raises(ValueError, match="unknown importance correction 'bogus'"):
+        Correction("bogus")
+    with pytest.raises(ValueError, match="correction tis takes cap, not floor"):
+        Correction("tis", {"floor": 0.5})

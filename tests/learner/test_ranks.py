@@ -54,7 +54,7 @@ def groups(seed: int) -> list[Group]:
 
 
 def options(**overrides) -> dict:
-    base = dict(lr=5e-3, micro_batch_size=3, zero_stage=0, max_steps=50, importance="tis")
+    base = dict(lr=5e-3, micro_batch_size=3, zero_stage=0, max_steps=50, importance={"type": "tis"})
     base.update(overrides)
     return base
 
@@ -114,7 +114,7 @@ def test_groups_are_dealt_whole_by_tokens():
         dict(zero_stage=0),
         dict(zero_stage=1),
         dict(zero_stage=2),
-        dict(zero_stage=0, loss_agg="seq-mean-token-mean", importance="none"),
+        dict(zero_stage=0, loss_agg="seq-mean-token-mean", importance={"type": "none"}),
     ],
     ids=["zero0", "zero1", "zero2-and-resume", "zero0-seq-mean"],
 )

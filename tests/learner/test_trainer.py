@@ -98,7 +98,7 @@ def test_mask_and_alignment_reach_the_loss(policy):
 
 def test_masked_tokens_do_not_move_the_step(policy):
     def first_step_loss(edit):
-        model = learner(policy, importance="none")
+        model = learner(policy, importance={"type": "none"})
         batch = groups(2)
         for g in batch:
             for t in g.members:
@@ -182,7 +182,10 @@ def test_proximal_log_probs_from_the_first_epoch_equal_a_pass_of_their_own(
     recomputes. 12 rows of uneven lengths in micro-batches of 5: the last is short and narrower
     than the step."""
     options = dict(
-        importance=importance, kl_coef=0.01, ppo_epochs=epochs, is_cap=1.5, micro_batch_size=5
+        importance={"type": importance, "cap": 1.5},
+        kl_coef=0.01,
+        ppo_epochs=epochs,
+        micro_batch_size=5,
     )
     reused, recomputed = learner(policy, **options), learner(policy, **options)
     recomputed.reuse_forward_for_proximal = False
@@ -220,24 +223,24 @@ def test_a_model_with_dropout_recomputes_the_proximal_log_probs(policy, tmp_path
     config = json.loads((noisy / "config.json").read_text())
     config["attention_dropout"] = 0.1
     (noisy / "config.json").write_text(json.dumps(config))
-    model = learner(noisy, importance="tis")
+    model = learner(noisy, importance={"type": "tis"})
     passes = count_proximal_passes(model)
     model.step(groups(32))
     assert model.dropout and passes == [1]
-    assert not learner(policy, importance="tis").dropout
+    assert not learner(policy, importance={"type": "tis"}).dropout
 
 
 def test_checkpoint_resume_equals_straight_training(policy, tmp_path):
     batches = [groups(20 + i) for i in range(4)]
-    straight = learner(policy, importance="tis", kl_coef=0.01)
+    straight = learner(policy, importance={"type": "tis"}, kl_coef=0.01)
     for b in batches:
         straight.step(b)
 
-    first = learner(policy, importance="tis", kl_coef=0.01)
+    first = learner(policy, importance={"type": "tis"}, kl_coef=0.01)
     for b in batches[:2]:
         first.step(b)
     saved = save_checkpoint(first, tmp_path, extra={"data_cursor": 2})
-    resumed = learner(policy, importance="tis", kl_coef=0.01)
+    resumed = learner(policy, importance={"type": "tis"}, kl_coef=0.01)
     extra = load_checkpoint(resumed, tmp_path)
     assert extra == {"data_cursor": 2} and resumed.version == 2
     for b in batches[extra["data_cursor"] :]:
@@ -363,7 +366,7 @@ def test_importance_mask_weights_micro_batches_by_the_tokens_it_keeps(policy):
         generated = t.loss_mask == 1
         t.behavior_logprobs[generated] = -30.0
         t.behavior_logprobs[np.flatnonzero(generated)[:2]] = -1.0  # a few tokens stay
-    options = dict(importance="mask", is_cap=2.0, drop_zero_variance_groups=False)
+    options = dict(importance={"type": "mask", "cap": 2.0}, drop_zero_variance_groups=False)
     whole = step_gradient(policy, batch, micro_batch_size=8, **options)
     split = step_gradient(policy, batch, micro_batch_size=4, **options)  # one micro-batch per group
     assert whole.norm() > 0
@@ -439,8 +442,8 @@ def test_every_estimator_trains(policy, name):
 @pytest.mark.parametrize(
     "options",
     [
-        {"importance": "icepop"},
-        {"importance": "seq_mask", "is_floor": 0.2},
+        {"importance": {"type": "icepop"}},
+        {"importance": {"type": "seq_mask", "floor": 0.2}},
         {"ratio": "sequence", "loss_agg": "seq-mean-token-mean"},
     ],
 )

@@ -261,7 +261,7 @@ def test_the_config_reference_is_made_from_the_schema():
     )
     for key in (
         "learner.advantage.type",
-        "learner.is_floor",
+        "learner.importance.floor",
         "learner.ratio",
         "actors.engine.device",
     ):
@@ -303,3 +303,26 @@ def test_each_stratifier_section_holds_exactly_its_parameters():
         match=r"learner\.stratifier\.k does not act for learner\.stratifier\.type tool_calls",
     ):
         load_config("configs/local.yaml", ["learner.stratifier.k=3"])
+
+
+def test_each_correction_section_holds_exactly_its_parameters_and_old_spellings_say_where():
+    import inspect
+
+    from learner.corrections import CORRECTIONS
+    from pipeline.config.algorithm import IMPORTANCE
+
+    assert {c.model_fields["type"].default for c in IMPORTANCE} == set(CORRECTIONS)
+    for section in IMPORTANCE:
+        kind = CORRECTIONS[section.model_fields["type"].default]
+        assert set(section.model_fields) - {"type"} == set(kind.params)
+        signature = inspect.signature(kind.apply).parameters
+        for name in kind.params:
+            assert section.model_fields[name].default == signature[name].default
+    local = "configs/local.yaml"
+    for override, says in (
+        ("learner.is_cap=3", r"learner\.is_cap moved to learner\.importance\.cap"),
+        ("learner.importance=mask", r"learner\.importance is a section now: .*type: mask"),
+        ("learner.importance.floor=0.2", r"learner\.importance\.floor does not act for .*type tis"),
+    ):
+        with pytest.raises(ConfigError, match=says):
+            load_config(local, [override])

@@ -154,14 +154,14 @@ def test_a_short_run_streams_trains_and_leaves_a_complete_run_dir(tmp_path, cach
     [
         [
             "learner.advantage.type=mc_grpo",
-            "learner.importance=seq_mask",
+            "learner.importance.type=seq_mask",
             "actors.latent_reward=0.2",
         ],
         [
             "learner.advantage.type=rloo",
             "learner.ratio=sequence",
             "learner.loss_agg=seq-mean-token-mean",
-            "learner.importance=none",
+            "learner.importance.type=none",
         ],
     ],
 )
