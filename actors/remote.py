@@ -28,6 +28,7 @@ from typing import Any, Literal
 import aiohttp
 
 from actors.engine import EngineError, Generation, NoServerBack
+from actors.servers import healthy
 
 PauseMode = Literal["abort", "retract", "in_place"]
 
@@ -196,7 +197,6 @@ class RemoteEngine:
         update may have left it paused) and put it back. A held server is left to whoever holds
         it (`readmit`). Any failure is a retry, never the end of the loop: nothing else would
         restart it."""
-        from actors.servers import healthy
 
         while server.down and not server.held:
             await asyncio.sleep(self.cooldown_s)

@@ -23,6 +23,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from actors.engine import EngineError
+
 
 class ServerStartError(RuntimeError):
     """A server that cannot start, or a machine that cannot start one; one line saying what to do."""
@@ -210,7 +212,6 @@ class ServerWatch:
             await asyncio.sleep(self.poll_s)
 
     async def _restart(self, index: int) -> None:
-        from actors.engine import EngineError
 
         server, label = self.servers.servers[index], self.servers.label
         print(

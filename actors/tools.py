@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from actors.sandbox import run_python
 from retrieval.client import RetrievalClient, RetrievalError
 from retrieval.corpus import format_passages
 
@@ -80,7 +81,6 @@ class PythonTool:
         self.isolation = isolation  # "bwrap": refuse where bubblewrap cannot run; "none": rlimits
 
     async def __call__(self, argument: str) -> ToolResult:
-        from actors.sandbox import run_python
 
         result = await run_python(
             argument,

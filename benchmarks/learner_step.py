@@ -24,7 +24,7 @@ import torch
 from actors.embedded import EmbeddedEngine
 from buffers.records import Group
 from buffers.testing import synthetic_trajectory
-from learner.ranks import ranked_learner
+from learner.ranked import ranked_learner
 from learner.trainer import Learner
 from learner.weight_sync import InProcessSync
 from pipeline.assets.tiny_policy import build_tiny_policy

@@ -26,6 +26,7 @@ from learner.ranks import (
     first_line,
     run_command,
 )
+from learner.trainer import Learner
 
 
 class RankActor:
@@ -41,8 +42,6 @@ class RankActor:
         self._loaded, self._started = threading.Event(), threading.Event()
 
         def build() -> None:
-            from learner.trainer import Learner
-
             try:
                 self.learner = Learner(
                     spec.model_path,

@@ -16,7 +16,12 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from learner.sft import Training
+from pipeline.assets.warm_start import DEFAULT_TRAINING, LOCAL_AGENT, warm_start, warm_start_key
+from pipeline.assets.world import SKEW, VERSION, build_world, write_world
 from pipeline.config.schema import PretrainedModel, StrataConfig, TinyModel
+from retrieval.build import build
+from retrieval.corpus import corpus_hash
 
 
 @dataclass(frozen=True)
@@ -47,7 +52,6 @@ def _world_version(world_dir: Path) -> int | None:
 
 
 def prepare_world(config: StrataConfig, quiet: bool = False) -> Path:
-    from pipeline.assets.world import SKEW, VERSION, build_world, write_world
 
     data = config.data
     # The default world keeps the directory name it had before the skew could be set.
@@ -62,8 +66,6 @@ def prepare_world(config: StrataConfig, quiet: bool = False) -> Path:
 
 
 def prepare_index(config: StrataConfig, corpus: Path, quiet: bool = False) -> Path:
-    from retrieval.build import build
-    from retrieval.corpus import corpus_hash
 
     if config.retrieval.index_dir is not None:
         return Path(config.retrieval.index_dir)
@@ -104,8 +106,6 @@ def prepare_policy(
         raise ValueError(
             "model.type tiny is warm-started on the mini-GAIA world: set data.type mini_gaia"
         )
-    from learner.sft import Training
-    from pipeline.assets.warm_start import DEFAULT_TRAINING, LOCAL_AGENT, warm_start, warm_start_key
 
     tools = tuple(config.actors.tools)
     training: Training = replace(DEFAULT_TRAINING, max_epochs=config.model.warm_start_epochs)

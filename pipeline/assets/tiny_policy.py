@@ -11,6 +11,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from learner.weight_sync import save_hf
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>"]
 TAG_TOKENS = [
     "<think>",
@@ -96,6 +98,5 @@ def build_tiny_policy(
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
-    from learner.weight_sync import save_hf
 
     return save_hf(out_dir, model, tokenizer)

@@ -40,11 +40,17 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from actors.agent import AgentLoop, AgentSettings, instruction
-from actors.tools import PythonTool, SearchTool
+from actors.tools import MAX_QUERY_CHARS, PythonTool, SearchTool
 from learner.sft import SftExample, SftTimeout, Training, train_sft
+from pipeline.assets.datasets import DatasetError
 from pipeline.assets.name_swap import NameSwap
+from pipeline.assets.tiny_policy import build_tiny_policy
+from pipeline.assets.world import WorldError, build_world, write_world
 from pipeline.config.schema import TinyModel
 from pipeline.evaluation.format_rate import LOCAL_AGENT, format_rate
+from retrieval.build import build
+from retrieval.corpus import format_passages
+from retrieval.server import load_search
 
 DEFAULT_TRAINING = Training()
 CODE_VERSION = 6  # 5: 60 epochs, no plateau stop; 6: epochs decide, the clock only guards
@@ -106,9 +112,6 @@ def retrieved_observations(
     (queries normalised as `SearchTool` sends them) makes a demo the trajectory the agent loop
     would produce, so a policy that issues a demo's query sees the context it was trained on.
     """
-    from actors.tools import MAX_QUERY_CHARS
-    from retrieval.corpus import format_passages
-    from retrieval.server import load_search
 
     def normal(query: str) -> str:
         return " ".join(query.split())[:MAX_QUERY_CHARS]
@@ -303,8 +306,6 @@ def warm_start(
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from pipeline.assets.tiny_policy import build_tiny_policy
-
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -432,8 +433,6 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from pipeline.assets.datasets import DatasetError
-    from pipeline.assets.world import WorldError, build_world, write_world
 
     try:
         world = Path(args.world)
@@ -441,8 +440,6 @@ def main(argv: list[str] | None = None) -> int:
             write_world(build_world(args.seed, args.size), world)
             print(f"built the {args.size} world (seed {args.seed}) in {world}", flush=True)
         if args.index and not (Path(args.index) / "meta.json").is_file():
-            from retrieval.build import build
-
             build(str(world / "corpus.jsonl"), args.index, quiet=True)
         start = time.monotonic()
         training = replace(DEFAULT_TRAINING, max_epochs=args.epochs)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import model_validator
 
+from pipeline.backends.runtime import RuntimeUnavailable
 from pipeline.config.base import Section
 
 if TYPE_CHECKING:
@@ -76,10 +77,9 @@ class EngineBackend(Section):
         """This machine's GPUs the servers the launcher starts take (Ray must not hand them out)."""
         return 0
 
-    def run(self, config: StrataConfig, run_dir: Path) -> int | None:
-        """A backend that replaces the whole run (the simulated cluster) runs it here and returns
-        its exit status; None: the runtime runs it."""
-        return None
+    replaces_run: ClassVar[bool] = False
+    """It runs the whole run itself instead of a runtime (the simulated cluster): see
+    `pipeline.runtime.run.WHOLE_RUNS`."""
 
 
 class ServerEngine(EngineBackend):
@@ -116,8 +116,6 @@ class ServerEngine(EngineBackend):
         """Server j belongs to pool j % pools (a server shared by two pools would be paused and
         reloaded by both); servers the launcher starts are not known yet: empty lists until they
         are. RuntimeUnavailable with fewer servers than pools."""
-        from pipeline.runtime.stream import RuntimeUnavailable
-
         count = len(self.urls) or self.num_servers
         if count < pools:
             where = "actors.engine.urls" if self.urls else "actors.engine.num_servers"

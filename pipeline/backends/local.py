@@ -3,16 +3,13 @@ weights reach in-process engines as a snapshot in memory."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pipeline.backends.runtime import RuntimeBackend
 
 if TYPE_CHECKING:
     from learner.weight_sync import Publisher
-    from pipeline.assets.cache import Assets
     from pipeline.config.schema import StrataConfig
-    from pipeline.runtime.stream import RunSummary
 
 
 class LocalRuntime(RuntimeBackend):
@@ -28,19 +25,6 @@ class LocalRuntime(RuntimeBackend):
                 f"{gpus}: lower learner.num_ranks"
             )
         return None
-
-    async def run(
-        self,
-        config: StrataConfig,
-        assets: Assets,
-        run_dir: Path,
-        progress: Any,
-        summary: RunSummary,
-        resume: bool,
-    ) -> RunSummary:
-        from pipeline.runtime.local import run_local
-
-        return await run_local(config, assets, run_dir, progress, summary, resume=resume)
 
     def snapshot_publisher(self, targets: list) -> Publisher:
         from learner.weight_sync import InProcessSync

@@ -4,7 +4,6 @@ in-process engines through Ray's object store, and learner ranks sit on a placem
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field
@@ -13,7 +12,6 @@ from pipeline.backends.runtime import RuntimeBackend
 
 if TYPE_CHECKING:
     from learner.weight_sync import Publisher
-    from pipeline.assets.cache import Assets
     from pipeline.config.schema import StrataConfig
     from pipeline.runtime.stream import RunSummary
 
@@ -71,19 +69,6 @@ class RayRuntime(RuntimeBackend):
         except ImportError:
             return "runtime.type ray needs the ray package: pip install 'ray>=2.30', or use --set runtime.type=local"
         return None
-
-    async def run(
-        self,
-        config: StrataConfig,
-        assets: Assets,
-        run_dir: Path,
-        progress: Any,
-        summary: RunSummary,
-        resume: bool,
-    ) -> RunSummary:
-        from pipeline.runtime.ray import run_ray
-
-        return await run_ray(config, assets, run_dir, progress, summary, resume=resume)
 
     def snapshot_publisher(self, targets: list) -> Publisher:
         from learner.weight_sync import RaySync

@@ -1,11 +1,11 @@
 """What every `runtime` backend declares, next to its fields: where the roles run, what this
 machine refuses, how a snapshot of the weights travels to in-process engines, and where the
 learner's ranks are placed. As with the engines, a runtime's implementation is imported only
-when it runs (`pipeline/runtime/`)."""
+when it runs; the run itself is `pipeline/runtime/<type>.py`, named in
+`pipeline.runtime.run.RUNNERS`."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import Field
@@ -14,9 +14,12 @@ from pipeline.config.base import Section
 
 if TYPE_CHECKING:
     from learner.weight_sync import Publisher
-    from pipeline.assets.cache import Assets
     from pipeline.config.schema import StrataConfig
     from pipeline.runtime.stream import RunSummary
+
+
+class RuntimeUnavailable(RuntimeError):
+    """A runtime that cannot start here (no cluster, too few resources); one line, what to do."""
 
 
 class RuntimeBackend(Section):
@@ -49,18 +52,6 @@ class RuntimeBackend(Section):
     def refused(self, config: StrataConfig, gpus: int) -> str | None:
         """Why this machine (with `gpus` CUDA GPUs) cannot run `config` here, in one line, or None."""
         return None
-
-    async def run(
-        self,
-        config: StrataConfig,
-        assets: Assets,
-        run_dir: Path,
-        progress: Any,
-        summary: RunSummary,
-        resume: bool,
-    ) -> RunSummary:
-        """Stream until learner.max_steps (`pipeline.runtime.stream.stream` over this runtime's roles)."""
-        raise NotImplementedError
 
     def snapshot_publisher(self, targets: list) -> Publisher:
         """How a snapshot of the learner's weights reaches in-process engines (`targets`)."""

@@ -5,8 +5,7 @@ it builds no engine client and starts no servers."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -61,6 +60,8 @@ class SimulatedEngine(EngineBackend):
     time_limit_s: float = Field(86400.0, gt=0)
     """Simulated seconds after which the run stops (as if interrupted)."""
 
+    replaces_run: ClassVar[bool] = True
+
     @model_validator(mode="after")
     def _latency_range(self) -> SimulatedEngine:
         low, high = self.tool_latency_s
@@ -79,8 +80,3 @@ class SimulatedEngine(EngineBackend):
         if not config.runtime.one_process:
             return "actors.engine.type simulated runs on the local runtime only: use --set runtime.type=local"
         return None
-
-    def run(self, config: StrataConfig, run_dir: Path) -> int | None:
-        from pipeline.runtime.simulated import run_simulated
-
-        return run_simulated(config, run_dir)

@@ -19,10 +19,12 @@ from pathlib import Path
 
 from actors.agent import AgentLoop, AgentSettings
 from actors.rewards import format_reward
+from pipeline.assets.datasets import load_world
 from pipeline.backends.embedded import EmbeddedEngine
 from pipeline.backends.local import LocalRuntime
 from pipeline.config.schema import ActorsConfig, StrataConfig
 from pipeline.runtime.parts import open_acting
+from retrieval.build import build
 
 LOCAL_AGENT = AgentSettings(
     max_turns=4, max_new_tokens_per_turn=64, max_response_tokens=640, max_observation_tokens=128
@@ -112,14 +114,11 @@ def format_rate(
     `index_dir`: an index of the world's corpus, built there first if missing; None builds one
     in a temporary directory (about ten seconds).
     """
-    from pipeline.assets.datasets import load_world
 
     questions = pick_questions(load_world(world_dir)[1], n, seed)
     with tempfile.TemporaryDirectory(prefix="strata-warm-index-") as scratch:
         index = Path(index_dir) if index_dir is not None else Path(scratch) / "index"
         if not (index / "meta.json").is_file():
-            from retrieval.build import build
-
             build(str(Path(world_dir) / "corpus.jsonl"), str(index), quiet=True)
         run = _measure(
             Path(model_dir), index, questions, temperatures, tools, settings, concurrency, seed

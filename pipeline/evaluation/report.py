@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.evaluation.heldout import Row, markdown
 from pipeline.evaluation.report_learning import calls_by_level_plot, learning_section
 
 
@@ -224,7 +225,6 @@ def _evaluations(run_dir: Path) -> list[str]:
     records = [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
     if not records:
         return []
-    from pipeline.evaluation.heldout import Row, markdown
 
     last = records[-1]
     lines = [

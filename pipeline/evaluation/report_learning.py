@@ -19,6 +19,8 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from buffers.reader import read_trajectories
+
 # Which evaluation made a trajectory (its actor_id) and the training questions' table row: set by
 # pipeline.evaluate, which imports them from here (this module stays light: no torch).
 TOOLS_ACTOR, BASELINE_ACTOR, TRAIN_ACTOR = "eval", "eval-no-tools", "eval-train"
@@ -132,7 +134,6 @@ def learning_section(run_dir: Path, metrics: list[dict]) -> list[str]:
 def calls_by_level_plot(run_dir: Path) -> str | None:
     """tool_calls_by_level.png: mean tool calls per trajectory against the policy version that
     generated it, one line per data source (level), from the run's trajectory spill."""
-    from buffers.reader import read_trajectories
 
     try:
         table, _ = read_trajectories(

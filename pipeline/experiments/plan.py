@@ -15,6 +15,8 @@ from pipeline.config.base import Section
 from pipeline.config.loader import ConfigError, load_config, read_yaml
 from pipeline.config.overrides import OverrideError, parse_value
 from pipeline.config.schema import StrataConfig
+from pipeline.runtime.preflight import refused_for_training, unavailable
+from pipeline.runtime.run_dir import RESUMABLE_CHANGES
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 SEED_KEY = "runtime.seed"
@@ -124,7 +126,6 @@ class Run:
 def plan(experiment: ExperimentConfig, source: str, only: list[str] | None = None) -> list[Run]:
     """Every run of `experiment` (of the variants in `only`), each resolved config validated and
     each run directory's state checked; the first problem is a one-line ConfigError."""
-    from pipeline.runtime.preflight import refused_for_training, unavailable
 
     names = list(experiment.variants)
     unknown = [n for n in only or [] if n not in experiment.variants]
@@ -223,7 +224,6 @@ def action_for(run_dir: Path, config: StrataConfig, where: str) -> str:
 def changed_settings(run_dir: Path, config: StrataConfig, where: str) -> list[str]:
     """Dotted keys whose value in `run_dir/config.yaml` differs from `config`'s, apart from those
     `launch --resume` may change."""
-    from pipeline.runtime.run_dir import RESUMABLE_CHANGES
 
     try:
         saved = load_config(run_dir / "config.yaml")

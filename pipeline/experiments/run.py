@@ -26,6 +26,7 @@ from pathlib import Path
 
 from pipeline.config.loader import ConfigError
 from pipeline.experiments.plan import ExperimentConfig, Run, parallel_problem, plan, read_experiment
+from pipeline.runtime.ray_cluster import import_ray
 
 RunFn = Callable[[list[str], Path, Path], int]
 """Runs a command line (argv) with its output appended to a log file, in a working directory;
@@ -77,7 +78,6 @@ def run_sequential(jobs: Jobs, run: RunFn, finished: Finished) -> None:
 def run_on_ray(jobs: Jobs, run: RunFn, finished: Finished) -> None:
     """Each run a Ray task (one CPU) on a private cluster bound to 127.0.0.1. The first run goes
     alone: it builds the assets cache (world, index, warm start) the others then share."""
-    from pipeline.runtime.ray_cluster import import_ray
 
     ray = import_ray("127.0.0.1")
     handler = signal.getsignal(signal.SIGTERM)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from actors.pool import ActorPool
 from buffers.group_buffer import BufferStats
+from buffers.reader import read_trajectories
 
 
 def accounting(stats: BufferStats, pools: Sequence[ActorPool]) -> dict:
@@ -73,7 +74,6 @@ def audit(run_dir: Path) -> list[str]:
     """What is wrong with a finished run's books (empty: they balance): per stratum, generated =
     trained + dropped_stale + abandoned + failed + in_flight in accounting.json, and the Parquet
     spill holds exactly as many rows of each status per stratum, in files that all read."""
-    from buffers.reader import read_trajectories
 
     path = Path(run_dir) / "accounting.json"
     if not path.is_file():

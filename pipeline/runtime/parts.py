@@ -27,7 +27,7 @@ from actors.tools import PythonTool, SearchTool, Tool
 from buffers.group_buffer import GroupBuffer
 from buffers.spill import ParquetSpill
 from buffers.strata import make_stratifier, section_params
-from learner.ranks import ranked_learner
+from learner.ranked import ranked_learner
 from learner.trainer import Learner
 from learner.weight_sync import Publisher
 from pipeline.config.algorithm import StratifierConfig, ToolCallsStrata

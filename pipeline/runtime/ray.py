@@ -61,7 +61,7 @@ from pipeline.runtime.parts import (
     pool_urls,
     start_servers,
 )
-from pipeline.runtime.ray_cluster import import_ray, start_ray
+from pipeline.runtime.ray_cluster import actor_gone_errors, import_ray, start_ray
 from pipeline.runtime.ray_learner import LearnerWorker, learner_placement
 from pipeline.runtime.ray_retrieval import RetrievalWorker, watch_retrieval
 from pipeline.runtime.recovery import resume_run_dir
@@ -199,16 +199,6 @@ class GenerationWorker:
             await self.acting.close()
 
 
-def _ray_errors() -> tuple[type[BaseException], ...]:
-    import ray.exceptions as rx
-
-    return tuple(
-        getattr(rx, name)
-        for name in ("RayActorError", "ActorUnavailableError", "ActorDiedError")
-        if hasattr(rx, name)
-    )
-
-
 class RemoteAgent:
     """What an `ActorPool` needs of an agent loop, running in a `GenerationWorker`. Failures come
     back as the pool expects them: a dead or failing actor is an `EngineError` (the member is
@@ -235,7 +225,7 @@ async def unwrap(call: Any, who: str) -> Any:
         if isinstance(cause, (EngineError, InvalidTrajectory)):
             raise cause from None
         raise EngineError(f"{who}: {cause!r}") from None
-    except _ray_errors() as exc:
+    except actor_gone_errors() as exc:
         raise EngineError(f"{who} is gone ({type(exc).__name__}); Ray restarts it") from None
 
 
@@ -254,7 +244,7 @@ class WorkerTarget:
 
         try:
             problem, served = await self.handle.update_weights.remote(version, path or state_dict)
-        except _ray_errors():  # dead: Ray restarts it and it loads `latest` before generating
+        except actor_gone_errors():  # dead: Ray restarts it and it loads `latest` before generating
             self.version = version
             return
         except RayTaskError as exc:  # raised in the actor (a cancelled load too): a failed sync;
@@ -345,8 +335,7 @@ async def run_ray(
     resume: bool = False,
 ) -> RunSummary:
     """Stream until learner.max_steps with every role in a Ray actor (see the module doc)."""
-    runtime = config.runtime
-    assert isinstance(runtime, RayRuntime)
+    runtime: RayRuntime = config.runtime  # RUNNERS["ray"]: runtime.type is ray
     ray = import_ray(runtime.node_ip)  # first: Ray decides what it listens on when imported
     summary = summary if summary is not None else RunSummary()
     pools_n = config.actors.num_pools

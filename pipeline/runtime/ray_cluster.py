@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from learner.ranks import is_loopback
 from pipeline.backends.ray import RayRuntime
-from pipeline.runtime.stream import RuntimeUnavailable
+from pipeline.backends.runtime import RuntimeUnavailable
 
 LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 """Set to 0, Ray takes loopback as this node's address and every process of a cluster started
@@ -108,3 +108,14 @@ def _check_resources(needed: dict[str, float], have: Mapping[str, float]) -> Non
                 f"the roles ask for {amount:g} {resource} but the Ray cluster has {have.get(resource, 0):g}: "
                 "lower runtime.actor_num_cpus / learner_num_cpus (fractions work) or actors.num_pools"
             )
+
+
+def actor_gone_errors() -> tuple[type[BaseException], ...]:
+    """Ray's exceptions for an actor that died or is being restarted (the names vary by version)."""
+    import ray.exceptions as rx
+
+    return tuple(
+        getattr(rx, name)
+        for name in ("RayActorError", "ActorUnavailableError", "ActorDiedError")
+        if hasattr(rx, name)
+    )

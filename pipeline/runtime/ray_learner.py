@@ -11,9 +11,9 @@ import torch
 from learner.checkpoint import load_checkpoint, save_checkpoint
 from learner.weight_sync import write_checkpoint
 from pipeline.backends.ray import RayRuntime
+from pipeline.backends.runtime import RuntimeUnavailable
 from pipeline.config.schema import StrataConfig
 from pipeline.runtime.parts import close_learner, make_learner
-from pipeline.runtime.stream import RuntimeUnavailable
 
 
 class LearnerWorker:

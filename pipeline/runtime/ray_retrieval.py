@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from pipeline.runtime.ray_cluster import actor_gone_errors
 from pipeline.runtime.stream import RunSummary
 from retrieval.server import load_app, serve
 
@@ -33,9 +34,7 @@ async def watch_retrieval(
     """Keeps the retrieval actor serving on `port` (the URL every pool's search tool has): when
     Ray has restarted it after a death, starts its server again there. Meanwhile searches fail
     and the agents see error observations, counted as tool errors. Counts restarts in `summary`."""
-    from pipeline.runtime.ray import _ray_errors
-
-    errors = _ray_errors()
+    errors = actor_gone_errors()
     while True:
         await asyncio.sleep(poll_s)
         try:

@@ -22,10 +22,19 @@ from actors.servers import ServerStartError
 from learner.checkpoint import CheckpointError
 from learner.ranks import RankError
 from pipeline.assets.cache import prepare_assets
+from pipeline.backends.runtime import RuntimeUnavailable
 from pipeline.config.schema import StrataConfig
 from pipeline.evaluation.heldout import EvalError
 from pipeline.evaluation.report import learning_signal, write_report
-from pipeline.runtime.stream import RunSummary, RuntimeUnavailable
+from pipeline.runtime.local import run_local
+from pipeline.runtime.ray import run_ray
+from pipeline.runtime.simulated import run_simulated
+from pipeline.runtime.stream import RunSummary
+
+RUNNERS = {"local": run_local, "ray": run_ray}
+"""`runtime.type` -> the coroutine that streams a run there (its section: pipeline/backends/)."""
+WHOLE_RUNS = {"simulated": run_simulated}
+"""`actors.engine.type` -> a run of its own, for an engine that replaces the runtime."""
 
 
 def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = False) -> int:
@@ -36,9 +45,8 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, terminate)
-    alone = config.actors.engine.run(config, run_dir)
-    if alone is not None:  # the backend ran the whole run itself
-        return alone
+    if config.actors.engine.replaces_run:
+        return WHOLE_RUNS[config.actors.engine.type](config, run_dir)
     try:
         assets = prepare_assets(config)
     except (OSError, ValueError) as exc:
@@ -67,7 +75,9 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop)
         try:
-            await config.runtime.run(config, assets, run_dir, progress, summary, resume)
+            await RUNNERS[config.runtime.type](
+                config, assets, run_dir, progress, summary, resume=resume
+            )
         finally:  # closing, the loop would give SIGTERM back its default (die at once)
             loop.remove_signal_handler(signal.SIGTERM)
             signal.signal(signal.SIGTERM, finishing)

@@ -29,10 +29,12 @@ from actors.simulated import GpuModel, SimulatedEngine, SimulatedServer, Simulat
 from actors.tools import ToolStats
 from buffers.records import Group
 from pipeline.assets.datasets import Question
+from pipeline.assets.tiny_policy import train_tokenizer
 from pipeline.backends.simulated import SimulatedEngine as SimulatedConfig
 from pipeline.config.schema import StrataConfig
 from pipeline.runtime import virtual_time
 from pipeline.runtime.accounting import write_json
+from pipeline.runtime.metrics import start_metrics
 from pipeline.runtime.parts import agent_settings, make_buffer
 from pipeline.runtime.stream import ActorStats, RunSummary, stream, task_stream
 
@@ -41,7 +43,6 @@ def sim_tokenizer():
     """A small byte-level BPE tokenizer with the agent's tags (trained here, in about a second),
     in which the simulated filler words are one token each (the agent loop's cost per token is
     then what it is for a real model's tokens)."""
-    from pipeline.assets.tiny_policy import train_tokenizer
 
     texts = [SEARCH_INSTRUCTION + PYTHON_INSTRUCTION, CORRECTION] * 20
     return train_tokenizer(texts + [" word passage simulated query"] * 200, vocab_size=1000)
@@ -161,8 +162,7 @@ def steady_throughput(metrics: list[dict]) -> float:
 async def _simulate(
     config: StrataConfig, run_dir: Path, run_metrics: Any = None, stop_on_signal: bool = False
 ) -> SimResult:
-    sim = config.actors.engine
-    assert isinstance(sim, SimulatedConfig)
+    sim: SimulatedConfig = config.actors.engine  # WHOLE_RUNS["simulated"]: the engine is simulated
     tokenizer = sim_tokenizer()
     gpu = GpuModel(sim.step_s, sim.step_per_seq_s, sim.prefill_per_token_s, sim.max_batch)
     # observations as long as the agent keeps (actors.max_observation_tokens): search results
@@ -288,7 +288,6 @@ def run_simulated(config: StrataConfig, run_dir: Path) -> int:
     """`python -m pipeline.launch` with actors.engine.type simulated: one line on what does not
     act, the simulation (Prometheus metrics as in a real run, when enabled; SIGTERM or Ctrl-C
     stops it cleanly), one line of results."""
-    from pipeline.runtime.metrics import start_metrics
 
     print(
         f"strata: simulated run (actors.engine.type simulated): no model is trained, so "

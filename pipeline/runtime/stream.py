@@ -27,16 +27,13 @@ from actors.tools import ToolStats
 from buffers.group_buffer import BufferStats, GroupBuffer
 from buffers.records import Group
 from pipeline.assets.datasets import DatasetError, drop_long_prompts, load_questions, load_world
+from pipeline.backends.runtime import RuntimeUnavailable
 from pipeline.config.schema import StrataConfig
 from pipeline.runtime.accounting import accounting, add_accounting, write_json
 from pipeline.runtime.recovery import save_run_checkpoint
 
 CURSOR_KEY = "tasks_started"
 """Checkpoint field: tasks the pools had started, so a resumed run goes on with the next ones."""
-
-
-class RuntimeUnavailable(RuntimeError):
-    """A runtime that cannot start here (no cluster, too few resources); one line, what to do."""
 
 
 @dataclass

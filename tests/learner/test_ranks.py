@@ -13,7 +13,8 @@ import torch
 from buffers.records import Group
 from buffers.testing import synthetic_trajectory
 from learner.checkpoint import load_checkpoint, save_checkpoint
-from learner.ranks import ranked_learner, split_by_tokens
+from learner.ranked import ranked_learner
+from learner.ranks import split_by_tokens
 from learner.trainer import Learner
 from pipeline.assets.tiny_policy import build_tiny_policy
 from pipeline.config.schema import LearnerConfig

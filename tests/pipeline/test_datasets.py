@@ -250,8 +250,9 @@ def test_the_run_trains_on_data_train_files(tmp_path):
 
     from pipeline.assets.tiny_policy import build_tiny_policy
     from pipeline.assets.world import main as world_main
+    from pipeline.backends.runtime import RuntimeUnavailable
     from pipeline.config.loader import load_config
-    from pipeline.runtime.stream import RuntimeUnavailable, question_stream
+    from pipeline.runtime.stream import question_stream
 
     assert world_main(["--out", str(tmp_path / "world"), "--seed", "1"]) == 0
     tokenizer = AutoTokenizer.from_pretrained(

@@ -16,9 +16,9 @@ import pyarrow.compute as pc
 import pytest
 
 from buffers.reader import read_trajectories
+from pipeline.backends.runtime import RuntimeUnavailable
 from pipeline.config.loader import load_config
 from pipeline.runtime.parts import pool_urls
-from pipeline.runtime.stream import RuntimeUnavailable
 from tests.conftest import assert_accounting, assert_loopback_listeners, assert_no_secret
 from tests.pipeline.test_local_run import REQUIRED_METRICS, ROOT, launch
 
