@@ -134,6 +134,23 @@ def _other_members_with(raw: dict[str, Any], parent: str, leaf: str) -> list[str
     return [m.model_fields["type"].default for m in members if leaf in m.model_fields]
 
 
+def _close_in_other_members(raw: dict[str, Any], parent: str, leaf: str) -> tuple[str, str] | None:
+    """(key, type) of the closest key to `leaf` among the other backends of the union at `parent`."""
+    if not parent:
+        return None
+    *above, name = parent.split(".")
+    holder = _section_model(raw, above)
+    field = holder.model_fields.get(name) if holder is not None else None
+    members = model_classes(field.annotation) if field is not None else []
+    if len(members) < 2:
+        return None
+    owner = {
+        k: m.model_fields["type"].default for m in members for k in m.model_fields if k != "type"
+    }
+    close = difflib.get_close_matches(leaf, list(owner), n=1)
+    return (close[0], owner[close[0]]) if close else None
+
+
 def _union_tags(model: type[BaseModel] = StrataConfig) -> set[str]:
     """Every `type` tag of every backend union in the schema (pydantic puts them into error locations)."""
     tags: set[str] = set()
@@ -193,6 +210,10 @@ def _describe(error: dict[str, Any], raw: dict[str, Any], origin: str) -> str:
                 if close
                 else f" (valid keys{where}: {', '.join(valid)})"
             )
+            elsewhere = _close_in_other_members(raw, parent, leaf) if not close else None
+            if elsewhere:
+                key, kind = elsewhere
+                hint = f" (did you mean '{prefix}{key}'? it is a key of {parent}.type {kind})"
         return f"{origin}: unknown key '{dotted}'{hint}"
     if error["type"] == "union_tag_invalid":
         expected = error.get("ctx", {}).get("expected_tags", "")

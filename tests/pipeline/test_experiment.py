@@ -89,7 +89,9 @@ def test_a_bad_override_in_the_last_variant_fails_before_any_run(tmp_path, capsy
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
     assert "variants.random_k3 (random_k3-seed0)" in err and "learner.stratifier.kk" in err
-    assert "did you mean 'learner.stratifier.k'" in err
+    assert (
+        "did you mean 'learner.stratifier.k'? it is a key of learner.stratifier.type random" in err
+    )
     assert fake.calls == [] and not (tmp_path / "out").exists()
 
 
