@@ -12,6 +12,7 @@ from pathlib import Path
 
 from buffers.records import Group, Trajectory
 from buffers.testing import synthetic_trajectory
+from pipeline.runtime.roles import Roles
 from pipeline.runtime.stream import ActorStats
 
 
@@ -66,9 +67,9 @@ class SimulatedAgent:
 
 
 @dataclass
-class SimulatedRoles:
-    """The learner side of `pipeline.runtime.stream.Roles`: a step sleeps `step_s` and makes the next
-    version; `empty` decides which steps have no usable group (they train nothing)."""
+class SimulatedRoles(Roles):
+    """A fake learner side (`pipeline.runtime.roles.Roles`): a step sleeps `step_s` and makes the
+    next version; `empty` decides which steps have no usable group (they train nothing)."""
 
     engine: SimulatedEngine
     step_s: float = 0.05

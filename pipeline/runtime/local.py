@@ -17,15 +17,13 @@ from pathlib import Path
 
 import torch
 
-from actors.engine import EngineError
 from actors.pool import ActorPool
 from actors.remote import RemoteEngine
-from actors.servers import ServerWatch
 from actors.tools import ToolStats
 from learner.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.assets.cache import Assets
 from pipeline.config.schema import StrataConfig
-from pipeline.evaluation.heldout import eval_settings, periodic_eval, with_and_without_tools
+from pipeline.evaluation.heldout import eval_settings, with_and_without_tools
 from pipeline.runtime.allocator import trim
 from pipeline.runtime.metrics import start_metrics
 from pipeline.runtime.parts import (
@@ -38,6 +36,7 @@ from pipeline.runtime.parts import (
     open_acting,
 )
 from pipeline.runtime.recovery import resume_run_dir
+from pipeline.runtime.roles import Roles
 from pipeline.runtime.stream import (
     CURSOR_KEY,
     ActorStats,
@@ -57,14 +56,20 @@ def set_threads(config: StrataConfig) -> int:
     return threads
 
 
-class LocalRoles:
+class LocalRoles(Roles):
     """The learner in a worker thread of this process, publishing to the engine: in-process
-    (embedded) or as an HF checkpoint the servers reload (vLLM)."""
+    (embedded) or as an HF checkpoint the servers reload (vLLM, SGLang). Periodic evaluation runs
+    on the run's servers, or, with an in-process engine, on an engine of its own holding a copy
+    of the evaluated version's weights (the version may move on during an evaluation on servers:
+    each trajectory records the versions that sampled it)."""
 
-    def __init__(self, learner, engine, agents, publisher) -> None:
-        self.learner, self.engine, self.agents, self.publisher = learner, engine, agents, publisher
-        self.sync_failures = 0
-        self.watch = None  # the ServerWatch of servers this run started, if any
+    def __init__(
+        self, config: StrataConfig, learner, acting: Acting, agents, publisher, policy_dir
+    ) -> None:
+        super().__init__(publisher)
+        self.config, self.learner, self.acting, self.agents = config, learner, acting, agents
+        self.engine, self.policy_dir = acting.engine, policy_dir
+        self.eval_engines: list = []  # closed with the evaluator (PeriodicEval.engines)
 
     @property
     def version(self) -> int:
@@ -85,24 +90,11 @@ class LocalRoles:
                     await asyncio.shield(work)
             raise
 
-    async def publish(self) -> dict:
-        version = self.learner.version
-        report = await self.publisher.publish(self.learner.state_dict(), version)
-        for problem in report.failures:  # a server keeps its weights; the next publish retries it
-            print(f"strata: weight sync to version {version} failed: {problem}", flush=True)
-        self.sync_failures += len(report.failures)
-        metrics = {**report.metrics(), "weight_sync_failures": self.sync_failures}
-        if self.watch is not None:
-            metrics["server_restarts"] = self.watch.restarts
-        try:  # what the engines say they serve, not what we believe
-            served = await self.engine.served_versions()
-            metrics["served_version_min"] = min(served.values(), default=metrics["served_version"])
-            metrics["served_version"] = min(
-                metrics["served_version"], metrics["served_version_min"]
-            )
-        except EngineError as exc:
-            print(f"strata: could not read the servers' weight versions: {exc}", flush=True)
-        return metrics
+    async def weights(self):
+        return self.learner.state_dict()
+
+    async def served_versions(self) -> dict[str, int]:
+        return await self.engine.served_versions()
 
     async def checkpoint(self, directory: Path, extra: dict) -> Path:
         return await asyncio.to_thread(save_checkpoint, self.learner, directory, extra)
@@ -120,6 +112,35 @@ class LocalRoles:
                 self.engine.version, self.engine.generated_tokens, tools, int(rejoins)
             )
         }
+
+    async def hold(self, url: str) -> None:
+        self.engine.hold(url)
+
+    async def readmit(self, url: str) -> int:
+        return await self.engine.readmit(url)
+
+    def eval_weights(self):
+        if not self.config.actors.engine.in_process:
+            return None
+        return {name: t.detach().clone() for name, t in self.learner.state_dict().items()}
+
+    async def evaluate(self, items, version: int, weights):
+        used, config = self.engine, self.config
+        if config.actors.engine.in_process:
+            if not self.eval_engines:
+                self.eval_engines.append(make_engine(config, self.policy_dir))
+            used = self.eval_engines[0]
+            await used.update_weights(version, state_dict=weights)
+        return await with_and_without_tools(
+            config,
+            used,
+            self.acting.tokenizer,
+            self.acting.tools,
+            eval_settings(config, config.eval.samples),
+            items,
+            config.eval.samples,
+            config.actors.concurrency,
+        )
 
 
 async def run_local(
@@ -144,10 +165,9 @@ async def run_local(
         publisher = make_publisher(
             config, [acting.engine], run_dir, learner.model, learner.tokenizer
         )
-        roles = LocalRoles(learner, acting.engine, agents, publisher)
+        roles = LocalRoles(config, learner, acting, agents, publisher, assets.policy_dir)
         if acting.servers is not None:
-            roles.watch = watch_servers(acting.servers, acting.engine)
-            watching = asyncio.create_task(roles.watch.run())
+            watching = asyncio.create_task(roles.watch_servers(acting.servers).run())
         skip = 0
         if resume:
             extra = await asyncio.to_thread(load_checkpoint, learner, run_dir / "checkpoints")
@@ -174,7 +194,9 @@ async def run_local(
         if config.metrics.enabled:
             run_metrics = start_metrics(config, run_dir, list(acting.tools))
         started = lambda: skip + sum(p.stats.groups_started for p in pools)  # noqa: E731
-        evaluator = make_evaluator(config, assets, acting, learner, run_dir, run_metrics)
+        evaluator = roles.evaluator(config, run_dir, run_metrics)
+        if evaluator is not None:
+            evaluator.engines = roles.eval_engines  # closed with it
         return await stream(
             config,
             roles,
@@ -196,49 +218,3 @@ async def run_local(
             close_learner(learner)
         if run_metrics is not None:
             run_metrics.close()
-
-
-def make_evaluator(
-    config: StrataConfig, assets: Assets, acting: Acting, learner, run_dir: Path, run_metrics
-):
-    """The run's periodic evaluation (eval.every_steps), or None. With the embedded engine it
-    runs on an engine of its own holding a copy of the evaluated version's weights; with servers,
-    on the run's servers (the version may move on during an evaluation: each trajectory records
-    the versions that sampled it)."""
-    embedded = config.actors.engine.in_process
-    settings = eval_settings(config, config.eval.samples)
-
-    def snapshot():
-        if not embedded:
-            return None
-        return {name: t.detach().clone() for name, t in learner.state_dict().items()}
-
-    async def run(items, version: int, weights):
-        used = acting.engine
-        if embedded:
-            if not evaluator.engines:
-                evaluator.engines.append(make_engine(config, assets.policy_dir))
-            used = evaluator.engines[0]
-            await used.update_weights(version, state_dict=weights)
-        return await with_and_without_tools(
-            config,
-            used,
-            acting.tokenizer,
-            acting.tools,
-            settings,
-            items,
-            config.eval.samples,
-            config.actors.concurrency,
-        )
-
-    evaluator = periodic_eval(config, snapshot, run, run_dir, run_metrics)
-    return evaluator
-
-
-def watch_servers(servers, engine):
-    """A ServerWatch that restarts the run's dead servers and readmits them to `engine`."""
-
-    async def hold(url: str) -> None:
-        engine.hold(url)
-
-    return ServerWatch(servers, hold, engine.readmit)

@@ -45,13 +45,12 @@ from transformers import AutoTokenizer
 from actors.engine import EngineError
 from actors.pool import ActorPool
 from actors.remote import RemoteEngine
-from actors.servers import ServerWatch
 from actors.tools import ToolStats
 from buffers.records import InvalidTrajectory, Trajectory
 from pipeline.assets.cache import Assets
 from pipeline.backends.ray import RayRuntime
 from pipeline.config.schema import StrataConfig
-from pipeline.evaluation.heldout import eval_settings, periodic_eval, with_and_without_tools
+from pipeline.evaluation.heldout import eval_settings, with_and_without_tools
 from pipeline.runtime.metrics import start_metrics
 from pipeline.runtime.parts import (
     make_buffer,
@@ -65,6 +64,7 @@ from pipeline.runtime.ray_cluster import actor_gone_errors, import_ray, start_ra
 from pipeline.runtime.ray_learner import LearnerWorker, learner_placement
 from pipeline.runtime.ray_retrieval import RetrievalWorker, watch_retrieval
 from pipeline.runtime.recovery import resume_run_dir
+from pipeline.runtime.roles import Roles
 from pipeline.runtime.stream import (
     CURSOR_KEY,
     ActorStats,
@@ -255,24 +255,29 @@ class WorkerTarget:
             raise EngineError(f"{self.name}: {problem}")
 
 
-class RayRoles:
-    """The learner and the generation actors, seen from the driver's streaming loop."""
+class RayRoles(Roles):
+    """The learner and the generation actors, seen from the driver's streaming loop. Weights go
+    through the object store to in-process engines, or as an HF checkpoint the learner writes
+    for servers; a dead server's pool holds and readmits it; periodic evaluation runs in the
+    first generation actor, on the learner's state_dict taken when the step comes due (in-process
+    engines) or on what the servers serve."""
 
     def __init__(
         self,
+        config: StrataConfig,
         learner: Any,
         workers: dict[str, Any],
         latest: list,
         publisher: Any,
         weights_dir: Path | None = None,
     ) -> None:
-        """`publisher`: the run's (components.make_publisher) over the workers' `WorkerTarget`s;
+        """`publisher`: the run's (parts.make_publisher) over the workers' `WorkerTarget`s;
         `weights_dir`: the learner writes an HF checkpoint there for inference servers; None:
         weights go through the object store to in-process engines."""
-        self.learner, self.workers, self.latest = learner, workers, latest
-        self.publisher, self.weights_dir = publisher, weights_dir
-        self.sync_failures = 0
-        self.watch = None  # the ServerWatch of servers this run started, if any
+        super().__init__(publisher)
+        self.config, self.learner, self.workers, self.latest = config, learner, workers, latest
+        self.weights_dir = weights_dir
+        self.owners: dict[str, Any] = {}  # a started server's URL -> the pool that owns it
         self._version = 0
         self._stats: dict[str, ActorStats] = {}
         self._pids: dict[str, set[int]] = {name: set() for name in workers}
@@ -290,20 +295,13 @@ class RayRoles:
         self._version = int(metrics.get("version", self._version))  # none: nothing was trained
         return metrics
 
-    async def publish(self) -> dict:
+    async def weights(self) -> Any:
         if self.weights_dir is not None:
             weights = await self.learner.save_weights.remote(str(self.weights_dir.resolve()))
         else:
             weights = self.learner.state_dict.remote()  # stored once; every actor reads it
         self.latest[:] = [self._version, weights]  # what a restarted actor loads first
-        report = await self.publisher.publish(weights, self._version)
-        for problem in report.failures:
-            print(f"strata: weight sync to version {self._version} failed: {problem}", flush=True)
-        self.sync_failures += len(report.failures)
-        metrics = {**report.metrics(), "weight_sync_failures": self.sync_failures}
-        if self.watch is not None:
-            metrics["server_restarts"] = self.watch.restarts
-        return metrics
+        return weights
 
     async def checkpoint(self, directory: Path, extra: dict) -> Path:
         return Path(await self.learner.save.remote(str(directory.resolve()), extra))
@@ -324,6 +322,29 @@ class RayRoles:
     @property
     def restarts(self) -> int:
         return sum(max(0, len(pids) - 1) for pids in self._pids.values())
+
+    def watch_servers(self, servers: Any):
+        """Server j belongs to pool j % num_pools: that pool holds and readmits it."""
+        pools = len(self.workers)
+        self.owners = {
+            s.url: self.workers[f"pool-{j % pools}"] for j, s in enumerate(servers.servers)
+        }
+        return super().watch_servers(servers)
+
+    async def hold(self, url: str) -> None:
+        await unwrap(self.owners[url].hold.remote(url), f"the pool owning {url}")
+
+    async def readmit(self, url: str) -> int:
+        return await unwrap(self.owners[url].readmit.remote(url), f"the pool owning {url}")
+
+    def eval_weights(self) -> Any:
+        if not self.config.actors.engine.in_process:
+            return None
+        return self.learner.state_dict.remote()  # queued before the next step
+
+    async def evaluate(self, items: list, version: int, weights: Any) -> tuple[list, list]:
+        worker = self.workers["pool-0"]
+        return tuple(await unwrap(worker.evaluate.remote(items, version, weights), "pool-0"))
 
 
 async def run_ray(
@@ -400,6 +421,7 @@ async def run_ray(
         latest: list = []
         targets = [WorkerTarget(name, handle) for name, handle in workers.items()]
         roles = RayRoles(
+            config,
             learner,
             workers,
             latest,
@@ -407,8 +429,7 @@ async def run_ray(
             run_dir / "weights" if urls[0] is not None else None,
         )
         if servers is not None:
-            roles.watch = watch_servers(servers, workers, pools_n)
-            watching = asyncio.create_task(roles.watch.run())
+            watching = asyncio.create_task(roles.watch_servers(servers).run())
         await roles.sync_version()  # waits for the learner to be built
         skip = 0
         if resume:
@@ -438,7 +459,7 @@ async def run_ray(
         if config.metrics.enabled:
             run_metrics = start_metrics(config, run_dir, list(config.actors.tools))
         started = lambda: skip + sum(p.stats.groups_started for p in pools)  # noqa: E731
-        evaluator = make_evaluator(config, learner, workers["pool-0"], run_dir, run_metrics)
+        evaluator = roles.evaluator(config, run_dir, run_metrics)
         try:
             return await stream(
                 config,
@@ -470,32 +491,3 @@ async def run_ray(
         if servers is not None:
             servers.stop()
         ray.shutdown()
-
-
-def make_evaluator(config: StrataConfig, learner: Any, worker: Any, run_dir: Path, run_metrics):
-    """Periodic evaluation in the first generation actor: the weights are the learner's
-    state_dict as an ObjectRef taken when the step comes due (in-process engines), or what the
-    servers serve."""
-    embedded = config.actors.engine.in_process
-
-    def snapshot():
-        return learner.state_dict.remote() if embedded else None  # queued before the next step
-
-    async def run(items, version: int, weights):
-        return tuple(await unwrap(worker.evaluate.remote(items, version, weights), "pool-0"))
-
-    return periodic_eval(config, snapshot, run, run_dir, run_metrics)
-
-
-def watch_servers(servers: Any, workers: dict[str, Any], pools: int):
-    """A ServerWatch that restarts the run's dead servers; the pool owning one holds and
-    readmits it (server j belongs to pool j % pools)."""
-    owners = {s.url: workers[f"pool-{j % pools}"] for j, s in enumerate(servers.servers)}
-
-    async def hold(url: str) -> None:
-        await unwrap(owners[url].hold.remote(url), f"the pool owning {url}")
-
-    async def readmit(url: str) -> int:
-        return await unwrap(owners[url].readmit.remote(url), f"the pool owning {url}")
-
-    return ServerWatch(servers, hold, readmit)

@@ -36,6 +36,7 @@ from pipeline.runtime import virtual_time
 from pipeline.runtime.accounting import write_json
 from pipeline.runtime.metrics import start_metrics
 from pipeline.runtime.parts import agent_settings, make_buffer
+from pipeline.runtime.roles import Roles
 from pipeline.runtime.stream import ActorStats, RunSummary, stream, task_stream
 
 
@@ -55,13 +56,15 @@ def sim_questions(count: int = 1000) -> list[Question]:
     ]
 
 
-class SimulatedRoles:
+class SimulatedRoles(Roles):
     """The learner as a timing model: a step sleeps for its tokens, a publish for every server's
-    load. It records the staleness of every trajectory it trains."""
+    load (in simulated seconds, so it measures its publish itself). It records the staleness of
+    every trajectory it trains."""
 
     def __init__(
         self, sim: SimulatedConfig, engine: SimulatedEngine, agents: list[AgentLoop]
     ) -> None:
+        super().__init__()
         self.sim, self.engine, self.agents = sim, engine, agents
         self._version = 0
         self.staleness: Counter = Counter()  # learner version - oldest token version -> count

@@ -20,17 +20,19 @@ import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from actors.pool import ActorPool
 from actors.tools import ToolStats
 from buffers.group_buffer import BufferStats, GroupBuffer
-from buffers.records import Group
 from pipeline.assets.datasets import DatasetError, drop_long_prompts, load_questions, load_world
 from pipeline.backends.runtime import RuntimeUnavailable
 from pipeline.config.schema import StrataConfig
 from pipeline.runtime.accounting import accounting, add_accounting, write_json
 from pipeline.runtime.recovery import save_run_checkpoint
+
+if TYPE_CHECKING:
+    from pipeline.runtime.roles import Roles
 
 CURSOR_KEY = "tasks_started"
 """Checkpoint field: tasks the pools had started, so a resumed run goes on with the next ones."""
@@ -75,27 +77,6 @@ class ActorStats:
     tools: ToolStats
     server_rejoins: int = 0
     """Times one of its inference servers came back after failing (reloaded, readmitted)."""
-
-
-class Roles(Protocol):
-    """The learner side as the loop sees it, in-process or remote."""
-
-    @property
-    def version(self) -> int: ...
-
-    async def step(self, groups: list[Group]) -> dict:
-        """One learner step; the metrics' `groups` is how many were trained (0: nothing)."""
-        ...
-
-    async def publish(self) -> dict:
-        """Make every actor serve the learner's current version. Returns what it measured:
-        `published` (every engine took it), `weight_sync_seconds`, `served_version` (the oldest
-        version an engine serves now), `weight_sync_failures` so far, and per transport more."""
-        ...
-
-    async def checkpoint(self, directory: Path, extra: dict) -> Path: ...
-
-    async def actor_stats(self) -> dict[str, ActorStats]: ...
 
 
 def question_stream(
