@@ -13,7 +13,7 @@ alike:
   (learner/advantages.c) when a compiler is at hand; `stratified dense, torch` is the same blend
   on its torch path (STRATA_NATIVE=0), same bits.
 - the Python loops: the blend's as common GRPO code writes it (a dict of per-group lists), the other
-  estimators' from learner/reference.py; one run each, checked to agree with the vectorised results.
+  estimators' from learner/estimator_loops.py; one run each, checked to agree with the vectorised results.
 - a memory floor: the bytes a function must read and write at least (rewards, group ids, strata in,
   advantages out) over the machine's copy bandwidth, measured here with a 256 MB tensor copy.
 
@@ -57,8 +57,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from learner import native
+from learner.estimator_loops import loop_estimate
 from learner.estimators import ESTIMATORS, estimate
-from learner.reference import loop_estimate
 
 
 def peer_grpo(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -20,7 +20,7 @@ Each registers itself with `@register_estimator(name, *params)`: a function
 `(rewards, group_ids, strata, **params) -> Estimate` whose keyword parameters are the fields of
 its config section (`learner.advantage: {type: NAME, ...}`, pipeline/config/algorithm.py; a test
 checks the two agree). Add one: the function here, its section there, its loop in
-learner/reference.py for the tests to compare against.
+learner/estimator_loops.py for the tests to compare against.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from learner.advantages import stratified_advantages
+from learner.estimator_loops import loop_estimate
 from learner.estimators import ESTIMATORS, estimate
-from learner.reference import loop_estimate
 
 
 def reference(name, rewards, groups, strata, eps=1e-6):
