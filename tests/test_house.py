@@ -152,3 +152,11 @@ def test_the_architecture_map_names_every_module():
         if path.name != "__init__.py" and str(path.relative_to(ROOT)) not in text
     ]
     assert not missing, f"docs/architecture.md does not name: {', '.join(missing)}"
+
+
+def test_every_runtime_has_a_run_and_every_engine_that_replaces_it_one_of_its_own():
+    from pipeline.backends import ENGINES, RUNTIMES
+    from pipeline.runtime.run import RUNNERS, WHOLE_RUNS
+
+    assert set(RUNNERS) == {c.model_fields["type"].default for c in RUNTIMES}
+    assert set(WHOLE_RUNS) == {c.model_fields["type"].default for c in ENGINES if c.replaces_run}

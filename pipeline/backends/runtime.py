@@ -42,8 +42,9 @@ class RuntimeBackend(Section):
 
     @property
     def cluster(self) -> str | None:
-        """ "private" (a Ray cluster it starts, whose GPUs it hands out from the first), "joined"
-        (one at an address, whose GPUs the launcher cannot keep servers off) or None (no cluster)."""
+        """The Ray cluster it runs on: private (one it starts, whose GPUs Ray hands out from the
+        first), joined (one at an address, whose GPUs the launcher cannot keep servers off), or
+        None (no cluster)."""
         return None
 
     def check(self, config: StrataConfig) -> None:
