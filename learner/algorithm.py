@@ -8,8 +8,9 @@ finite or whose stratum is out of range (buffers/records.py), and hands out comp
 only. The one filter here is the config's own, `drop_zero_variance_groups`.
 
 Telemetry reads the strata's statistics (each group's and each (group, stratum) cell's mean and
-spread: Theorem 1's terms) whatever the estimator, and the in-stratum variance of the advantages
-actually trained.
+spread: Theorem 1's terms) whatever the estimator, and, per stratum, the in-stratum variance and
+the mean of the advantages actually trained (for the blend, the mean is its residual
+cross-stratum offset, (1 - alpha) times GN's).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def plan_step(groups: list[Group], config: Any) -> StepPlan:
         metrics[f"stratum/{stratum}/count"] = row["count"]
         metrics[f"stratum/{stratum}/reward"] = row["mean_reward"]
         metrics[f"stratum/{stratum}/in_stratum_adv_var"] = row["in_stratum_adv_var"]
+        metrics[f"stratum/{stratum}/mean_advantage"] = row["mean_advantage"]
     return StepPlan(usable, trajectories, chosen.advantages, chosen.keep, metrics)
 
 

@@ -71,6 +71,13 @@ class RunMetrics:
         self.reward = Gauge(
             "strata_reward", "Mean reward of the last step", ["stratum"], registry=r
         )
+        self.mean_advantage = Gauge(
+            "strata_stratum_mean_advantage",
+            "Mean advantage of each stratum in the last step, under the estimator that trained "
+            "(the blend's residual cross-stratum offset, (1 - alpha) times the GN offset)",
+            ["stratum"],
+            registry=r,
+        )
         self.tool_calls = Histogram(
             "strata_tool_calls_per_trajectory",
             "Tool calls per trajectory",
@@ -177,6 +184,8 @@ class RunMetrics:
         for key, value in metrics.items():
             if key.startswith("stratum/") and key.endswith("/reward"):
                 self.reward.labels(stratum=key.split("/")[1]).set(value)
+            elif key.startswith("stratum/") and key.endswith("/mean_advantage"):
+                self.mean_advantage.labels(stratum=key.split("/")[1]).set(value)
             elif key.startswith("rank/"):
                 _, rank, measure = key.split("/")
                 counter = {

@@ -1,0 +1,240 @@
+"""`python -m pipeline.trap`: the trap bandit, a controlled model of when stratified advantages
+help, trained with the project's own registered estimators.
+
+The model. A policy first picks a stratum, "guess" or "chain", from logits theta = (0, 0). A guess
+pays Bernoulli(p_guess). A chain makes two M-way choices a1 ~ softmax(h1), a2 ~ softmax(h2)
+(hop logits of length M, zeros at the start) and pays 1 only if both are 0, so it starts paying
+1 / M^2 with a ceiling of 1: the deeper the trap (larger M), the longer guessing looks better. Each
+step draws `groups` groups of `group_size` trajectories; advantages are computed per group by the
+registered estimator (learner/estimators.py) with the stratum as the stratum label; plain SGD
+REINFORCE then moves
+
+    theta += lr * sum_i A_i (onehot(S_i) - softmax(theta)) / K
+    h_j   += lr * sum_{i chain} A_i (onehot(a_ij) - softmax(h_j)) / K     (j = 1, 2)
+
+with K all trajectories of the step. A seed "escapes" when its final P(chain) > 0.9. Seeds run
+side by side (one estimator call per step for all of them), each with its own groups.
+
+    python -m pipeline.trap --alphas 0,0.8,1 --chain-choices 4,6 --p-guess 0.3 --group-size 8 \\
+        --groups 4 --steps 300 --lr 1.0 --seeds 60 [--estimator stratified] [--json FILE]
+
+The JSON holds `cells`, one per (alpha, chain_choices): the escape fraction over seeds with its
+Wilson 95% interval, and the final expected reward's mean and standard deviation over seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from learner.estimators import ESTIMATORS, estimate
+
+GUESS, CHAIN = 0, 1
+
+
+@dataclass(frozen=True)
+class Trap:
+    """One cell's settings."""
+
+    chain_choices: int = 4
+    p_guess: float = 0.3
+    group_size: int = 8
+    groups: int = 4
+    steps: int = 300
+    lr: float = 1.0
+    estimator: str = "stratified"
+    alpha: float = 0.6
+    eps: float = 1e-6
+
+
+@dataclass(frozen=True)
+class Cell:
+    estimator: str
+    alpha: float | None
+    chain_choices: int
+    p_guess: float
+    group_size: int
+    seeds: int
+    escape: float
+    escape_low: float
+    escape_high: float
+    final_reward_mean: float
+    final_reward_std: float
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return z / z.sum(axis=-1, keepdims=True)
+
+
+def expected_reward(
+    theta: np.ndarray, h1: np.ndarray, h2: np.ndarray, p_guess: float
+) -> np.ndarray:
+    """E[reward] of each seed's policy: P(guess) p_guess + P(chain) P(a1 = 0) P(a2 = 0)."""
+    strata = softmax(theta)
+    return strata[:, GUESS] * p_guess + strata[:, CHAIN] * softmax(h1)[:, 0] * softmax(h2)[:, 0]
+
+
+def _params(trap: Trap) -> dict:
+    given = {"alpha": trap.alpha, "eps": trap.eps}
+    return {name: given[name] for name in ESTIMATORS[trap.estimator].params}
+
+
+def run(trap: Trap, seeds: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Train `seeds` independent policies side by side; (final P(chain), final expected reward)
+    per seed."""
+    rng = np.random.default_rng(seed)
+    m, per_seed = trap.chain_choices, trap.groups * trap.group_size
+    theta = np.zeros((seeds, 2))
+    h1, h2 = np.zeros((seeds, m)), np.zeros((seeds, m))
+    # every trajectory's seed and group: groups are numbered across seeds, so one call does all
+    owner = np.repeat(np.arange(seeds), per_seed)
+    group_ids = torch.from_numpy(np.repeat(np.arange(seeds * trap.groups), trap.group_size))
+    params = _params(trap)
+    for _ in range(trap.steps):
+        p_strata, p1, p2 = softmax(theta)[owner], softmax(h1)[owner], softmax(h2)[owner]
+        stratum = (rng.random(len(owner)) < p_strata[:, CHAIN]).astype(np.int64)
+        a1 = (rng.random((len(owner), 1)) > np.cumsum(p1, axis=1)).sum(axis=1).clip(max=m - 1)
+        a2 = (rng.random((len(owner), 1)) > np.cumsum(p2, axis=1)).sum(axis=1).clip(max=m - 1)
+        guessed = rng.random(len(owner)) < trap.p_guess
+        reward = np.where(stratum == CHAIN, (a1 == 0) & (a2 == 0), guessed).astype(np.float64)
+        advantages = estimate(
+            trap.estimator,
+            torch.from_numpy(reward),
+            group_ids,
+            torch.from_numpy(stratum),
+            **params,
+        ).advantages.numpy()
+        # REINFORCE: the score of each choice, weighted by its advantage, summed per seed / K
+        theta += (
+            trap.lr
+            * _summed(advantages[:, None] * (_onehot(stratum, 2) - p_strata), owner, seeds)
+            / per_seed
+        )
+        chain = (stratum == CHAIN).astype(np.float64)[:, None] * advantages[:, None]
+        h1 += trap.lr * _summed(chain * (_onehot(a1, m) - p1), owner, seeds) / per_seed
+        h2 += trap.lr * _summed(chain * (_onehot(a2, m) - p2), owner, seeds) / per_seed
+    return softmax(theta)[:, CHAIN], expected_reward(theta, h1, h2, trap.p_guess)
+
+
+def _onehot(index: np.ndarray, width: int) -> np.ndarray:
+    out = np.zeros((len(index), width))
+    out[np.arange(len(index)), index] = 1.0
+    return out
+
+
+def _summed(values: np.ndarray, owner: np.ndarray, seeds: int) -> np.ndarray:
+    out = np.zeros((seeds, values.shape[1]))
+    np.add.at(out, owner, values)
+    return out
+
+
+def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (95% by default)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    high = 1.0 if successes == n else min(1.0, centre + half)
+    return low, high
+
+
+def cell(trap: Trap, seeds: int, seed: int = 0) -> Cell:
+    p_chain, reward = run(trap, seeds, seed)
+    escaped = int((p_chain > 0.9).sum())
+    low, high = wilson(escaped, seeds)
+    return Cell(
+        trap.estimator,
+        trap.alpha if "alpha" in ESTIMATORS[trap.estimator].params else None,
+        trap.chain_choices,
+        trap.p_guess,
+        trap.group_size,
+        seeds,
+        escaped / seeds,
+        low,
+        high,
+        float(reward.mean()),
+        float(reward.std()),
+    )
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pipeline.trap", description=__doc__.split("\n")[0])
+    p.add_argument("--estimator", default="stratified", choices=sorted(ESTIMATORS))
+    p.add_argument("--alphas", type=_floats, default=[0.0, 0.8, 1.0], help="stratified only")
+    p.add_argument("--chain-choices", type=_ints, default=[4, 6], help="M: the trap's depth")
+    p.add_argument("--p-guess", type=float, default=0.3)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--groups", type=int, default=4)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--lr", type=float, default=1.0)
+    p.add_argument("--seeds", type=int, default=60)
+    p.add_argument("--seed", type=int, default=0, help="of the random stream")
+    p.add_argument("--json", help="write the cells here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    problems = [
+        f"--{name} must be {rule}"
+        for name, bad, rule in (
+            ("p-guess", not 0 <= args.p_guess <= 1, "in [0, 1]"),
+            ("group-size", args.group_size < 1, ">= 1"),
+            ("groups", args.groups < 1, ">= 1"),
+            ("steps", args.steps < 0, ">= 0"),
+            ("seeds", args.seeds < 1, ">= 1"),
+            ("chain-choices", any(m < 1 for m in args.chain_choices), ">= 1 each"),
+            ("alphas", any(not 0 <= a <= 1 for a in args.alphas), "in [0, 1] each"),
+        )
+        if bad
+    ]
+    if problems:
+        print(f"strata: error: {problems[0]}", file=sys.stderr)
+        return 2
+    alphas = args.alphas if "alpha" in ESTIMATORS[args.estimator].params else [0.0]
+    cells = []
+    for m in args.chain_choices:
+        for alpha in alphas:
+            trap = Trap(
+                m,
+                args.p_guess,
+                args.group_size,
+                args.groups,
+                args.steps,
+                args.lr,
+                args.estimator,
+                alpha,
+            )
+            found = cell(trap, args.seeds, args.seed)
+            cells.append(found)
+            shown = f"alpha {alpha:g}" if found.alpha is not None else args.estimator
+            print(
+                f"M {m}  {shown:>12}  escape {found.escape:.2f} "
+                f"[{found.escape_low:.2f}, {found.escape_high:.2f}]  final E[reward] "
+                f"{found.final_reward_mean:.3f} (sd {found.final_reward_std:.3f}) over {args.seeds} seeds",
+                flush=True,
+            )
+    if args.json:
+        settings = {k: v for k, v in vars(args).items() if k != "json"}
+        Path(args.json).write_text(
+            json.dumps({"settings": settings, "cells": [asdict(c) for c in cells]}, indent=1)
+        )
+    return 0

@@ -1,0 +1,89 @@
+"""A step's plan (learner/algorithm.py): the chosen estimator's advantages, and per-stratum
+telemetry of the advantages that train, whatever the estimator."""
+
+import statistics
+
+import pytest
+from pydantic import BaseModel
+
+from buffers.records import Group
+from buffers.testing import synthetic_trajectory
+from learner.algorithm import plan_step
+from learner.estimators import ESTIMATORS
+
+# two groups of 4: stratum = number of tool calls (0 or 2), rewards chosen so the strata differ
+ROWS = [
+    [(1.0, 2), (1.0, 2), (0.0, 0), (1.0, 0)],
+    [(0.0, 2), (1.0, 2), (0.0, 0), (0.0, 0)],
+]
+
+
+def groups() -> list[Group]:
+    made = []
+    for g, rows in enumerate(ROWS):
+        members = []
+        for i, (reward, calls) in enumerate(rows):
+            t = synthetic_trajectory(f"p{g}", i, reward=reward, tool_names=["search"] * calls)
+            t.stratum = calls
+            members.append(t)
+        made.append(Group(f"p{g}", tuple(members)))
+    return made
+
+
+class Section(BaseModel):
+    type: str
+    alpha: float = 0.6
+    eps: float = 1e-6
+
+
+class Learner(BaseModel):
+    advantage: Section
+    drop_zero_variance_groups: bool = False
+
+
+def plan(kind: str, alpha: float = 0.6):
+    return plan_step(groups(), Learner(advantage=Section(type=kind, alpha=alpha)))
+
+
+def gn() -> list[float]:
+    """GRPO's advantages of ROWS, by hand (population std, eps 1e-6)."""
+    out = []
+    for rows in ROWS:
+        rewards = [r for r, _ in rows]
+        mean, std = statistics.fmean(rewards), statistics.pstdev(rewards)
+        out += [(r - mean) / (std + 1e-6) for r in rewards]
+    return out
+
+
+@pytest.mark.parametrize("kind", sorted(ESTIMATORS))
+def test_telemetry_is_of_the_advantages_that_train(kind):
+    step = plan(kind)
+    strata = [calls for rows in ROWS for _, calls in rows]
+    for stratum in (0, 2):
+        trained = [a for a, s in zip(step.advantages.tolist(), strata, strict=True) if s == stratum]
+        assert step.metrics[f"stratum/{stratum}/mean_advantage"] == pytest.approx(
+            statistics.fmean(trained), abs=1e-9
+        )
+
+
+def test_the_blends_stratum_mean_is_its_residual_offset():
+    """SAN is centred inside every (group, stratum) cell, so a stratum's mean blended advantage
+    is (1 - alpha) times its mean GN advantage (Eq. 4's residual cross-stratum offset)."""
+    strata = [calls for rows in ROWS for _, calls in rows]
+    for alpha in (0.0, 0.6, 1.0):
+        step = plan("stratified", alpha)
+        for stratum in (0, 2):
+            gn_mean = statistics.fmean(
+                [a for a, s in zip(gn(), strata, strict=True) if s == stratum]
+            )
+            assert step.metrics[f"stratum/{stratum}/mean_advantage"] == pytest.approx(
+                (1 - alpha) * gn_mean, abs=1e-6
+            )
+    assert plan("grpo").advantages.tolist() == pytest.approx(gn(), abs=1e-9)
+
+
+def test_grpo_in_stratum_variance_is_grpos_not_the_blends():
+    grpo, blend = plan("grpo"), plan("stratified", 0.6)
+    assert grpo.metrics["stratum/2/in_stratum_adv_var"] != pytest.approx(
+        blend.metrics["stratum/2/in_stratum_adv_var"]
+    )

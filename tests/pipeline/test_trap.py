@@ -1,0 +1,113 @@
+"""`python -m pipeline.trap` against an independent implementation of the same model: plain
+Python, one seed, one group and one trajectory at a time, its own Algorithm 1 (population std,
+eps added to the std, a stratum of one member gets no SAN signal). The escape fractions must
+agree within sampling noise, cell by cell."""
+
+import json
+import math
+import random
+import statistics
+
+import pytest
+
+from pipeline.experiments.trap import Trap, cell, main, wilson
+
+
+def blend(rewards: list[float], strata: list[int], alpha: float, eps: float = 1e-6) -> list[float]:
+    mean, std = statistics.fmean(rewards), statistics.pstdev(rewards)
+    out = []
+    for r, s in zip(rewards, strata, strict=True):
+        mine = [x for x, t in zip(rewards, strata, strict=True) if t == s]
+        gn = (r - mean) / (std + eps) if len(rewards) > 1 else 0.0
+        san = (
+            (r - statistics.fmean(mine)) / (statistics.pstdev(mine) + eps) if len(mine) > 1 else 0.0
+        )
+        out.append(alpha * san + (1 - alpha) * gn)
+    return out
+
+
+def soft(logits: list[float]) -> list[float]:
+    top = max(logits)
+    z = [math.exp(x - top) for x in logits]
+    return [x / sum(z) for x in z]
+
+
+def draw(rng: random.Random, p: list[float]) -> int:
+    u, total = rng.random(), 0.0
+    for i, q in enumerate(p):
+        total += q
+        if u < total:
+            return i
+    return len(p) - 1
+
+
+def one_seed(rng: random.Random, m: int, alpha: float, p_guess=0.3, size=8, groups=4, steps=300):
+    theta, hops = [0.0, 0.0], [[0.0] * m, [0.0] * m]
+    k = size * groups
+    for _ in range(steps):
+        p_s, p_h = soft(theta), [soft(h) for h in hops]
+        d_theta, d_hops = [0.0, 0.0], [[0.0] * m, [0.0] * m]
+        for _ in range(groups):
+            made = []
+            for _ in range(size):
+                s = draw(rng, p_s)
+                a = [draw(rng, p_h[0]), draw(rng, p_h[1])]
+                r = float(a == [0, 0]) if s == 1 else float(rng.random() < p_guess)
+                made.append((s, a, r))
+            advantages = blend([r for _, _, r in made], [s for s, _, _ in made], alpha)
+            for (s, a, _), adv in zip(made, advantages, strict=True):
+                for j in range(2):
+                    d_theta[j] += adv * ((j == s) - p_s[j])
+                if s == 1:
+                    for hop in range(2):
+                        for j in range(m):
+                            d_hops[hop][j] += adv * ((j == a[hop]) - p_h[hop][j])
+        theta = [t + d / k for t, d in zip(theta, d_theta, strict=True)]
+        hops = [
+            [x + d / k for x, d in zip(h, dh, strict=True)]
+            for h, dh in zip(hops, d_hops, strict=True)
+        ]
+    return soft(theta)[1] > 0.9
+
+
+@pytest.mark.parametrize(("m", "alpha"), [(4, 0.0), (6, 0.8)])
+def test_escape_agrees_with_an_independent_implementation(m, alpha):
+    seeds = 60
+    rng = random.Random(1234)
+    theirs = sum(one_seed(rng, m, alpha) for _ in range(seeds)) / seeds
+    ours = cell(Trap(chain_choices=m, alpha=alpha), seeds=200, seed=7)
+    # two independent proportions: their difference within 3.5 standard errors
+    pooled = (theirs * seeds + ours.escape * 200) / (seeds + 200)
+    se = math.sqrt(max(pooled * (1 - pooled), 1e-9) * (1 / seeds + 1 / 200))
+    assert abs(theirs - ours.escape) <= 3.5 * se + 1e-9, (theirs, ours.escape)
+
+
+def test_sans_alone_never_moves_the_stratum_choice():
+    """Theorem 3: with alpha = 1 every (group, stratum) cell is centred on its own mean, so the
+    stratum logits get no gradient: P(chain) stays 0.5 and nobody escapes."""
+    found = cell(Trap(chain_choices=3, alpha=1.0, steps=100), seeds=20)
+    assert found.escape == 0.0
+    assert found.final_reward_mean == pytest.approx(0.5 * 0.3 + 0.5 * 1.0, abs=0.02)
+
+
+def test_the_command_writes_its_cells_and_refuses_bad_flags(tmp_path, capsys):
+    out = tmp_path / "trap.json"
+    argv = ["--alphas", "0,1", "--chain-choices", "3", "--steps", "50", "--seeds", "10"]
+    assert main([*argv, "--json", str(out)]) == 0
+    cells = json.loads(out.read_text())["cells"]
+    assert [(c["alpha"], c["chain_choices"]) for c in cells] == [(0.0, 3), (1.0, 3)]
+    assert all(c["escape_low"] <= c["escape"] <= c["escape_high"] for c in cells)
+    assert (
+        main(["--estimator", "grpo", "--chain-choices", "3", "--steps", "20", "--seeds", "5"]) == 0
+    )
+    assert "grpo" in capsys.readouterr().out
+    assert main(["--p-guess", "1.5"]) == 2
+    assert capsys.readouterr().err.strip() == "strata: error: --p-guess must be in [0, 1]"
+
+
+def test_wilson_interval():
+    low, high = wilson(0, 60)
+    assert low == 0.0 and 0.05 < high < 0.07
+    assert wilson(10, 10)[1] == 1.0
+    low, high = wilson(30, 60)
+    assert low == pytest.approx(0.3773, abs=1e-3) and high == pytest.approx(0.6227, abs=1e-3)
