@@ -29,6 +29,7 @@ import json
 import math
 import sys
 from dataclasses import asdict, dataclass
+from itertools import product
 from pathlib import Path
 
 import numpy as np
@@ -167,6 +168,44 @@ def cell(trap: Trap, seeds: int, seed: int = 0) -> Cell:
     )
 
 
+def plot(cells: list[Cell], path: str) -> None:
+    """One heat map per (p_guess, group size): escape fraction by alpha (x) and trap depth M (y)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(c.p_guess, c.group_size) for c in cells})
+    alphas = sorted({c.alpha if c.alpha is not None else -1.0 for c in cells})
+    depths = sorted({c.chain_choices for c in cells})
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels) + 1, 3.2), squeeze=False)
+    for ax, (p_guess, size) in zip(axes[0], panels, strict=True):
+        grid = np.full((len(depths), len(alphas)), np.nan)
+        for c in cells:
+            if (c.p_guess, c.group_size) == (p_guess, size):
+                a = c.alpha if c.alpha is not None else -1.0
+                grid[depths.index(c.chain_choices), alphas.index(a)] = c.escape
+        image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", origin="lower", aspect="auto")
+        for (i, j), value in np.ndenumerate(grid):
+            ax.text(
+                j,
+                i,
+                f"{value:.2f}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white" if value < 0.6 else "black",
+            )
+        ax.set_xticks(range(len(alphas)), [f"{a:g}" for a in alphas])
+        ax.set_yticks(range(len(depths)), [str(m) for m in depths])
+        ax.set_xlabel("alpha")
+        ax.set_ylabel("trap depth M (chain pays 1/M^2 at first)")
+        ax.set_title(f"p_guess {p_guess:g}, groups of {size}", fontsize=9)
+    fig.colorbar(image, ax=axes[0].tolist(), label="P(escape): final P(chain) > 0.9")
+    fig.savefig(path, dpi=130, bbox_inches="tight")
+    plt.close(fig)
+
+
 def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
@@ -180,14 +219,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--estimator", default="stratified", choices=sorted(ESTIMATORS))
     p.add_argument("--alphas", type=_floats, default=[0.0, 0.8, 1.0], help="stratified only")
     p.add_argument("--chain-choices", type=_ints, default=[4, 6], help="M: the trap's depth")
-    p.add_argument("--p-guess", type=float, default=0.3)
-    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--p-guess", type=_floats, default=[0.3], help="what a guess pays, each")
+    p.add_argument("--group-size", type=_ints, default=[8], help="trajectories per group, each")
     p.add_argument("--groups", type=int, default=4)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--lr", type=float, default=1.0)
     p.add_argument("--seeds", type=int, default=60)
     p.add_argument("--seed", type=int, default=0, help="of the random stream")
     p.add_argument("--json", help="write the cells here")
+    p.add_argument("--plot", help="write a heat map of the escape fraction here (PNG)")
     return p
 
 
@@ -196,8 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     problems = [
         f"--{name} must be {rule}"
         for name, bad, rule in (
-            ("p-guess", not 0 <= args.p_guess <= 1, "in [0, 1]"),
-            ("group-size", args.group_size < 1, ">= 1"),
+            ("p-guess", any(not 0 <= p <= 1 for p in args.p_guess), "in [0, 1] each"),
+            ("group-size", any(g < 1 for g in args.group_size), ">= 1 each"),
             ("groups", args.groups < 1, ">= 1"),
             ("steps", args.steps < 0, ">= 0"),
             ("seeds", args.seeds < 1, ">= 1"),
@@ -211,27 +251,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     alphas = args.alphas if "alpha" in ESTIMATORS[args.estimator].params else [0.0]
     cells = []
-    for m in args.chain_choices:
-        for alpha in alphas:
-            trap = Trap(
-                m,
-                args.p_guess,
-                args.group_size,
-                args.groups,
-                args.steps,
-                args.lr,
-                args.estimator,
-                alpha,
-            )
-            found = cell(trap, args.seeds, args.seed)
-            cells.append(found)
-            shown = f"alpha {alpha:g}" if found.alpha is not None else args.estimator
-            print(
-                f"M {m}  {shown:>12}  escape {found.escape:.2f} "
-                f"[{found.escape_low:.2f}, {found.escape_high:.2f}]  final E[reward] "
-                f"{found.final_reward_mean:.3f} (sd {found.final_reward_std:.3f}) over {args.seeds} seeds",
-                flush=True,
-            )
+    for p_guess, size, m, alpha in product(
+        args.p_guess, args.group_size, args.chain_choices, alphas
+    ):
+        trap = Trap(m, p_guess, size, args.groups, args.steps, args.lr, args.estimator, alpha)
+        found = cell(trap, args.seeds, args.seed)
+        cells.append(found)
+        shown = f"alpha {alpha:g}" if found.alpha is not None else args.estimator
+        print(
+            f"p_guess {p_guess:g}  group {size}  M {m}  {shown:>12}  escape {found.escape:.2f} "
+            f"[{found.escape_low:.2f}, {found.escape_high:.2f}]  final E[reward] "
+            f"{found.final_reward_mean:.3f} (sd {found.final_reward_std:.3f}) over {args.seeds} seeds",
+            flush=True,
+        )
+    if args.plot:
+        plot(cells, args.plot)
     if args.json:
         settings = {k: v for k, v in vars(args).items() if k != "json"}
         Path(args.json).write_text(

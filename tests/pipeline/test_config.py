@@ -32,6 +32,8 @@ def test_the_recipes_say_what_the_paper_says():
     assert (r1.learner.advantage.alpha, r1.buffer.group_size, r1.learner.lr) == (0.6, 8, 1e-6)
     assert (r1.learner.kl_coef, r1.learner.kl_kind, r1.learner.clip_low) == (0.001, "k3", 0.2)
     assert (r1.actors.max_turns, r1.retrieval.topk, r1.data.type) == (4, 3, "search_r1")
+    # "global batch size 256" in verl counts prompts: 256 groups of 8 a step
+    assert r1.learner.groups_per_step * r1.buffer.group_size == 2048
     gaia = load_config(CONFIGS / "gaia.yaml")
     assert isinstance(gaia.actors.engine, SGLangEngine) and "Qwen3-8B" in gaia.model.path
     assert set(gaia.actors.tools) == {"search", "python"} and gaia.actors.reward == "gaia"

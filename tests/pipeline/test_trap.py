@@ -102,7 +102,7 @@ def test_the_command_writes_its_cells_and_refuses_bad_flags(tmp_path, capsys):
     )
     assert "grpo" in capsys.readouterr().out
     assert main(["--p-guess", "1.5"]) == 2
-    assert capsys.readouterr().err.strip() == "strata: error: --p-guess must be in [0, 1]"
+    assert capsys.readouterr().err.strip() == "strata: error: --p-guess must be in [0, 1] each"
 
 
 def test_wilson_interval():

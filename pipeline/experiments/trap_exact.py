@@ -1,0 +1,113 @@
+"""The trap bandit's expected update, computed exactly (no sampling), against its true policy
+gradient.
+
+A trajectory of the trap (pipeline/experiments/trap.py) ends in one of four outcomes: a guess
+that paid or did not, a chain that paid (both hops right) or did not. A group of G trajectories
+is a multinomial draw of those outcomes, so its every composition, its probability and its
+advantages (by the registered estimator; all members with one outcome get the same one) can be
+enumerated: C(G + 3, 3) compositions, 165 for G = 8. Averaging the REINFORCE update over them
+gives the expected update per trajectory exactly, on
+
+- the stratum logit, E[A (1[chain] - c)], against the true gradient dJ/dtheta_chain =
+  c (1 - c) (q - p_guess), with c = P(chain) and q = P(both hops right);
+- a hop logit, E[A 1[chain] (1[a1 = 0] - p1)], against dJ/dh1_0 = c p2 p1 (1 - p1).
+
+Theorem 3 of the paper says pure SAN (alpha = 1) moves no probability between strata: its
+stratum component is exactly 0, whatever the policy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import product
+
+import torch
+
+from learner.estimators import estimate
+
+OUTCOMES = (("guess", 0.0), ("guess", 1.0), ("chain", 0.0), ("chain", 1.0))
+
+
+@dataclass(frozen=True)
+class Expected:
+    stratum: float
+    """E[A (1[chain] - c)] per trajectory: the update of the chain logit (the guess logit gets
+    minus it)."""
+    hop: float
+    """E[A 1[chain] (1[a1 = 0] - p1)] per trajectory: the update of the right first hop's logit."""
+    true_stratum: float
+    """dJ/dtheta_chain."""
+    true_hop: float
+    """dJ/dh1_0."""
+
+
+def compositions(size: int, parts: int = 4):
+    """Every way to split `size` trajectories among `parts` outcomes."""
+    for cut in product(range(size + 1), repeat=parts - 1):
+        if sum(cut) <= size:
+            yield (*cut, size - sum(cut))
+
+
+def expected_update(
+    chain: float,
+    hop: float,
+    p_guess: float,
+    group_size: int,
+    estimator: str = "stratified",
+    **params: float,
+) -> Expected:
+    """The expected REINFORCE update per trajectory of a policy with P(chain) = `chain` and
+    P(right hop) = `hop` for both hops, groups of `group_size`, advantages by `estimator`."""
+    q = hop * hop
+    probs = ((1 - chain) * (1 - p_guess), (1 - chain) * p_guess, chain * (1 - q), chain * q)
+    # E[1[a1 = 0] - p1 | outcome]: a paid chain had a1 = 0; a chain that did not pay had
+    # a1 = 0 with probability p1 (1 - p2) / (1 - q)
+    hop_score = (0.0, 0.0, (hop * (1 - hop) / (1 - q) if q < 1 else 0.0) - hop, 1 - hop)
+    is_chain = (0.0, 0.0, 1.0, 1.0)
+    stratum = hop_total = 0.0
+    for counts in compositions(group_size):
+        weight = math.factorial(group_size)
+        for n, p in zip(counts, probs, strict=True):
+            weight *= p**n / math.factorial(n)
+        if weight == 0.0:
+            continue
+        rewards = torch.tensor(
+            [OUTCOMES[t][1] for t, n in enumerate(counts) for _ in range(n)], dtype=torch.float64
+        )
+        strata = torch.tensor(
+            [int(OUTCOMES[t][0] == "chain") for t, n in enumerate(counts) for _ in range(n)]
+        )
+        advantages = estimate(
+            estimator, rewards, torch.zeros(group_size, dtype=torch.int64), strata, **params
+        ).advantages
+        first, total_s, total_h = 0, 0.0, 0.0
+        for t, n in enumerate(counts):
+            if n:
+                a = float(advantages[first])
+                total_s += n * a * (is_chain[t] - chain)
+                total_h += n * a * is_chain[t] * hop_score[t]
+                first += n
+        stratum += weight * total_s / group_size
+        hop_total += weight * total_h / group_size
+    return Expected(
+        stratum,
+        hop_total,
+        chain * (1 - chain) * (q - p_guess),
+        chain * hop * hop * (1 - hop),
+    )
+
+
+def bias_table(
+    alphas: list[float], depths: list[int], p_guess: float, group_size: int, chain: float = 0.5
+) -> list[dict]:
+    """At the trap's start (hop = 1 / M), each alpha's expected stratum and hop updates next to
+    the true gradient's."""
+    rows = []
+    for m in depths:
+        for alpha in alphas:
+            found = expected_update(
+                chain, 1 / m, p_guess, group_size, "stratified", alpha=alpha, eps=1e-6
+            )
+            rows.append({"chain_choices": m, "alpha": alpha, **found.__dict__})
+    return rows
