@@ -199,7 +199,8 @@ def plot(cells: list[Cell], path: str) -> None:
         ax.set_xticks(range(len(alphas)), [f"{a:g}" for a in alphas])
         ax.set_yticks(range(len(depths)), [str(m) for m in depths])
         ax.set_xlabel("alpha")
-        ax.set_ylabel("trap depth M (chain pays 1/M^2 at first)")
+        if ax is axes[0][0]:
+            ax.set_ylabel("trap depth M (a chain pays 1/M² at first)")
         ax.set_title(f"p_guess {p_guess:g}, groups of {size}", fontsize=9)
     fig.colorbar(image, ax=axes[0].tolist(), label="P(escape): final P(chain) > 0.9")
     fig.savefig(path, dpi=130, bbox_inches="tight")
