@@ -49,7 +49,7 @@ def reward_change(metrics: list[dict]) -> tuple[float, float, float]:
     return float(first.mean()), float(last.mean()), se
 
 
-def _per_question(path: Path, actor: str) -> dict[str, tuple[str, float]]:
+def per_question(path: Path, actor: str) -> dict[str, tuple[str, float]]:
     """prompt_id -> (data source, mean reward over its samples) of one evaluation's trajectories
     made by `actor` (the held-out questions with tools, or the training questions)."""
     table = pq.read_table(path, columns=["prompt_id", "data_source", "reward", "actor_id"])
@@ -94,10 +94,10 @@ def accuracy_changes(run_dir: Path) -> tuple[int, int, list[tuple[str, int, floa
     files = [run_dir / "eval" / f"step-{s:06d}.trajectories.parquet" for s in (first, last)]
     if not all(f.is_file() for f in files):
         return 0, 0, []
-    before, after = (_per_question(f, TOOLS_ACTOR) for f in files)
+    before, after = (per_question(f, TOOLS_ACTOR) for f in files)
     names = sorted({before[p][0] for p in set(before) & set(after)})
     rows = [_paired(before, after, name) for name in [*names, "all"]]
-    trained = _paired(*(_per_question(f, TRAIN_ACTOR) for f in files), "all")
+    trained = _paired(*(per_question(f, TRAIN_ACTOR) for f in files), "all")
     if trained is not None:
         rows.append((TRAIN_ROW, *trained[1:]))
     return first, last, [r for r in rows if r is not None]

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import yaml
 
+from pipeline.evaluation.report_learning import TOOLS_ACTOR, per_question
+
 LEVELS = ("L1", "L2", "L3", "L2+L3", "all")
 _LEVEL = re.compile(r"(?:^|[_\s-])l(?:evel)?\s*(\d+)$", re.IGNORECASE)  # minigaia_l2, level 2
 _RUN = re.compile(r"(?P<variant>.+)-seed(?P<seed>\d+)")
@@ -117,8 +119,7 @@ def level_accuracy(record: dict, tools: bool = True) -> dict[str, float]:
     record's own `all` row. Columns without rows are left out."""
     rows = [r for r in record.get("rows", []) if bool(r.get("tools")) == tools]
     out: dict[str, float] = {}
-    pools = {"L1": (1,), "L2": (2,), "L3": (3,), "L2+L3": (2, 3)}
-    for column, levels in pools.items():
+    for column, levels in COLUMN_LEVELS.items():
         members = [r for r in rows if r["name"] != "all" and level_of(r["name"]) in levels]
         weight = sum(r["questions"] for r in members)
         if weight:
@@ -127,6 +128,28 @@ def level_accuracy(record: dict, tools: bool = True) -> dict[str, float]:
         if r["name"] == "all":
             out["all"] = float(r["accuracy"])
     return out
+
+
+COLUMN_LEVELS = {"L1": (1,), "L2": (2,), "L3": (3,), "L2+L3": (2, 3)}
+"""The level columns and the levels each pools (`all`: every question)."""
+
+
+def question_scores(run: RunData, column: str, which: int = -1) -> np.ndarray | None:
+    """The per-question accuracy (mean reward over its samples, with tools) of the run's first
+    (0) or last (-1) evaluation in `column`, ordered by question; None where the evaluation's
+    trajectories were not kept."""
+    if not run.evals:
+        return None
+    path = run.run_dir / "eval" / f"step-{run.evals[which]['step']:06d}.trajectories.parquet"
+    if not path.is_file():
+        return None
+    scores = per_question(path, TOOLS_ACTOR)
+    chosen = [
+        p
+        for p in sorted(scores)
+        if column == "all" or level_of(scores[p][0]) in COLUMN_LEVELS.get(column, ())
+    ]
+    return np.array([scores[p][1] for p in chosen]) if chosen else None
 
 
 def eval_row(record: dict, name: str = "all", tools: bool = True) -> dict | None:

@@ -1,8 +1,10 @@
 """The "what the numbers say" section of an experiment's results document: sentences computed from
-the runs, each saying only what the data shows (which variant leads, whether its seed range
-overlaps GRPO's, where the random-strata controls fall against GRPO's range, tool calls at the
-end, Theorem 1's cross-stratum term, the in-stratum advantage variance of the paper's Figure 3),
-and the spreads they use."""
+the runs, each saying only what the data shows (which variant leads and how it compares with
+GRPO, how the random-strata controls compare with GRPO, tool calls at the end, Theorem 1's
+cross-stratum term, the in-stratum advantage variance of the paper's Figure 3), and the spreads
+they use. A comparison is a test (pipeline/experiments/stats.py: Welch, permutation, a
+hierarchical bootstrap interval over runs and questions, the power); "above" and "below" are
+said only where the test says so."""
 
 from __future__ import annotations
 
@@ -16,12 +18,30 @@ from pipeline.experiments.data import (
     is_grpo,
     last_window,
     level_accuracy,
+    question_scores,
     series,
     setting,
     spread,
 )
+from pipeline.experiments.stats import compare
 
 Groups = dict[str, list[RunData]]
+
+
+def compared(groups: Groups, a: str, b: str, column: str) -> str | None:
+    """The test of variant `a` against `b` on `column` accuracy at the last evaluation, as a
+    sentence; None with fewer than two runs a side."""
+    runs_a = [r for r in groups[a] if r.evals]
+    runs_b = [r for r in groups[b] if r.evals]
+    acc_a = [level_accuracy(r.evals[-1]).get(column) for r in runs_a]
+    acc_b = [level_accuracy(r.evals[-1]).get(column) for r in runs_b]
+    if None in acc_a or None in acc_b:
+        return None
+    scores_a = [question_scores(r, column) for r in runs_a]
+    scores_b = [question_scores(r, column) for r in runs_b]
+    complete = all(x is not None for x in (*scores_a, *scores_b))
+    found = compare(acc_a, acc_b, scores_a if complete else None, scores_b if complete else None)
+    return None if found is None else found.text(a, b)
 
 
 def step_range(values: list[int]) -> str:
@@ -143,10 +163,9 @@ def accuracy_findings(groups: Groups, baseline: str | None) -> list[str]:
         line += f" GRPO ({baseline}) is {'among them' if len(leaders) > 1 else 'that variant'}."
     elif column in last.get(baseline, {}):
         ref = last[baseline][column]
-        overlap = "overlap" if last[best][column].overlaps(ref) else "do not overlap"
-        line += (
-            f" GRPO ({baseline}) has {ref.text()}: the min–max ranges over seeds of "
-            f"{best} and GRPO {overlap}."
+        test = compared(groups, best, baseline, column)
+        line += f" GRPO ({baseline}) has {ref.text()}. " + (
+            f"{column} accuracy, {test}." if test else "Too few runs a side for a test."
         )
     says = [line]
     first = {v: eval_spreads(rs, 0) for v, rs in groups.items()}
@@ -179,15 +198,6 @@ def accuracy_findings(groups: Groups, baseline: str | None) -> list[str]:
     return [s for s in says if s]
 
 
-def _placed(value: Spread, ref: Spread) -> str:
-    """Where `value`'s seed range lies against `ref`'s: within, overlapping, above or below."""
-    if ref.low <= value.low and value.high <= ref.high:
-        return "within GRPO's min–max range"
-    if value.overlaps(ref):
-        return "overlapping GRPO's range"
-    return "above GRPO's range" if value.low > ref.high else "below GRPO's range"
-
-
 def control_finding(groups: Groups, baseline: str | None) -> str | None:
     """The random-strata variants (stratifier.type random: labels that say nothing about the
     trajectory) against GRPO at the last evaluation: the paper finds them about equal (Table 7)."""
@@ -207,7 +217,8 @@ def control_finding(groups: Groups, baseline: str | None) -> str | None:
     for v in controls:
         mine = eval_spreads(groups[v], -1)[0].get(column)
         if mine is not None:
-            placed.append(f"{v} {mine.text()}, {_placed(mine, ref)}")
+            test = compared(groups, v, baseline, column)
+            placed.append(f"{v} {mine.text()}" + (f" ({test})" if test else ""))
     return _listed(
         f"Random strata (a control) at the last evaluation, {column} accuracy against GRPO's "
         f"{ref.text()}",
