@@ -111,3 +111,29 @@ def bias_table(
             )
             rows.append({"chain_choices": m, "alpha": alpha, **found.__dict__})
     return rows
+
+
+def plot_bias(rows: list[dict], path: str) -> None:
+    """The expected stratum and hop updates over the true gradient's, against alpha, one line
+    per trap depth M (rows of `bias_table`)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(8.5, 3.2))
+    for m in sorted({r["chain_choices"] for r in rows}):
+        mine = [r for r in rows if r["chain_choices"] == m]
+        alphas = [r["alpha"] for r in mine]
+        left.plot(
+            alphas, [r["stratum"] / r["true_stratum"] for r in mine], marker="o", label=f"M {m}"
+        )
+        right.plot(alphas, [r["hop"] / r["true_hop"] for r in mine], marker="o", label=f"M {m}")
+    left.set_title("chain logit: E[update] / true gradient", fontsize=9)
+    right.set_title("first hop's logit: E[update] / true gradient", fontsize=9)
+    for ax in (left, right):
+        ax.set_xlabel("alpha")
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.legend(fontsize=7)
+    fig.savefig(path, dpi=130, bbox_inches="tight")
+    plt.close(fig)
