@@ -239,12 +239,9 @@ class Learner:
         if trajectories:
             batch = build_batch(trajectories, advantages, self.pad_id)
             batch.response_mask[~keep] = 0  # left out of the loss (mc_grpo's pivots)
-            for row, t in enumerate(
-                trajectories
-            ):  # TSPO: the latent reward credits the turns up to
-                if (
-                    t.latent_reward > 0 and t.first_answer_token >= 0
-                ):  # the answer's first observation
+            for row, t in enumerate(trajectories):
+                # TSPO: the latent reward credits the turns up to the answer's first observation
+                if t.latent_reward > 0 and t.first_answer_token >= 0:
                     batch.response_mask[row, t.first_answer_token :] = 0
         steps = self._all_max(-(-len(trajectories) // micro))  # micro-batches on the busiest rank
         # The proximal log-probs are those of the policy before this step's update. The weights

@@ -87,3 +87,30 @@ def test_grpo_in_stratum_variance_is_grpos_not_the_blends():
     assert grpo.metrics["stratum/2/in_stratum_adv_var"] != pytest.approx(
         blend.metrics["stratum/2/in_stratum_adv_var"]
     )
+
+
+def latent_group(correct: int, beta: float = 0.2) -> Group:
+    """A group of 8: `correct` right answers, one wrong answer whose search found the gold
+    passage (reward beta, TSPO's latent reward), the rest wrong."""
+    members = []
+    for i in range(8):
+        reward = 1.0 if i < correct else (beta if i == correct else 0.0)
+        t = synthetic_trajectory("p", i, reward=reward, tool_names=["search"])
+        t.stratum = 1
+        if i == correct:
+            t.latent_reward, t.first_answer_turn, t.first_answer_token = beta, 0, 4
+        members.append(t)
+    return Group("p", tuple(members))
+
+
+@pytest.mark.parametrize("kind", ["grpo", "stratified"])
+def test_the_latent_reward_punishes_the_finding_turns_when_others_answered_right(kind):
+    """The hazard of the current reading of TSPO's latent reward (docs/architecture.md,
+    Rewards): beta goes to wrong answers only, so in a group with right answers the finder's
+    reward is below the group's mean and the turns it is trained on (those up to the finding
+    observation) get a negative advantage; in a group of wrong answers they get a positive one."""
+    learner = Learner(advantage=Section(type=kind))
+    finder = plan_step([latent_group(correct=3)], learner).advantages[3]
+    assert finder < 0
+    alone = plan_step([latent_group(correct=0)], learner).advantages[0]
+    assert alone > 0
