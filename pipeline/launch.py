@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a dotted key, typed: --set learner.alpha=0.8 --set actors.tools=[search,python]",
+        help="override a dotted key, typed: --set learner.advantage.alpha=0.8 --set actors.tools=[search,python]",
     )
     parser.add_argument(
         "--run-dir", help="run directory (default: <runtime.runs_dir>/<config>-<time>)"

@@ -53,7 +53,7 @@ def parse_value(text: str) -> Any:
     lowered = text.lower()
     if lowered in ("true", "false"):
         return lowered == "true"
-    if lowered in ("null", "~"):  # as in YAML; "none" stays a word (learner.importance=none)
+    if lowered in ("null", "~"):  # as in YAML; "none" stays a word (learner.importance.type=none)
         return None
     for convert in (int, float):
         try:
@@ -64,12 +64,12 @@ def parse_value(text: str) -> Any:
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """`learner.alpha=0.8` -> ("learner.alpha", 0.8)."""
+    """`learner.advantage.alpha=0.8` -> ("learner.advantage.alpha", 0.8)."""
     key, sep, value = text.partition("=")
     key = key.strip()
     if not sep or not _KEY.fullmatch(key):
         raise OverrideError(
-            f"--set {text!r}: expected dotted.key=value, e.g. --set learner.alpha=0.8"
+            f"--set {text!r}: expected dotted.key=value, e.g. --set learner.advantage.alpha=0.8"
         )
     try:
         return key, parse_value(value)
