@@ -121,31 +121,30 @@ def _section_model(raw: dict[str, Any], parts: Sequence[str]) -> type[BaseModel]
     return model
 
 
-def _other_members_with(raw: dict[str, Any], parent: str, leaf: str) -> list[str]:
-    """The `type`s of the other backends of the union at `parent` that have key `leaf`."""
+def _union_members(raw: dict[str, Any], parent: str) -> list[type[BaseModel]]:
+    """The backends of the union at `parent` (none when it is not a union)."""
     if not parent:
         return []
     *above, name = parent.split(".")
     holder = _section_model(raw, above)
     field = holder.model_fields.get(name) if holder is not None else None
     members = model_classes(field.annotation) if field is not None else []
-    if len(members) < 2:
-        return []
+    return members if len(members) > 1 else []
+
+
+def _other_members_with(raw: dict[str, Any], parent: str, leaf: str) -> list[str]:
+    """The `type`s of the other backends of the union at `parent` that have key `leaf`."""
+    members = _union_members(raw, parent)
     return [m.model_fields["type"].default for m in members if leaf in m.model_fields]
 
 
 def _close_in_other_members(raw: dict[str, Any], parent: str, leaf: str) -> tuple[str, str] | None:
     """(key, type) of the closest key to `leaf` among the other backends of the union at `parent`."""
-    if not parent:
-        return None
-    *above, name = parent.split(".")
-    holder = _section_model(raw, above)
-    field = holder.model_fields.get(name) if holder is not None else None
-    members = model_classes(field.annotation) if field is not None else []
-    if len(members) < 2:
-        return None
     owner = {
-        k: m.model_fields["type"].default for m in members for k in m.model_fields if k != "type"
+        k: m.model_fields["type"].default
+        for m in _union_members(raw, parent)
+        for k in m.model_fields
+        if k != "type"
     }
     close = difflib.get_close_matches(leaf, list(owner), n=1)
     return (close[0], owner[close[0]]) if close else None

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from learner.estimators import ESTIMATORS, estimate
+from learner.estimators import ESTIMATORS, estimate, section_params
 
 GUESS, CHAIN = 0, 1
 
@@ -83,11 +83,6 @@ def expected_reward(
     return strata[:, GUESS] * p_guess + strata[:, CHAIN] * softmax(h1)[:, 0] * softmax(h2)[:, 0]
 
 
-def _params(trap: Trap) -> dict:
-    given = {"alpha": trap.alpha, "eps": trap.eps}
-    return {name: given[name] for name in ESTIMATORS[trap.estimator].params}
-
-
 def run(trap: Trap, seeds: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Train `seeds` independent policies side by side; (final P(chain), final expected reward)
     per seed."""
@@ -98,7 +93,7 @@ def run(trap: Trap, seeds: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     # every trajectory's seed and group: groups are numbered across seeds, so one call does all
     owner = np.repeat(np.arange(seeds), per_seed)
     group_ids = torch.from_numpy(np.repeat(np.arange(seeds * trap.groups), trap.group_size))
-    params = _params(trap)
+    params = section_params(trap.estimator, trap)  # alpha, eps: those it takes
     for _ in range(trap.steps):
         p_strata, p1, p2 = softmax(theta)[owner], softmax(h1)[owner], softmax(h2)[owner]
         stratum = (rng.random(len(owner)) < p_strata[:, CHAIN]).astype(np.int64)

@@ -69,7 +69,6 @@ class LocalRoles(Roles):
         super().__init__(publisher)
         self.config, self.learner, self.acting, self.agents = config, learner, acting, agents
         self.engine, self.policy_dir = acting.engine, policy_dir
-        self.eval_engines: list = []  # closed with the evaluator (PeriodicEval.engines)
 
     @property
     def version(self) -> int:
@@ -127,9 +126,10 @@ class LocalRoles(Roles):
     async def evaluate(self, items, version: int, weights):
         used, config = self.engine, self.config
         if config.actors.engine.in_process:
-            if not self.eval_engines:
-                self.eval_engines.append(make_engine(config, self.policy_dir))
-            used = self.eval_engines[0]
+            engines = self.periodic.engines  # made for evaluation only: closed with it
+            if not engines:
+                engines.append(make_engine(config, self.policy_dir))
+            used = engines[0]
             await used.update_weights(version, state_dict=weights)
         return await with_and_without_tools(
             config,
@@ -195,8 +195,6 @@ async def run_local(
             run_metrics = start_metrics(config, run_dir, list(acting.tools))
         started = lambda: skip + sum(p.stats.groups_started for p in pools)  # noqa: E731
         evaluator = roles.evaluator(config, run_dir, run_metrics)
-        if evaluator is not None:
-            evaluator.engines = roles.eval_engines  # closed with it
         return await stream(
             config,
             roles,

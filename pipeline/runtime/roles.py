@@ -19,7 +19,7 @@ from actors.servers import ServerWatch
 from buffers.records import Group
 from learner.weight_sync import Publisher
 from pipeline.config.schema import StrataConfig
-from pipeline.evaluation.heldout import periodic_eval
+from pipeline.evaluation.heldout import PeriodicEval, periodic_eval
 from pipeline.runtime.stream import ActorStats
 
 
@@ -30,6 +30,7 @@ class Roles:
         self.publisher = publisher
         self.sync_failures = 0
         self.watch: ServerWatch | None = None  # of the servers this run started, if any
+        self.periodic: PeriodicEval | None = None  # made by `evaluator`
 
     # ------------------------------------------------------------ where things run (subclasses)
 
@@ -110,4 +111,7 @@ class Roles:
 
     def evaluator(self, config: StrataConfig, run_dir: Path, run_metrics: Any):
         """The run's periodic evaluation (eval.every_steps), or None."""
-        return periodic_eval(config, self.eval_weights, self.evaluate, run_dir, run_metrics)
+        self.periodic = periodic_eval(
+            config, self.eval_weights, self.evaluate, run_dir, run_metrics
+        )
+        return self.periodic
