@@ -56,11 +56,15 @@ def prepare_world(config: StrataConfig, quiet: bool = False) -> Path:
     data = config.data
     # The default world keeps the directory name it had before the skew could be set.
     skew = "" if data.world_skew == SKEW else f"-skew{data.world_skew!r}"  # exact: 1.3 vs 1.3000001
+    if data.world_chains_astray is not None:
+        skew += f"-astray{data.world_chains_astray!r}"
     target = Path(config.runtime.cache_dir) / f"world-{data.world_size}-seed{data.seed}{skew}"
     with _building(target):
         if _world_version(target) != VERSION:  # none yet, or one an earlier Strata wrote
             _say(f"building the mini-GAIA world ({data.world_size}{skew}) in {target}", quiet)
-            world = build_world(data.seed, data.world_size, data.world_skew)
+            world = build_world(
+                data.seed, data.world_size, data.world_skew, data.world_chains_astray
+            )
             write_world(world, target, force=target.exists())
     return target
 

@@ -15,6 +15,9 @@ What makes it a test bed for stratified advantages:
   most common country answered two thirds of them and the policy unlearnt searching). `skew`
   (`data.world_skew`, `--skew`) steepens them: at 1.3 a guess pays about what a chain of two
   searches pays a warm-started policy (docs/results/skewed.md).
+- The trap knob, `chains_astray` (`data.world_chains_astray`, `--chains-astray`): the share of the
+  two-search demonstrations whose second query goes astray. With it high, a warm-started policy's
+  chains pay less than a guess at the start (docs/results/trap_gaia.md). Only the demos change.
 - Held-out questions are about new entities: the test split's subjects are never the subject or
   the bridge of a training question, so what transfers is how to search, not memorised answers.
   Their names are new combinations of words that training names use too (`NameMaker`), so a
@@ -134,6 +137,7 @@ class World:
     demos: tuple[dict, ...] = ()
     name_parts: dict[str, list[str]] | None = None  # NameMaker.parts()
     skew: float = SKEW  # exponent of the skewed attributes' frequencies
+    chains_astray: float | None = None  # share of two-search demos astray (None: the default mix)
 
     def split(self, name: str) -> list[WorldQuestion]:
         return [q for q in self.questions if q.split == name]
@@ -272,10 +276,18 @@ def _expected_names(size: Size) -> dict[str, int]:
     return {k: n + _count(n, size.distractor_share) for k, n in counts.items()}
 
 
-def build_world(seed: int, size: str = "small", skew: float = SKEW) -> World:
-    """The world for this seed, size and prior skew, in memory; `write_world` puts it on disk."""
+def build_world(
+    seed: int, size: str = "small", skew: float = SKEW, chains_astray: float | None = None
+) -> World:
+    """The world for this seed, size, prior skew and demo mix, in memory; `write_world` puts it
+    on disk. `chains_astray` changes the demonstrations only: passages and questions stay."""
     if not 0 <= skew <= 4:
         raise WorldError(f"the world's skew must lie in [0, 4] (got {skew}); the default is {SKEW}")
+    if chains_astray is not None and not 0 <= chains_astray <= 1:
+        raise WorldError(
+            f"the share of chain demos astray must lie in [0, 1] (got {chains_astray}); "
+            "leave it unset for the default mix"
+        )
     if size not in SIZES:
         raise WorldError(f"unknown world size {size!r}; choose one of: {', '.join(SIZES)}")
     if seed < 0:  # random.Random(-s) equals random.Random(s): negative seeds would alias
@@ -294,9 +306,19 @@ def build_world(seed: int, size: str = "small", skew: float = SKEW) -> World:
     guesses: dict[str, list[str]] = {}
     for q in train:
         guesses.setdefault(q.answer_kind, []).append(q.answer[0])
-    demos = make_demos(train, passages, kinds, guesses, _rng(seed, "demos"), limit=spec.max_demos)
+    demos = make_demos(
+        train, passages, kinds, guesses, _rng(seed, "demos"), spec.max_demos, chains_astray
+    )
     return World(
-        seed, size, tuple(passages), kinds, tuple(questions), tuple(demos), names.parts(), skew
+        seed,
+        size,
+        tuple(passages),
+        kinds,
+        tuple(questions),
+        tuple(demos),
+        names.parts(),
+        skew,
+        chains_astray,
     )
 
 
@@ -353,6 +375,7 @@ def _write_files(world: World, out: Path) -> None:
         "seed": world.seed,
         "size": world.size,
         "skew": world.skew,
+        "chains_astray": world.chains_astray,
         "counts": world.counts,
         "version": VERSION,
         "name_parts": world.name_parts,
@@ -426,6 +449,13 @@ def _parser() -> argparse.ArgumentParser:
         default=SKEW,
         help=f"exponent of the skewed priors a guess can follow (default {SKEW})",
     )
+    p.add_argument(
+        "--chains-astray",
+        type=float,
+        default=None,
+        help="share of the two-search demos whose second query goes astray (the trap knob; "
+        "default: the world's own mix, 0.5 of two-hop and 0.4 of three-step chains)",
+    )
     p.add_argument("--force", action="store_true", help="replace an earlier world in --out")
     return p
 
@@ -434,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
         start = time.perf_counter()
-        world = build_world(args.seed, args.size, args.skew)
+        world = build_world(args.seed, args.size, args.skew, args.chains_astray)
         write_world(world, args.out, force=args.force)
     except WorldError as exc:
         print(f"strata world: error: {exc}", file=sys.stderr)

@@ -7,6 +7,11 @@ from memory, or search once and guess the rest: a guess follows the training ans
 query names the question's subject again instead of the bridge), so a warm-started policy chains
 now and then, and reinforcement learning has something to make a habit of. `correct` says whether
 the final answer equals the canonical gold answer.
+
+`chains_astray` (`data.world_chains_astray`) is the trap knob: the share of the two-search demos
+whose second query goes astray. Raised, a warm-started policy chains as often but its chains pay
+less than a guess at the start, so a group-wide baseline pushes it away from chaining before it
+learns the second query (docs/results/trap_gaia.md).
 """
 
 from __future__ import annotations
@@ -32,6 +37,26 @@ STRATEGIES = {
         "two_searches_astray": 10,
     },
 }
+
+
+ASTRAY = "two_searches_astray"
+
+
+def strategy_weights(level: int, chains_astray: float | None = None) -> dict[str, float]:
+    """`STRATEGIES[level]`, or with `chains_astray` set the same total weight of two-search
+    strategies split so that this share of it goes astray (the rest keeps its proportions)."""
+    weights = {k: float(v) for k, v in STRATEGIES[level].items()}
+    if chains_astray is None or ASTRAY not in weights:
+        return weights
+    if not 0 <= chains_astray <= 1:
+        raise ValueError(f"chains_astray must lie in [0, 1] (got {chains_astray})")
+    right = [k for k in weights if k.startswith("two_searches") and k != ASTRAY]
+    total = weights[ASTRAY] + sum(weights[k] for k in right)
+    right_total = sum(weights[k] for k in right)
+    for k in right:
+        weights[k] *= (1 - chains_astray) * total / right_total
+    weights[ASTRAY] = chains_astray * total
+    return weights
 
 
 def _think(text: str) -> str:
@@ -118,7 +143,7 @@ class _Demos:
             text += self._hop(q, 0)
             text += _think(f"{q.hop_facts[0]}. I think I can answer the rest from memory: {guess}.")
             return text, guess
-        if strategy == "two_searches_astray":  # the second query repeats the subject
+        if strategy == ASTRAY:  # the second query repeats the subject
             guess = self._guess(q)
             astray = q.hop_queries[1].replace(q.bridge, q.subject)
             text += self._hop(q, 0) + _think(f"{q.hop_facts[0]}. I need more about {q.subject}.")
@@ -140,11 +165,13 @@ def make_demos(
     guesses: Mapping[str, Sequence[str]],
     rng: random.Random,
     limit: int,
+    chains_astray: float | None = None,
 ) -> list[dict]:
     """One demonstration per question (a seeded sample of `limit` of them when there are more).
 
     `guesses` holds, by answer kind (city, person, country, profession), the answers a guess is
-    drawn from: the training answers, repeated as often as they occur.
+    drawn from: the training answers, repeated as often as they occur. `chains_astray`: see
+    `strategy_weights` (None: `STRATEGIES` as written).
     """
     chosen = list(questions)
     if len(chosen) > limit:
@@ -152,7 +179,7 @@ def make_demos(
     demos = _Demos(passages, kinds, guesses, rng)
     rows = []
     for q in chosen:
-        names, weights = zip(*STRATEGIES[q.level].items(), strict=True)
+        names, weights = zip(*strategy_weights(q.level, chains_astray).items(), strict=True)
         strategy = rng.choices(names, weights)[0]
         response, answer = demos.respond(q, strategy)
         rows.append(

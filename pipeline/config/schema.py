@@ -128,6 +128,10 @@ class DataConfig(Section):
     professions, headquarters). A guess following the training answers' frequencies is right on
     0.08 of two-hop training questions at 0.6, 0.23 at 1.3 (docs/results/skewed.md).
     Each value is its own world and warm start."""
+    world_chains_astray: float | None = Field(None, ge=0, le=1)
+    """mini_gaia, the trap knob: the share of the warm start's two-search demonstrations whose
+    second query goes astray (null: the world's mix, 0.5 of two-hop chains). Raised, chains pay
+    less than a guess at the start (docs/results/trap_gaia.md). Its own world and warm start."""
 
     @model_validator(mode="after")
     def _files_when_needed(self) -> DataConfig:
@@ -135,7 +139,11 @@ class DataConfig(Section):
             raise ValueError(f"data.type {self.type!r} needs data.train_files")
         # Defaults pass: a dumped config (every key written) must load again.
         fields = type(self).model_fields
-        worldly = [k for k in ("world_size", "world_skew") if getattr(self, k) != fields[k].default]
+        worldly = [
+            k
+            for k in ("world_size", "world_skew", "world_chains_astray")
+            if getattr(self, k) != fields[k].default
+        ]
         if self.type != "mini_gaia" and worldly:
             raise ValueError(
                 f"data.{worldly[0]} shapes the mini_gaia world only; data.type is "

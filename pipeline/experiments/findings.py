@@ -310,6 +310,36 @@ def theorem1_finding(groups: Groups) -> str:
     return _listed(head, means) or ""
 
 
+def endpoint_findings(
+    groups: Groups, baseline: str | None, endpoints: list[str], chains: dict[str, float | None]
+) -> list[str]:
+    """Each variant against GRPO on each pre-registered endpoint (the experiment's `endpoints`):
+    a held-out level's accuracy at the last evaluation, or `chains` (`chains`: run name -> its
+    share of two-hop training trajectories with two or more searches, late in the run)."""
+    if not endpoints:
+        return []
+    if baseline is None:
+        return ["No variant is plain GRPO: the endpoints have no reference to be tested against."]
+    says = []
+    for v in groups:
+        if v == baseline:
+            continue
+        for endpoint in endpoints:
+            if endpoint == "chains":
+                mine = [chains.get(r.name) for r in groups[v]]
+                ref = [chains.get(r.name) for r in groups[baseline]]
+                found = compare(
+                    [x for x in mine if x is not None], [x for x in ref if x is not None]
+                )
+                test = None if found is None else found.text(v, baseline)
+                what = "share of two-hop training trajectories with 2 or more searches (late)"
+            else:
+                test = compared(groups, v, baseline, endpoint)
+                what = f"held-out {endpoint} accuracy (last evaluation)"
+            says.append(f"{what}: {test or 'too few runs a side for a test'}.")
+    return says
+
+
 def findings(groups: Groups, baseline: str | None, window: int) -> list[str]:
     """Every sentence of the section, in order."""
     says = [*compute_finding(groups), *accuracy_findings(groups, baseline)]

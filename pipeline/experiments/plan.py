@@ -39,6 +39,13 @@ class ExperimentConfig(Section):
     """Dotted overrides every run gets, before its variant's (e.g. learner.max_steps: equal compute)."""
     variants: dict[str, dict[str, Any]] = Field(min_length=1)
     """Variant name -> dotted overrides, as `launch --set key=value` takes them."""
+    endpoints: list[Literal["L1", "L2", "L3", "L2+L3", "all", "chains"]] = Field(
+        default_factory=list
+    )
+    """Pre-registered endpoints the report tests every variant against GRPO on: held-out
+    accuracy at the last evaluation by level, or `chains` (the share of two-hop training
+    trajectories with two or more searches over the last quarter of policy versions; needs
+    buffer.spill). Empty: the report's usual comparison (L2+L3) only."""
 
     @field_validator("seeds")
     @classmethod

@@ -26,9 +26,11 @@ from pipeline.experiments.data import (
     by_variant,
     last_window,
     load_runs,
+    setting,
     spread,
 )
 from pipeline.experiments.findings import (
+    endpoint_findings,
     eval_spreads,
     findings,
     grpo_variant,
@@ -36,6 +38,8 @@ from pipeline.experiments.findings import (
     step_range,
 )
 from pipeline.experiments.plots import all_figures
+from pipeline.experiments.searches import chain_share, quarter, read_trajectories
+from pipeline.experiments.searches import section as searches_section
 
 Groups = dict[str, list[RunData]]
 
@@ -147,6 +151,30 @@ def render(
         "",
         *end_table(groups, window),
     ]
+    kept = {r.name: read_trajectories(r.run_dir) for rs in groups.values() for r in rs}
+    max_steps = {
+        r.name: setting(r.config, "learner.max_steps") for rs in groups.values() for r in rs
+    }
+    searches = searches_section(groups, kept, max_steps)
+    if searches:
+        lines += ["", *searches]
+    endpoints = record.get("config", {}).get("endpoints") or []
+    if endpoints:
+        chains = {
+            name: chain_share(t, 3 * quarter(max_steps[name], t.version)) if t else None
+            for name, t in kept.items()
+        }
+        lines += [
+            "",
+            "## Pre-registered endpoints",
+            "",
+            f"Named before the runs in the experiment file ({', '.join(endpoints)}); each variant "
+            f"against GRPO ({baseline or 'none'}): Welch's t and a permutation test over runs, a "
+            "95% interval (hierarchical bootstrap over runs and questions for accuracy, Welch's "
+            "for chains), and the difference these runs detect with 80% power.",
+            "",
+            *(f"- {s}" for s in endpoint_findings(groups, baseline, endpoints, chains)),
+        ]
     lines += [
         "",
         "## What the numbers say",

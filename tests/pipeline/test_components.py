@@ -67,3 +67,18 @@ def test_each_world_skew_is_its_own_cached_world(tmp_path):
     assert (default.name, steep.name) == ("world-small-seed3", "world-small-seed3-skew1.3")
     assert json.loads((steep / "world.json").read_text())["skew"] == 1.3
     assert world(0.6) == default  # the default, spelled out, is the same world
+
+
+def test_the_trap_knob_is_its_own_cached_world_and_mini_gaia_only(tmp_path):
+    from pipeline.assets.cache import prepare_world
+    from pipeline.config.schema import StrataConfig
+
+    data = {"seed": 3, "world_skew": 1.3, "world_chains_astray": 0.9}
+    config = StrataConfig.model_validate({"data": data, "runtime": {"cache_dir": str(tmp_path)}})
+    target = prepare_world(config, quiet=True)
+    assert target.name == "world-small-seed3-skew1.3-astray0.9"
+    assert json.loads((target / "world.json").read_text())["chains_astray"] == 0.9
+    with pytest.raises(ValueError, match="data.world_chains_astray shapes the mini_gaia world"):
+        StrataConfig.model_validate(
+            {"data": {"type": "search_r1", "train_files": ["t.parquet"], "world_chains_astray": 1}}
+        )

@@ -202,6 +202,39 @@ def test_skew_is_written_to_the_manifest_and_is_refused_out_of_range(tmp_path, c
     assert not (tmp_path / "v").exists()
 
 
+def chain_demos(world):
+    """(right, astray) two-search demos on multi-hop questions."""
+    chains = [d for d in world.demos if d["level"] > 1 and d["strategy"].startswith("two_")]
+    astray = sum(d["strategy"] == "two_searches_astray" for d in chains)
+    return len(chains) - astray, astray
+
+
+def test_the_trap_knob_changes_only_the_share_of_chain_demos_astray():
+    default = build_world(7, "small")
+    assert default.chains_astray is None
+    right, astray = chain_demos(default)
+    assert right > 0 and astray > 0
+    trapped = build_world(7, "small", chains_astray=0.9)
+    assert trapped.passages == default.passages and trapped.questions == default.questions
+    right9, astray9 = chain_demos(trapped)
+    assert astray9 / (right9 + astray9) > 0.75 > astray / (right + astray)
+    assert chain_demos(build_world(7, "small", chains_astray=1.0))[0] == 0  # no right chain left
+    assert chain_demos(build_world(7, "small", chains_astray=0.0))[1] == 0
+    # Astray demos chain two searches but answer with a guess: the second query repeats the subject.
+    for d in trapped.demos:
+        if d["strategy"] == "two_searches_astray":
+            assert d["response"].count("<search>") == 2
+
+
+def test_the_trap_knob_is_written_to_the_manifest_and_refused_out_of_range(tmp_path, capsys):
+    assert main(["--out", str(tmp_path / "w"), "--chains-astray", "0.9"]) == 0
+    assert json.loads((tmp_path / "w" / "world.json").read_text())["chains_astray"] == 0.9
+    assert main(["--out", str(tmp_path / "v"), "--chains-astray", "1.5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "must lie in [0, 1] (got 1.5)" in err
+    assert not (tmp_path / "v").exists()
+
+
 def test_parquet_indexes_count_rows_within_the_split(world_dir):
     test = pq.read_table(world_dir / "test.parquet").to_pylist()
     assert [q["extra_info"]["index"] for q in test] == list(range(len(test)))
