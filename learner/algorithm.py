@@ -24,6 +24,7 @@ from buffers.records import Group, Trajectory
 from learner.advantages import stratified_advantages_with_stats
 from learner.estimators import estimate, section_params
 from learner.telemetry import stratum_summary, theorem1_terms
+from learner.turn_credit import found_answer, turn_credit
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,9 @@ class StepPlan:
     """bool per trajectory: False leaves it out of the loss."""
     metrics: dict[str, float] = field(default_factory=dict)
     """groups, skipped_groups, and (when any group is left) the reward and stratum telemetry."""
+    early: torch.Tensor | None = None
+    """Turn-level credit (`turn_credit` > 0): per trajectory, the advantage of its tokens before
+    the observation that first held a gold answer (the rest take `advantages`); None: off."""
 
 
 def plan_step(groups: list[Group], config: Any) -> StepPlan:
@@ -64,7 +68,13 @@ def plan_step(groups: list[Group], config: Any) -> StepPlan:
         metrics[f"stratum/{stratum}/reward"] = row["mean_reward"]
         metrics[f"stratum/{stratum}/in_stratum_adv_var"] = row["in_stratum_adv_var"]
         metrics[f"stratum/{stratum}/mean_advantage"] = row["mean_advantage"]
-    return StepPlan(usable, trajectories, chosen.advantages, chosen.keep, metrics)
+    advantages, early = chosen.advantages, None
+    beta = getattr(config, "turn_credit", 0.0)
+    if beta > 0:
+        eps = getattr(config.advantage, "eps", 1e-6)
+        advantages, early = turn_credit(trajectories, group_ids, advantages, beta, eps)
+        metrics["found_answer_share"] = float(found_answer(trajectories).double().mean())
+    return StepPlan(usable, trajectories, advantages, chosen.keep, metrics, early)
 
 
 def _flat(group: Group) -> bool:

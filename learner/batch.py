@@ -42,7 +42,9 @@ class TrainBatch:
             response_mask=self.response_mask[rows, :response_width],
             behavior_logprobs=self.behavior_logprobs[rows, :response_width],
             versions=self.versions[rows, :response_width],
-            advantages=self.advantages[rows],
+            advantages=self.advantages[rows]
+            if self.advantages.dim() == 1
+            else self.advantages[rows, :response_width],  # per token (learner/turn_credit.py)
         )
 
 

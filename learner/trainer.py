@@ -31,6 +31,7 @@ from learner.corrections import Correction
 from learner.losses import kept_by_importance, kl_penalty, policy_loss
 from learner.ranks import RankError, RankPeers, TcpRendezvous, init_rank_group, split_by_tokens
 from learner.schedule import step_schedule
+from learner.turn_credit import token_advantages
 
 
 def init_distributed() -> None:
@@ -213,6 +214,7 @@ class Learner:
                     [trajectories[r] for r in rows.tolist()],
                     plan.advantages[rows],
                     plan.keep[rows],
+                    None if plan.early is None else plan.early[rows],
                 )
             )
         if self.peers is None:
@@ -229,14 +231,23 @@ class Learner:
         return metrics
 
     def train_rows(
-        self, trajectories: list, advantages: torch.Tensor, keep: torch.Tensor
+        self,
+        trajectories: list,
+        advantages: torch.Tensor,
+        keep: torch.Tensor,
+        early: torch.Tensor | None = None,
     ) -> Counter[str]:
         """One optimiser step on this rank's rows (every rank calls it for the same step): the
         step's token totals and micro-batch count agree over the ranks first, so each micro-batch
-        loss carries its share of the whole step. Returns the step's sums over all ranks."""
+        loss carries its share of the whole step. `early`: turn-level credit's advantages of the
+        tokens before each trajectory's finding observation (None: off). Returns the step's sums
+        over all ranks."""
         micro = self.config.micro_batch_size
         batch = proximal = kept = None
         if trajectories:
+            if early is not None:  # per token: before and after the finding observation
+                width = max(len(t.token_ids) for t in trajectories)
+                advantages = token_advantages(trajectories, advantages, early, width)
             batch = build_batch(trajectories, advantages, self.pad_id)
             batch.response_mask[~keep] = 0  # left out of the loss (mc_grpo's pivots)
             for row, t in enumerate(trajectories):

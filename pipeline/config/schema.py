@@ -296,6 +296,12 @@ class LearnerConfig(Section):
     """KL estimator; k3 is verl's low_var_kl."""
     drop_zero_variance_groups: bool = False
     """Skip groups whose rewards are all equal (they carry no GN signal); counted."""
+    turn_credit: float = Field(0.0, ge=0, le=1)
+    """TSPO's latent reward read as turn-level credit, weight beta (0: off): the turns up to the
+    observation that first held a gold answer get max(A, 0) + beta * F (F: "found it",
+    normalised within the group), the turns after it the outcome advantage A; a trajectory
+    that found nothing gets A + beta * F (learner/turn_credit.py). The finding turns are never
+    punished, unlike actors.latent_reward's reading; use one or the other."""
     zero_stage: int = Field(0, ge=0, le=3)
     """DeepSpeed ZeRO stage; 0-2 run on CPU with gloo, 3 is for GPUs."""
     num_ranks: int = Field(1, ge=1, le=1024)
@@ -418,4 +424,9 @@ class StrataConfig(Section):
     @model_validator(mode="after")
     def _backends_agree(self) -> StrataConfig:
         self.runtime.check(self)
+        if self.learner.turn_credit > 0 and self.actors.latent_reward > 0:
+            raise ValueError(
+                "actors.latent_reward and learner.turn_credit are two readings of TSPO's "
+                "latent reward: set one of them, the other to 0"
+            )
         return self

@@ -39,6 +39,7 @@ class Section(BaseModel):
 class Learner(BaseModel):
     advantage: Section
     drop_zero_variance_groups: bool = False
+    turn_credit: float = 0.0
 
 
 def plan(kind: str, alpha: float = 0.6):
@@ -114,3 +115,52 @@ def test_the_latent_reward_punishes_the_finding_turns_when_others_answered_right
     assert finder < 0
     alone = plan_step([latent_group(correct=0)], learner).advantages[0]
     assert alone > 0
+
+
+def found_group(correct: int, finders: set[int]) -> Group:
+    """A group of 8, outcome rewards only: `correct` right answers first; `finders` the members
+    whose observations held a gold answer (from token 4 on)."""
+    members = []
+    for i in range(8):
+        t = synthetic_trajectory("p", i, reward=float(i < correct), tool_names=["search"])
+        t.stratum = 1
+        if i in finders:
+            t.first_answer_turn, t.first_answer_token = 0, 4
+        members.append(t)
+    return Group("p", tuple(members))
+
+
+@pytest.mark.parametrize("kind", ["grpo", "stratified"])
+def test_turn_credit_credits_the_finding_turns_and_judges_the_rest_by_the_outcome(kind):
+    """The other reading (learner/turn_credit.py): in the hazard's group (3 right answers that
+    found the gold answer, one wrong answer that found it too, 4 that found nothing), the wrong
+    finder's turns up to the finding observation get a positive advantage, its later turns the
+    outcome's negative one; the members that found nothing get less than the outcome gives."""
+    beta = 0.3
+    group = found_group(correct=3, finders={0, 1, 2, 3})
+    outcome = plan_step([group], Learner(advantage=Section(type=kind)))
+    step = plan_step([group], Learner(advantage=Section(type=kind), turn_credit=beta))
+    f = [1.0] * 4 + [0.0] * 4
+    mean, std = statistics.fmean(f), statistics.pstdev(f)
+    credit = [beta * (x - mean) / (std + 1e-6) for x in f]  # +0.3 for finders, -0.3 for the rest
+    a = outcome.advantages.tolist()
+    assert a[3] < 0  # the outcome alone would punish the wrong finder everywhere
+    assert step.advantages[3] == pytest.approx(a[3])  # its turns after the finding observation
+    assert step.early[3] == pytest.approx(credit[3]) and step.early[3] > 0  # the finding turns
+    for i in range(3):  # right finders: credited before, the outcome after
+        assert step.early[i] == pytest.approx(a[i] + credit[i]) and step.advantages[i] == a[i]
+    for i in range(4, 8):  # found nothing: the outcome and the missed finding, on every token
+        assert step.advantages[i] == pytest.approx(a[i] + credit[i]) == step.early[i]
+    assert step.metrics["found_answer_share"] == 0.5
+
+
+def test_turn_credit_changes_nothing_where_every_member_found_it_or_none_did():
+    learner = Learner(advantage=Section(type="grpo"), turn_credit=0.5)
+    plain = Learner(advantage=Section(type="grpo"))
+    for finders in (set(), set(range(8))):
+        group = found_group(correct=0 if not finders else 5, finders=finders)
+        step, outcome = plan_step([group], learner), plan_step([group], plain)
+        assert step.advantages.tolist() == pytest.approx(outcome.advantages.tolist())
+        if not finders:
+            assert step.early.tolist() == pytest.approx(outcome.advantages.tolist())
+    assert plan_step([found_group(3, {0})], plain).early is None  # off: no per-token split

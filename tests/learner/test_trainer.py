@@ -472,6 +472,37 @@ def test_token_weighted_staleness_counts_each_generated_token(policy):
     assert metrics["staleness_token_mean"] == pytest.approx(old / (old + new))
 
 
+def test_turn_credit_gives_the_finding_turns_their_own_advantage(policy):
+    """learner.turn_credit: the tokens before the finding observation train with the early
+    advantage, the rest with the outcome's; every generated token trains (nothing is cut)."""
+    from learner.turn_credit import token_advantages
+
+    batch = groups(15)
+    t = batch[0].members[1]
+    cut = int(np.flatnonzero(t.loss_mask == 0)[0])
+    t.first_answer_turn, t.first_answer_token = 0, cut
+    t.validate()
+    rows = [m for g in batch for m in g.members]
+    late, early = torch.zeros(len(rows)), torch.zeros(len(rows))
+    early[1] = 2.0
+    per_token = token_advantages(rows, late, early, 40)
+    assert per_token[1, :cut].eq(2.0).all() and per_token[1, cut:].eq(0).all()
+    assert per_token[[0, *range(2, len(rows))]].eq(0).all()
+    credited = learner(policy, turn_credit=0.5)
+    metrics = credited.step(batch)
+    generated = sum(int(m.loss_mask.sum()) for m in rows)
+    assert metrics["trained_tokens"] == generated and metrics["found_answer_share"] == 0.125
+    plain = learner(policy)
+    plain.step(batch)
+    moved = [
+        not torch.equal(a, b)
+        for a, b in zip(
+            credited.model.state_dict().values(), plain.model.state_dict().values(), strict=True
+        )
+    ]
+    assert any(moved)  # the credit changed the update
+
+
 def test_a_latent_reward_trains_only_the_turns_up_to_the_first_answer(policy):
     """TSPO credit: a trajectory rewarded for having found the answer trains no token after the
     observation that held it; the others train all their generated tokens."""

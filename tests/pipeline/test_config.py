@@ -193,6 +193,12 @@ def test_yaml_reads_exponent_floats(tmp_path):
         ("", ["data.world_skew=5"], "data.world_skew = 5: input should be less than or equal to 4"),
         (
             "",
+            ["actors.latent_reward=0.2", "learner.turn_credit=0.2"],
+            "{p}: actors.latent_reward and learner.turn_credit are two readings of TSPO's latent "
+            "reward: set one of them, the other to 0",
+        ),
+        (
+            "",
             ["learner.advantage.alpha"],
             "--set 'learner.advantage.alpha': expected dotted.key=value",
         ),
