@@ -9,9 +9,12 @@ now and then, and reinforcement learning has something to make a habit of. `corr
 the final answer equals the canonical gold answer.
 
 `chains_astray` (`data.world_chains_astray`) is the trap knob: the share of the two-search demos
-whose second query goes astray. Raised, a warm-started policy chains as often but its chains pay
-less than a guess at the start, so a group-wide baseline pushes it away from chaining before it
-learns the second query (docs/results/trap_gaia.md).
+whose second query goes astray; set, an astray chain also answers with the bridge entity (a
+wrong answer: it stopped a hop short) instead of guessing, so that, as in the trap bandit
+(pipeline/experiments/trap.py), a chain pays only when both hops are right. Raised, a
+warm-started policy chains about as often but its chains pay less than a guess at the start,
+so a group-wide baseline pushes it away from chaining before it learns the second query
+(docs/results/trap_gaia.md).
 """
 
 from __future__ import annotations
@@ -70,8 +73,10 @@ class _Demos:
         kinds: Mapping[str, str],
         guesses: Mapping[str, Sequence[str]],
         rng: random.Random,
+        astray_answers_bridge: bool = False,
     ) -> None:
         self.passage = {p.id: p for p in passages}
+        self.astray_answers_bridge = astray_answers_bridge
         self.kinds, self.guesses, self.rng = kinds, guesses, rng
         self.same_kind: dict[str, list[str]] = {}
         for p in passages:
@@ -148,6 +153,8 @@ class _Demos:
             astray = q.hop_queries[1].replace(q.bridge, q.subject)
             text += self._hop(q, 0) + _think(f"{q.hop_facts[0]}. I need more about {q.subject}.")
             text += self._search(astray, [*self._others(q.gold_doc_ids[0], 2), q.gold_doc_ids[0]])
+            if self.astray_answers_bridge:  # the trap: a chain that goes astray pays nothing
+                return text + _think(f"So the answer is {q.bridge}."), q.bridge
             return text + _think(f"This does not say. I think the answer is {guess}."), guess
         if strategy == "two_searches" and q.level == 3:
             a, b = q.operands
@@ -176,7 +183,7 @@ def make_demos(
     chosen = list(questions)
     if len(chosen) > limit:
         chosen = sorted(rng.sample(chosen, limit), key=lambda q: q.id)
-    demos = _Demos(passages, kinds, guesses, rng)
+    demos = _Demos(passages, kinds, guesses, rng, astray_answers_bridge=chains_astray is not None)
     rows = []
     for q in chosen:
         names, weights = zip(*strategy_weights(q.level, chains_astray).items(), strict=True)

@@ -38,7 +38,7 @@ from pipeline.experiments.findings import (
     step_range,
 )
 from pipeline.experiments.plots import all_figures
-from pipeline.experiments.searches import chain_share, quarter, read_trajectories
+from pipeline.experiments.searches import chain_share, is_frozen, quarter, read_trajectories
 from pipeline.experiments.searches import section as searches_section
 
 Groups = dict[str, list[RunData]]
@@ -104,7 +104,11 @@ def render(
     window: int,
     command: str,
     notes: str | None = None,
+    frozen: Groups | None = None,
 ) -> str:
+    """`groups`: the variants that learn; `frozen`: those whose every run keeps the warm
+    start's weights (learner.lr <= searches.FROZEN_LR), listed and read for the start only."""
+    frozen = frozen or {}
     variants = record.get("config", {}).get("variants", {})
     n_runs = sum(len(rs) for rs in groups.values())
     seeds = sorted({r.seed for rs in groups.values() for r in rs})
@@ -112,8 +116,14 @@ def render(
     lines = [
         f"# Experiment: {title}",
         "",
-        f"{n_runs} runs: {len(groups)} variants x seeds {seeds}, from `{out_dir}`. "
-        f"GRPO reference: {baseline or 'none found'}. Everything below is computed from the run "
+        f"{n_runs} runs: {len(groups)} variants x seeds {seeds}, from `{out_dir}`"
+        + (
+            f", and {sum(len(rs) for rs in frozen.values())} frozen runs "
+            f"({', '.join(frozen)}: the warm start sampled, read for the start only). "
+            if frozen
+            else ". "
+        )
+        + f"GRPO reference: {baseline or 'none found'}. Everything below is computed from the run "
         "directories by the command at the end; rerun it to refresh.",
         "",
         "## Runs",
@@ -121,7 +131,7 @@ def render(
         "| variant | overrides | runs | statuses |",
         "|---|---|---|---|",
     ]
-    for v, rs in groups.items():
+    for v, rs in {**groups, **frozen}.items():
         overrides = ", ".join(f"`{k}={val}`" for k, val in variants.get(v, {}).items()) or "–"
         statuses = ", ".join(
             sorted({r.status or ("has metrics" if r.metrics else "no metrics") for r in rs})
@@ -151,11 +161,13 @@ def render(
         "",
         *end_table(groups, window),
     ]
-    kept = {r.name: read_trajectories(r.run_dir) for rs in groups.values() for r in rs}
+    every = {**groups, **frozen}
+    kept = {r.name: read_trajectories(r.run_dir) for rs in every.values() for r in rs}
     max_steps = {
-        r.name: setting(r.config, "learner.max_steps") for rs in groups.values() for r in rs
+        r.name: setting(r.config, "learner.max_steps") for rs in every.values() for r in rs
     }
-    searches = searches_section(groups, kept, max_steps)
+    frozen_runs = {r.name for rs in frozen.values() for r in rs}
+    searches = searches_section(every, kept, max_steps, frozen_runs)
     if searches:
         lines += ["", *searches]
     endpoints = record.get("config", {}).get("endpoints") or []
@@ -173,7 +185,15 @@ def render(
             "95% interval (hierarchical bootstrap over runs and questions for accuracy, Welch's "
             "for chains), and the difference these runs detect with 80% power.",
             "",
-            *(f"- {s}" for s in endpoint_findings(groups, baseline, endpoints, chains)),
+            *(
+                f"- {s}"
+                for s in endpoint_findings(
+                    {v: rs for v, rs in groups.items() if not all(r.name in frozen for r in rs)},
+                    baseline,
+                    endpoints,
+                    chains,
+                )
+            ),
         ]
     lines += [
         "",
@@ -246,7 +266,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    groups = by_variant(runs)
+    every = by_variant(runs)
+    frozen = {
+        v: rs
+        for v, rs in every.items()
+        if rs and all(is_frozen(setting(r.config, "learner.lr")) for r in rs)
+    }
+    groups = {v: rs for v, rs in every.items() if v not in frozen}
     baseline = grpo_variant(groups, args.baseline)
     if args.baseline and baseline is None:
         print(
@@ -270,7 +296,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         + (["--baseline", args.baseline] if args.baseline else [])
         + (["--notes", args.notes] if args.notes else [])
     )
-    text = render(out_dir, doc, groups, record, figures, baseline, args.smooth, command, notes)
+    text = render(
+        out_dir, doc, groups, record, figures, baseline, args.smooth, command, notes, frozen
+    )
     _write(doc, text)
     print(f"strata: experiment report {doc} ({len(runs)} runs, {len(figures)} figures)")
     return 0

@@ -6,7 +6,10 @@ The trap (docs/results/trap_gaia.md) is a start where chaining searches pays les
 chaining: on two-hop (L2) training questions, the mean reward of trajectories with two or more
 searches below that of trajectories with none or one. Policy version 0 is the warm start, the
 same weights in every run of an experiment whatever its estimator, so its trajectories are pooled
-over all runs and the condition is a property of the experiment, untouched by the treatment.
+over all runs and the condition is a property of the experiment, untouched by the treatment. A
+run whose learner.lr is at most FROZEN_LR keeps the warm start's weights all run long (its
+policy versions count steps, not changes): all its trajectories join the start, and it is
+left out of the endpoints' tests (it does not learn).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import pyarrow.dataset as ds
 SOURCE = "minigaia_l2"  # two-hop questions: one search cannot answer them, a chain of two can
 BUCKETS = ("0", "1", ">=2")
 COLUMNS = ["data_source", "policy_version", "prompt_id", "tool_names", "reward"]
+FROZEN_LR = 1e-9  # Adam moves a weight by about lr a step: 1e-9 for 200 steps is below float32's
 
 
 @dataclass(frozen=True)
@@ -154,21 +158,35 @@ def quarter(config_max_steps: int | None, versions: np.ndarray) -> int:
     return max(1, steps // 4)
 
 
+def is_frozen(lr: float | None) -> bool:
+    """A run with this learner.lr keeps the warm start's weights (see FROZEN_LR)."""
+    return lr is not None and lr <= FROZEN_LR
+
+
 def section(
-    groups: dict[str, list], kept: dict[str, Trajectories | None], max_steps: dict[str, int]
+    groups: dict[str, list],
+    kept: dict[str, Trajectories | None],
+    max_steps: dict[str, int],
+    frozen: set[str] = frozenset(),
 ) -> list[str]:
     """The report's section: the start pooled over all runs, then each variant's early and late
     quarters, and the trap condition's test. `kept`: run name -> its trajectories;
-    `max_steps`: run name -> learner.max_steps. [] when no run kept trajectories."""
+    `max_steps`: run name -> learner.max_steps; `frozen`: the runs that keep the warm start's
+    weights (all their trajectories are the start's). [] when no run kept trajectories."""
     if not any(t is not None and len(t) for t in kept.values()):
         return []
-    start = [t.where(t.version == 0) for t in kept.values() if t is not None]
+    start = [
+        t if name in frozen else t.where(t.version == 0)
+        for name, t in kept.items()
+        if t is not None
+    ]
     lines = [
         "## Searches on two-hop training questions",
         "",
         "Mean reward (count) of the L2 training trajectories by number of searches, from each "
         "run's trajectories/*.parquet. Start: policy version 0, the warm start, the same weights "
-        "in every run whatever its estimator, so pooled over all runs. Early: versions 1 to "
+        "in every run whatever its estimator, so pooled over all runs (with every trajectory "
+        f"of a frozen run, learner.lr <= {FROZEN_LR:g}). Early: versions 1 to "
         "Q − 1; late: versions from 3Q on (Q: a quarter of learner.max_steps), pooled over a "
         "variant's seeds.",
         "",
@@ -183,8 +201,10 @@ def section(
         share = f"{s.chain_share:.0%}" if len(joined) else "–"
         return f"| {label} | " + " | ".join(cells) + f" | {share} |"
 
-    lines.append(row("start (version 0), all runs", start))
+    lines.append(row("start (version 0, and frozen runs whole), all runs", start))
     for variant, runs in groups.items():
+        if all(r.name in frozen for r in runs):
+            continue
         for label, window in (("early", _early), ("late", _late)):
             parts = []
             for r in runs:

@@ -14,6 +14,10 @@ gives the expected update per trajectory exactly, on
 
 Theorem 3 of the paper says pure SAN (alpha = 1) moves no probability between strata: its
 stratum component is exactly 0, whatever the policy.
+
+`expected_path` follows the expected update from the trap's start, step by step (a run without
+sampling noise: the mean-field path), and reports along it the policy, the stratum update over
+the true gradient's and the cosine between the whole expected update and the true gradient.
 """
 
 from __future__ import annotations
@@ -96,6 +100,72 @@ def expected_update(
         chain * (1 - chain) * (q - p_guess),
         chain * hop * hop * (1 - hop),
     )
+
+
+def _cosine(found: Expected, choices: int) -> float:
+    """Cosine between the whole expected update and the true gradient, over every logit: the
+    stratum pair (+s, -s) and two hop vectors, each (u, -u / (M - 1) on the M - 1 wrong
+    choices): the hops are symmetric, so both vectors move alike."""
+    hop_weight = 2 * (1 + 1 / (choices - 1))  # two hops, the right entry and the spread rest
+    dot = 2 * found.stratum * found.true_stratum + hop_weight * found.hop * found.true_hop
+    mine = 2 * found.stratum**2 + hop_weight * found.hop**2
+    true = 2 * found.true_stratum**2 + hop_weight * found.true_hop**2
+    return dot / math.sqrt(mine * true) if mine > 0 and true > 0 else float("nan")
+
+
+def expected_path(
+    alpha: float, choices: int, p_guess: float, group_size: int, steps: int, lr: float = 1.0
+) -> list[dict]:
+    """The trap's mean-field run under the blend with `alpha`: from logits 0, each step adds
+    lr times the expected update (the chain logit +s, the guess logit -s; a hop's right entry
+    +u, each other entry -u / (M - 1)). One row per step, before its update."""
+    stratum_gap, hop_gap = 0.0, 0.0  # chain minus guess logit; right minus any wrong hop logit
+    rows = []
+    for step in range(steps):
+        chain = 1 / (1 + math.exp(-stratum_gap))
+        hop = 1 / (1 + (choices - 1) * math.exp(-hop_gap))
+        found = expected_update(
+            chain, hop, p_guess, group_size, "stratified", alpha=alpha, eps=1e-6
+        )
+        rows.append(
+            {
+                "step": step,
+                "alpha": alpha,
+                "chain": chain,
+                "hop": hop,
+                "expected_reward": (1 - chain) * p_guess + chain * hop * hop,
+                "stratum_ratio": found.stratum / found.true_stratum
+                if found.true_stratum
+                else float("nan"),
+                "cosine": _cosine(found, choices),
+            }
+        )
+        stratum_gap += 2 * lr * found.stratum
+        hop_gap += lr * found.hop * (1 + 1 / (choices - 1))
+    return rows
+
+
+def plot_path(paths: list[list[dict]], path: str) -> None:
+    """P(chain), expected reward and the cosine to the true gradient along each mean-field path
+    (lists of `expected_path` rows, one per alpha)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+    for rows in paths:
+        steps = [r["step"] for r in rows]
+        label = f"α {rows[0]['alpha']:g}"
+        for ax, key in zip(axes, ("chain", "expected_reward", "cosine"), strict=True):
+            ax.plot(steps, [r[key] for r in rows], label=label)
+    titles = ("P(chain)", "expected reward", "cosine(E[update], true gradient)")
+    for ax, title in zip(axes, titles, strict=True):
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7)
+    fig.savefig(path, dpi=130, bbox_inches="tight")
+    plt.close(fig)
 
 
 def bias_table(

@@ -113,7 +113,7 @@ def test_the_report_shows_the_start_and_tests_the_chains_endpoint(tmp_path, chai
     assert report_main([str(out), "--doc", str(doc)]) == 0
     text = doc.read_text()
     rows = table_rows(text, "Searches on two-hop training questions")
-    start = rows["start (version 0), all runs",]
+    start = rows["start (version 0, and frozen runs whole), all runs",]
     assert start[3].endswith("(128)") and start[4].endswith("(384)")  # 8 runs x 16 and x 48
     assert start[5] == "25%"
     assert rows["blend, late",][5] == f"{(12 + 13 + 11 + 12) / 64:.0%}"
@@ -134,3 +134,27 @@ def test_an_unknown_endpoint_is_refused_in_one_line(tmp_path):
     with pytest.raises(Exception, match=r"endpoints\.1") as info:
         read_experiment(path)
     assert "\n" not in str(info.value)
+
+
+def test_a_frozen_variant_joins_the_start_whole_and_is_not_tested(tmp_path):
+    """A variant whose runs keep the warm start's weights (learner.lr 1e-12): every trajectory
+    of it is the start's; it is listed, but has no early or late rows and no endpoint test."""
+    out, doc = tmp_path / "exp", tmp_path / "doc.md"
+    write_experiment(out, 0.05, ["chains"])
+    body = json.loads((out / "experiment.json").read_text())
+    run_dir = out / "start-seed0"
+    write_run(run_dir, 0.05, 0.5, seed=9)  # versions 0 and 6-7: all of them count as the start
+    config = {"learner": {"advantage": {"type": "stratified", "alpha": 0.0}, "lr": 1e-12}}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    body["runs"].append({"name": "start-seed0", "variant": "start", "seed": 0, "status": "done"})
+    (out / "experiment.json").write_text(json.dumps(body))
+    assert report_main([str(out), "--doc", str(doc)]) == 0
+    text = doc.read_text()
+    assert "and 1 frozen runs (start: the warm start sampled" in text
+    assert ("start",) in table_rows(text, "Runs")
+    rows = table_rows(text, "Searches on two-hop training questions")
+    start = rows["start (version 0, and frozen runs whole), all runs",]
+    assert start[3].endswith("(152)")  # 8 learning runs x 16 at version 0, + 16 + its 8 late ones
+    assert not any(key[0].startswith("start,") for key in rows)
+    endpoints = text.split("## Pre-registered endpoints")[1].split("\n## ")[0]
+    assert "start" not in endpoints and endpoints.count("- ") == 1

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from learner.estimators import estimate
-from pipeline.experiments.trap_exact import compositions, expected_update
+from pipeline.experiments.trap_exact import compositions, expected_path, expected_update
 
 
 def sampled(chain, hop, p_guess, size, groups, alpha, seed=0):
@@ -53,3 +53,22 @@ def test_theorem3_sans_alone_has_no_between_strata_component():
         grpo = expected_update(chain, hop, 0.3, 8, alpha=0.0, eps=1e-6).stratum
         blend = expected_update(chain, hop, 0.3, 8, alpha=0.6, eps=1e-6).stratum
         assert blend == pytest.approx(0.4 * grpo, rel=1e-9)  # SAN adds nothing between strata
+
+
+def test_the_mean_field_path_starts_at_the_trap_and_follows_theorem_3():
+    """Along the path of expected updates: the first row is the trap's start (expected_update's
+    numbers there); alpha = 1 never moves P(chain) off 0.5 (Theorem 3, at every step) while it
+    learns the hops; GRPO moves onto guessing, the blend at alpha 0.8 onto the chain."""
+    start = expected_update(0.5, 1 / 5, 0.3, 4, alpha=0.0, eps=1e-6)
+    grpo = expected_path(0.0, 5, 0.3, 4, steps=120)
+    first = grpo[0]
+    assert (first["chain"], first["hop"]) == (0.5, pytest.approx(0.2))
+    assert first["stratum_ratio"] == pytest.approx(start.stratum / start.true_stratum)
+    assert -1 <= min(r["cosine"] for r in grpo) and max(r["cosine"] for r in grpo) <= 1 + 1e-12
+    san = expected_path(1.0, 5, 0.3, 4, steps=120)
+    assert all(r["chain"] == pytest.approx(0.5, abs=1e-12) for r in san)
+    assert san[-1]["hop"] > 0.9
+    blend = expected_path(0.8, 5, 0.3, 4, steps=120)
+    assert grpo[-1]["chain"] < 0.02  # collapsed onto guessing
+    low = min(r["chain"] for r in blend)  # the blend first drifts toward guessing, then turns
+    assert low < 0.25 and blend[-1]["chain"] > 0.3 > low + 0.1

@@ -220,10 +220,19 @@ def test_the_trap_knob_changes_only_the_share_of_chain_demos_astray():
     assert astray9 / (right9 + astray9) > 0.75 > astray / (right + astray)
     assert chain_demos(build_world(7, "small", chains_astray=1.0))[0] == 0  # no right chain left
     assert chain_demos(build_world(7, "small", chains_astray=0.0))[1] == 0
-    # Astray demos chain two searches but answer with a guess: the second query repeats the subject.
-    for d in trapped.demos:
-        if d["strategy"] == "two_searches_astray":
-            assert d["response"].count("<search>") == 2
+    # With the knob set an astray chain searches twice (the second query repeats the subject)
+    # and answers with the bridge: a hop short, always wrong, as the bandit's failed chain pays 0.
+    astray_demos = [d for d in trapped.demos if d["strategy"] == "two_searches_astray"]
+    for d in astray_demos:
+        assert d["response"].count("<search>") == 2 and not d["correct"]
+    bridges = {q.id: q.bridge for q in trapped.questions}
+    assert all(
+        d["response"].endswith(f"<answer> {bridges[d['id']]}</answer>") for d in astray_demos
+    )
+    default_astray = [d for d in default.demos if d["strategy"] == "two_searches_astray"]
+    assert not any(  # without the knob they guess (from the training answers' frequencies)
+        d["response"].endswith(f"<answer> {bridges[d['id']]}</answer>") for d in default_astray
+    )
 
 
 def test_the_trap_knob_is_written_to_the_manifest_and_refused_out_of_range(tmp_path, capsys):
