@@ -30,8 +30,9 @@ class TrainBatch:
     def size(self) -> int:
         return self.input_ids.shape[0]
 
-    def select(self, rows: slice) -> TrainBatch:
-        """A micro-batch, trimmed to its own longest sequence and response."""
+    def select(self, rows: slice | torch.Tensor) -> TrainBatch:
+        """A micro-batch (a slice or an index tensor of rows), trimmed to its own longest
+        sequence and response."""
         lengths = self.attention_mask[rows].sum(-1)
         width = int(lengths.max())
         response_width = max(1, int((lengths - self.response_start[rows]).max()))
@@ -83,7 +84,10 @@ def build_batch(
 def response_logprobs(
     logits: torch.Tensor, batch: TrainBatch, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """log pi(r_j | p, r_<j) and the entropy of that distribution (no gradient), both [B, R].
+    """log pi(r_j | p, r_<j) and the entropy of that distribution (no gradient), both [B, R],
+    from the full logits of a padded batch: the plain reference the tests hold the learner's
+    path (learner/packing.py: packed, trained positions only, chunked) to. It materialises
+    [B, L, V] float32 twice; the learner does not use it.
 
     Uses log_softmax(logits / temperature), the quantity the engines report as behaviour
     log-probs, so ratios compare like with like.

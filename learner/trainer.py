@@ -26,9 +26,10 @@ import torch
 
 from buffers.records import Group
 from learner.algorithm import plan_step
-from learner.batch import TrainBatch, build_batch, response_logprobs
+from learner.batch import TrainBatch, build_batch
 from learner.corrections import Correction
 from learner.losses import kept_by_importance, kl_penalty, policy_loss
+from learner.packing import plan_micro_batches, response_logprobs
 from learner.ranks import RankError, RankPeers, TcpRendezvous, init_rank_group, split_by_tokens
 from learner.schedule import step_schedule
 from learner.turn_credit import token_advantages
@@ -242,7 +243,6 @@ class Learner:
         loss carries its share of the whole step. `early`: turn-level credit's advantages of the
         tokens before each trajectory's finding observation (None: off). Returns the step's sums
         over all ranks."""
-        micro = self.config.micro_batch_size
         batch = proximal = kept = None
         if trajectories:
             if early is not None:  # per token: before and after the finding observation
@@ -254,7 +254,8 @@ class Learner:
                 # TSPO: the latent reward credits the turns up to the answer's first observation
                 if t.latent_reward > 0 and t.first_answer_token >= 0:
                     batch.response_mask[row, t.first_answer_token :] = 0
-        steps = self._all_max(-(-len(trajectories) // micro))  # micro-batches on the busiest rank
+        plan = self._micro_batches(trajectories)
+        steps = self._all_max(len(plan))  # micro-batches on the busiest rank
         # The proximal log-probs are those of the policy before this step's update. The weights
         # move only at an epoch's last micro-batch, so the first epoch's own forward passes give
         # them: no pass of their own, unless the correction drops tokens (each micro-batch's
@@ -268,11 +269,11 @@ class Learner:
         )
         if batch is not None and correction.active:
             if not reuse:
-                proximal = self._proximal(batch, steps)
+                proximal = self._proximal(batch, plan, steps)
             elif self.config.ppo_epochs > 1:  # filled by the first epoch for the later ones
                 proximal = torch.zeros_like(batch.behavior_logprobs)
         elif correction.active and self.config.zero_stage == 3 and not reuse:
-            self._proximal(None, steps)  # ZeRO-3's forward gathers parameters: every rank joins
+            self._proximal(None, plan, steps)  # ZeRO-3's forward gathers parameters: all join
         if batch is not None:
             # The tokens the loss is taken over (importance "mask" drops some before the loss
             # sees them): each micro-batch's share of the step is its share of these.
@@ -300,18 +301,18 @@ class Learner:
         for epoch in range(self.config.ppo_epochs):
             for i in range(steps):
                 started = time.perf_counter()
-                rows = slice(i * micro, (i + 1) * micro)
                 boundary = i == steps - 1
                 self.engine.set_gradient_accumulation_boundary(boundary)
-                own = batch is not None and i * micro < batch.size
+                own = batch is not None and i < len(plan)
                 if own:
+                    rows = torch.tensor(plan[i], dtype=torch.int64)
+                    part = None if proximal is None else proximal[rows]  # a copy: rows index
+                    fill = reuse and epoch == 0
                     loss, stats = self._micro_step(
-                        batch.select(rows),
-                        None if proximal is None else proximal[rows],
-                        kept[rows],
-                        totals,
-                        fill_proximal=reuse and epoch == 0,
+                        batch.select(rows), part, kept[rows], totals, fill_proximal=fill
                     )
+                    if fill and part is not None:  # the first epoch's, for the later ones
+                        proximal[rows] = part
                 else:  # this rank has no rows left: an empty micro-batch keeps the collectives in step
                     loss, stats = self._empty_micro_step(), {}
                 self.engine.backward(loss * self.world)  # DeepSpeed averages over the ranks
@@ -340,6 +341,19 @@ class Learner:
             self.rank_stats = [stats for _, stats in every]
         return sums
 
+    def _micro_batches(self, trajectories: list) -> list[list[int]]:
+        """This rank's micro-batches (learner/packing.py): row indices of each."""
+        lengths = [len(t.prompt_token_ids) + len(t.token_ids) for t in trajectories]
+        return plan_micro_batches(
+            lengths, self.config.micro_batch_size, self.config.max_tokens_per_micro_batch
+        )
+
+    def _logprobs(self, model, micro: TrainBatch):
+        """(log-probs, entropy, tokens read) of a micro-batch's trained tokens: [b, R] each."""
+        return response_logprobs(
+            model, micro, self.config.packing, self.temperature, self.engine.device
+        )
+
     def _all_max(self, value: int) -> int:
         if self.world == 1:
             return value
@@ -366,28 +380,25 @@ class Learner:
         return logits.sum() * 0.0
 
     @torch.no_grad()
-    def _proximal(self, batch: TrainBatch | None, steps: int) -> torch.Tensor | None:
-        """Log-probs of the current policy before the update (AReaL's proximal policy). Under
-        ZeRO-3 with several ranks every rank makes `steps` forward passes (empty ones past its
-        rows): each forward gathers parameters from all ranks."""
+    def _proximal(
+        self, batch: TrainBatch | None, plan: list[list[int]], steps: int
+    ) -> torch.Tensor | None:
+        """Log-probs of the current policy before the update (AReaL's proximal policy), over
+        the step's micro-batches `plan`. Under ZeRO-3 with several ranks every rank makes `steps`
+        forward passes (empty ones past its rows): each forward gathers parameters from all
+        ranks."""
         self.engine.eval()
         if self.config.zero_stage == 3 and self.world > 1:
-            own = 0 if batch is None else -(-batch.size // self.config.micro_batch_size)
+            own = 0 if batch is None else len(plan)
             for _ in range(steps - own):
                 self._empty_micro_step()
         if batch is None:
             return None
-        width = batch.response_mask.shape[1]
         out = torch.zeros_like(batch.behavior_logprobs)
-        for first in range(0, batch.size, self.config.micro_batch_size):
-            rows = slice(first, first + self.config.micro_batch_size)
-            micro = batch.select(rows)
-            logits = self.engine(
-                input_ids=micro.input_ids.to(self.engine.device),
-                attention_mask=micro.attention_mask.to(self.engine.device),
-            ).logits
-            logp, _ = response_logprobs(logits, micro, self.temperature)
-            out[rows, : logp.shape[1]] = logp.float().cpu()[:, :width]
+        for indices in plan:
+            rows = torch.tensor(indices, dtype=torch.int64)
+            logp, _, _ = self._logprobs(self.engine, batch.select(rows))
+            out[rows, : logp.shape[1]] = logp.cpu()
         return out
 
     def _micro_step(
@@ -402,10 +413,7 @@ class Learner:
         are the proximal ones, also written into `proximal` (these rows of the step's) when one is
         given for later epochs."""
         device = self.engine.device
-        logits = self.engine(
-            input_ids=micro.input_ids.to(device), attention_mask=micro.attention_mask.to(device)
-        ).logits
-        logp, entropy = response_logprobs(logits, micro, self.temperature)
+        logp, entropy, read = self._logprobs(self.engine, micro)
         mask = micro.response_mask.to(device)
         width = mask.shape[1]
         if fill_proximal:
@@ -437,11 +445,7 @@ class Learner:
         kl_value = 0.0
         if self.reference is not None:
             with torch.no_grad():
-                ref_logits = self.reference(
-                    input_ids=micro.input_ids.to(device),
-                    attention_mask=micro.attention_mask.to(device),
-                ).logits
-                ref_logp, _ = response_logprobs(ref_logits, micro, self.temperature)
+                ref_logp, _, _ = self._logprobs(self.reference, micro)
             kl = kl_penalty(logp, ref_logp, self.config.kl_kind)
             kl_mean = (kl * mask).sum() / mask.sum().clamp(min=1)
             loss = loss + self.config.kl_coef * kl_mean * (tokens / totals["response_tokens"])
@@ -456,6 +460,7 @@ class Learner:
             loss_sum=float(loss.detach()) * totals["response_tokens"],
             entropy_sum=float((entropy * mask).sum()),
             kl_sum=kl_value * tokens,
+            model_tokens=float(read),
         )
         return loss, weighted
 
@@ -482,6 +487,13 @@ class Learner:
         metrics["staleness_token_mean"] = (
             float(sum((self.version - 1 - v).sum() for v in generated)) / count
         )
+        # Padding: the share of the tokens the training forward passes read that are not a
+        # trajectory's (learner.packing leaves none).
+        real = self.config.ppo_epochs * sum(
+            len(t.prompt_token_ids) + len(t.token_ids) for t in trajectories
+        )
+        read = sums["model_tokens"]
+        metrics["padding_share"] = max(0.0, 1 - real / read) if read else 0.0
         metrics["step_seconds"] = time.perf_counter() - start
         metrics["version"] = float(self.version)
         return metrics

@@ -302,6 +302,14 @@ class LearnerConfig(Section):
     normalised within the group), the turns after it the outcome advantage A; a trajectory
     that found nothing gets A + beta * F (learner/turn_credit.py). The finding turns are never
     punished, unlike actors.latent_reward's reading; use one or the other."""
+    max_tokens_per_micro_batch: int | None = Field(None, ge=1, le=10_000_000)
+    """Token budget of a micro-batch (prompt + response tokens; at most micro_batch_size
+    trajectories too): trajectories are placed first fit in decreasing length, one longer than
+    the budget alone. null: micro_batch_size trajectories in step order. The step's gradient is
+    the same either way (learner/packing.py)."""
+    packing: bool = True
+    """Lay a micro-batch's trajectories end to end in one row, attention kept inside each
+    (position ids restart): no padding is computed. false: each row padded to the longest."""
     zero_stage: int = Field(0, ge=0, le=3)
     """DeepSpeed ZeRO stage; 0-2 run on CPU with gloo, 3 is for GPUs."""
     num_ranks: int = Field(1, ge=1, le=1024)
