@@ -116,12 +116,15 @@ def test_groups_are_dealt_whole_by_tokens():
         dict(zero_stage=1),
         dict(zero_stage=2),
         dict(zero_stage=0, loss_agg="seq-mean-token-mean", importance={"type": "none"}),
+        dict(zero_stage=1, max_tokens_per_micro_batch=90),
     ],
-    ids=["zero0", "zero1", "zero2-and-resume", "zero0-seq-mean"],
+    ids=["zero0", "zero1", "zero2-and-resume", "zero0-seq-mean", "zero1-token-budget"],
 )
 def test_two_ranks_train_like_one(policy, tmp_path, overrides):
     """Loss, gradient norm and weights after two steps; under ZeRO 2 the two-rank checkpoint
-    (each rank's optimizer shard) resumes on two ranks and a third step matches too."""
+    (each rank's optimizer shard) resumes on two ranks and a third step matches too. Packed
+    micro-batches (the default) throughout; with a token budget the ranks make different
+    numbers of micro-batches (tests/learner/test_packing.py holds packed to padded)."""
     opts = options(**overrides)
     batches = [groups(1), groups(2), groups(3)]
     one = Learner(policy, LearnerConfig(**opts), group_size=4)
