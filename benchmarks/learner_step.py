@@ -1,5 +1,6 @@
 """Learner throughput (ZeRO 0 vs 2, 1 rank vs 2 on CPU, the proximal log-probs from the training
-forward vs a pass of their own) and weight publishing to 4 local engines vs one copy.
+forward vs a pass of their own), weight publishing to 4 local engines vs one copy, and packed vs
+padded micro-batches on a real run's trajectories.
 
 The policy is the embedded default's tiny Qwen2 (2 layers, hidden 128) unless --hidden/--layers
 say otherwise; each step trains 4 groups of 8 trajectories of 256 response tokens. Two ranks
@@ -7,7 +8,15 @@ say otherwise; each step trains 4 groups of 8 trajectories of 256 response token
 a child process of their own, since a process holds one process group; on 2 cores expect no
 speed-up: the figure is there to catch regressions in the ranks' overhead.
 
-    python benchmarks/learner_step.py [--steps 5] [--hidden 128] [--layers 2]
+Packed vs padded (learner.packing) trains the trained groups of a run's spill (default: the
+newest runs/local-*/trajectories, which `make run` writes) with configs/local.yaml's learner:
+their real lengths, masks and tokens. It also measures the peak memory a training forward and
+backward of the log-prob path adds, at Qwen3-8B's vocabulary (151,936) on a one-layer model of
+hidden 64: the padded full-vocabulary float32 path against the trainer's (trained positions only,
+chunked), each in a process of its own. Its last line is the packed/padded ratio.
+
+    python benchmarks/learner_step.py [--steps 5] [--hidden 128] [--layers 2] [--spill DIR]
+        [--packing-only]
 """
 
 from __future__ import annotations
@@ -15,19 +24,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
+import resource
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from actors.embedded import EmbeddedEngine
-from buffers.records import Group
+from buffers.records import Group, from_arrow
 from buffers.testing import synthetic_trajectory
+from learner.attention import implementation
+from learner.batch import build_batch, response_logprobs
+from learner.packing import response_logprobs as trained_logprobs
 from learner.ranked import ranked_learner
 from learner.trainer import Learner
 from learner.weight_sync import InProcessSync
 from pipeline.assets.tiny_policy import build_tiny_policy
+from pipeline.config.loader import load_config
 from pipeline.config.schema import LearnerConfig
 
 TEXTS = [
@@ -114,13 +133,117 @@ def publish_times(path: str, repeats: int) -> tuple[float, float, int]:
     return statistics.median(published), statistics.median(copies), size
 
 
+# ------------------------------------------------------------------ packed vs padded (issue 46)
+
+
+def spill_groups(spill: Path, vocab: int) -> list[Group]:
+    """The trained groups of a run's spill (`trajectories/*.parquet`), as they were: real
+    prompt and response lengths, loss masks and token ids (folded into `vocab`)."""
+    table = ds.dataset(sorted(spill.glob("*.parquet")), format="parquet").to_table(
+        filter=pc.field("status") == "released"  # handed to the learner
+    )
+    members: dict[str, list] = {}
+    for t in from_arrow(table):
+        t.token_ids = t.token_ids % vocab  # Arrow's buffers are read-only
+        t.prompt_token_ids = t.prompt_token_ids % vocab
+        members.setdefault(t.prompt_id, []).append(t)
+    size = max(len(m) for m in members.values())
+    return [Group(p, tuple(m)) for p, m in members.items() if len(m) == size]
+
+
+def newest_spill() -> Path | None:
+    found = sorted(Path("runs").glob("local-*/trajectories"), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+def packed_vs_padded(path: str, groups: list[Group], steps: int, per_step: int) -> dict:
+    """Tokens/s (prompt + response tokens of the trajectories trained, a second) and padding
+    share, padded then packed, alternating, best of two each, with configs/local.yaml's learner
+    (one micro-batch of its 16 trajectories a step)."""
+    learner_section = load_config("configs/local.yaml").learner
+    best: dict[bool, dict] = {}
+    for _ in range(2):
+        for packing in (False, True):
+            config = learner_section.model_copy(update={"packing": packing})
+            learner = Learner(path, config, group_size=len(groups[0].members))
+            learner.step(groups[:per_step])  # warm-up
+            tokens = elapsed = padding = 0.0
+            for s in range(1, steps + 1):
+                chosen = groups[s * per_step : (s + 1) * per_step]
+                start = time.perf_counter()
+                metrics = learner.step(chosen)
+                elapsed += time.perf_counter() - start
+                tokens += sum(
+                    len(t.prompt_token_ids) + len(t.token_ids) for g in chosen for t in g.members
+                )
+                padding += metrics["padding_share"]
+            found = {"tokens_per_s": tokens / elapsed, "padding_share": padding / steps}
+            if packing not in best or found["tokens_per_s"] > best[packing]["tokens_per_s"]:
+                best[packing] = found
+    return {"padded": best[False], "packed": best[True]}
+
+
+def _peak_child(packed: bool, vocab: int, hidden: int, tokens: int, rows: int, queue) -> None:
+    """Peak resident memory that a training forward and backward of the log-prob path adds, in
+    a process of its own: the padded full-vocabulary path (learner.batch.response_logprobs) or
+    the trainer's (trained positions only, chunked float32)."""
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=tokens + 64,
+    )
+    model = Qwen2ForCausalLM(config)
+    model.config._attn_implementation = implementation(packed) or "sdpa"  # as the learner has it
+    trajectories = [synthetic_trajectory(f"m{i}", i, tokens=tokens, seed=i) for i in range(rows)]
+    for t in trajectories:
+        t.token_ids %= vocab
+        t.prompt_token_ids %= vocab
+    batch = build_batch(trajectories, torch.ones(rows), 0)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if packed:
+        logp, _, _ = trained_logprobs(model, batch, True, 1.0, torch.device("cpu"))
+    else:
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        logp, _ = response_logprobs(logits, batch)
+    (logp * batch.response_mask).sum().backward()
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    queue.put((after - before) * 1024)  # ru_maxrss is in KiB on Linux
+
+
+def peak_memory(packed: bool, vocab: int, hidden: int, tokens: int, rows: int) -> float:
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    child = context.Process(target=_peak_child, args=(packed, vocab, hidden, tokens, rows, queue))
+    child.start()
+    result = queue.get(timeout=1800)
+    child.join()
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--spill", type=Path, help="a run's trajectories/ (default: the newest)")
+    parser.add_argument(
+        "--packing-only", action="store_true", help="only packed vs padded and the memory"
+    )
     args = parser.parse_args()
+    spill = args.spill or newest_spill()
+    if spill is None or not any(spill.glob("*.parquet")):
+        print(
+            f"strata: error: no spill at {spill or 'runs/local-*/trajectories'}: run `make run` "
+            "first, or pass --spill DIR (a run's trajectories/)",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     with tempfile.TemporaryDirectory() as tmp:
         heads = max(2, args.hidden // 32)
         path = str(
@@ -135,6 +258,11 @@ def main() -> None:
             )
         )
         vocab = 1900
+        groups = spill_groups(spill, vocab)
+        packing = packed_vs_padded(path, groups, args.steps, per_step=2)
+        if args.packing_only:
+            report_packing(args, spill, packing)
+            return
         two_ranks = ranked_tokens_per_second(path, args.steps, vocab, 2)
         zero0 = tokens_per_second(path, 0, args.steps, vocab)
         zero2 = tokens_per_second(path, 2, args.steps, vocab)
@@ -169,6 +297,35 @@ def main() -> None:
     )
     print(f"  plain copy of the state dict  : {copied * 1e3:7.2f} ms")
     print(f"  ratio: {published / copied:.2f}x (target <= 2x)")
+    report_packing(args, spill, packing)
+
+
+def report_packing(args, spill: Path, packing: dict) -> None:
+    """The memory of the log-prob path, then packed vs padded: the last line."""
+    vocab, hidden, tokens, rows = 151936, 64, 1024, 2
+    full, trained = (peak_memory(p, vocab, hidden, tokens, rows) for p in (False, True))
+    print(
+        f"log-prob path, {rows} x {tokens} response tokens at vocabulary {vocab} (hidden {hidden}),"
+        " peak memory a forward + backward adds:"
+    )
+    print(f"  padded, full-vocabulary float32 : {full / 1e9:6.2f} GB")
+    print(
+        f"  trained positions, chunked      : {trained / 1e9:6.2f} GB  ({full / trained:.1f}x less)"
+    )
+    padded, packed = packing["padded"], packing["packed"]
+    print(f"learner on {spill}'s trained groups, configs/local.yaml's learner, {args.steps} steps:")
+    print(
+        f"  padded : {padded['tokens_per_s']:8.0f} tokens/s, padding {padded['padding_share']:.0%} "
+        "of the tokens the forward passes read"
+    )
+    print(
+        f"  packed : {packed['tokens_per_s']:8.0f} tokens/s, padding {packed['padding_share']:.0%}"
+    )
+    print(
+        f"packed vs padded: padding {padded['padding_share']:.0%} -> "
+        f"{packed['padding_share']:.0%} (target <= 5%), tokens/s "
+        f"{packed['tokens_per_s'] / padded['tokens_per_s']:.2f}x (target >= 1.25x)"
+    )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
-CHUNK = 1024  # positions a chunk: 1024 x 151,936 x 4 bytes = 0.6 GB of float32 at a time
+CHUNK = 256  # positions a chunk: 256 x 151,936 x 4 bytes = 0.16 GB of float32 at a time
 
 
 def _target_logprob(logits: torch.Tensor, targets: torch.Tensor, temperature: float):

@@ -26,6 +26,7 @@ import torch
 
 from buffers.records import Group
 from learner.algorithm import plan_step
+from learner.attention import implementation
 from learner.batch import TrainBatch, build_batch
 from learner.corrections import Correction
 from learner.losses import kept_by_importance, kl_penalty, policy_loss
@@ -122,7 +123,11 @@ class Learner:
         cuda = torch.cuda.is_available()
         dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if cuda else torch.float32)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True, dtype=dtype)
+        # packed rows attend inside each trajectory (learner/attention.py)
+        attention = {"attn_implementation": a} if (a := implementation(config.packing)) else {}
+        model = AutoModelForCausalLM.from_pretrained(
+            model_path, local_files_only=True, dtype=dtype, **attention
+        )
         if gradient_checkpointing:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
@@ -135,7 +140,7 @@ class Learner:
         self.reference = None
         if config.kl_coef > 0:  # the initial policy, frozen; only loaded when the KL term is on
             self.reference = AutoModelForCausalLM.from_pretrained(
-                model_path, local_files_only=True, dtype=dtype
+                model_path, local_files_only=True, dtype=dtype, **attention
             )
             self.reference.requires_grad_(False).eval()
         if before_join is not None:

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from learner.estimators import ESTIMATORS, estimate, section_params
+from pipeline.experiments.trap_exact import expected_path, plot_path
 
 GUESS, CHAIN = 0, 1
 
@@ -224,7 +225,33 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="of the random stream")
     p.add_argument("--json", help="write the cells here")
     p.add_argument("--plot", help="write a heat map of the escape fraction here (PNG)")
+    p.add_argument(
+        "--path",
+        help="instead of sampling: the mean-field path of exact expected updates of each alpha "
+        "(stratified; the first --chain-choices, --p-guess and --group-size) to this JSON",
+    )
+    p.add_argument("--path-plot", help="with --path: plot P(chain), reward and cosine (PNG)")
     return p
+
+
+def mean_field(args: argparse.Namespace) -> int:
+    """`--path`: trap_exact.expected_path for each alpha, written and summarised."""
+    m, p_guess, size = args.chain_choices[0], args.p_guess[0], args.group_size[0]
+    paths = [expected_path(a, m, p_guess, size, args.steps, args.lr) for a in args.alphas]
+    for rows in paths:
+        end = rows[-1]
+        print(
+            f"alpha {rows[0]['alpha']:g}  M {m}  p_guess {p_guess:g}  group {size}: after "
+            f"{args.steps} steps P(chain) {end['chain']:.3f}, E[reward] "
+            f"{end['expected_reward']:.3f}, cosine to the true gradient {end['cosine']:.3f}",
+            flush=True,
+        )
+    settings = {"chain_choices": m, "p_guess": p_guess, "group_size": size}
+    settings |= {"steps": args.steps, "lr": args.lr}
+    Path(args.path).write_text(json.dumps({"settings": settings, "paths": paths}))
+    if args.path_plot:
+        plot_path(paths, args.path_plot)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,9 +269,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         if bad
     ]
+    if args.path_plot and not args.path:
+        problems.append("--path-plot needs --path (the JSON the paths are written to)")
+    if args.path and args.estimator != "stratified":
+        problems.append("--path follows the stratified blend's alphas: leave --estimator out")
     if problems:
         print(f"strata: error: {problems[0]}", file=sys.stderr)
         return 2
+    if args.path:
+        return mean_field(args)
     alphas = args.alphas if "alpha" in ESTIMATORS[args.estimator].params else [0.0]
     cells = []
     for p_guess, size, m, alpha in product(
