@@ -29,17 +29,17 @@ FROZEN_LR = 1e-9  # Adam moves a weight by about lr a step: 1e-9 for 200 steps i
 
 @dataclass(frozen=True)
 class Trajectories:
-    """L2 training trajectories of one run: per trajectory its policy version, group (prompt id),
+    """L2 training trajectories of one run: per trajectory its policy version, question,
     number of searches and reward."""
 
     version: np.ndarray
-    group: np.ndarray  # prompt id, as an integer code within the run
+    question: np.ndarray  # the question's id (the prompt id before "@"): the same in every run
     searches: np.ndarray
     reward: np.ndarray
 
     def where(self, keep: np.ndarray) -> Trajectories:
         return Trajectories(
-            self.version[keep], self.group[keep], self.searches[keep], self.reward[keep]
+            self.version[keep], self.question[keep], self.searches[keep], self.reward[keep]
         )
 
     def __len__(self) -> int:
@@ -55,12 +55,10 @@ def read_trajectories(run_dir: Path, source: str = SOURCE) -> Trajectories | Non
         columns=COLUMNS, filter=pc.field("data_source") == source
     )
     names = table.column("tool_names").to_pylist()
-    _, group = np.unique(
-        np.asarray(table.column("prompt_id").to_pylist(), dtype=str), return_inverse=True
-    )
+    prompts = table.column("prompt_id").to_pylist()
     return Trajectories(
         table.column("policy_version").to_numpy(zero_copy_only=False).astype(int),
-        group.astype(int),
+        np.array([p.split("@")[0] for p in prompts], dtype=str),
         np.array([sum(n == "search" for n in row or ()) for row in names], dtype=int),
         table.column("reward").to_numpy(zero_copy_only=False).astype(float),
     )
@@ -103,31 +101,33 @@ def split(t: Trajectories) -> Split:
 
 @dataclass(frozen=True)
 class TrapCheck:
-    """μ(>= 2 searches) − μ(0-1 search) at the start, with a bootstrap interval over groups."""
+    """μ(>= 2 searches) − μ(0-1 search) at the start, with a bootstrap interval over questions."""
 
     gap: float
     ci: tuple[float, float]
     holds: bool  # the whole interval below 0: chains pay less than not chaining
+    questions: int
 
 
 def trap_check(
     pooled: list[Trajectories], resamples: int = 2000, seed: int = 0
 ) -> TrapCheck | None:
-    """The trap condition on `pooled` runs' trajectories: a group's trajectories share a prompt
-    and a policy, so groups (not trajectories) are resampled. None without both kinds."""
-    cells = []  # per group: (sum, count) for chains and for the rest
-    for t in pooled:
-        chain = bucket(t.searches) == 2
-        for g in np.unique(t.group):
-            sel = t.group == g
-            cells.append(
-                (
-                    t.reward[sel & chain].sum(),
-                    (sel & chain).sum(),
-                    t.reward[sel & ~chain].sum(),
-                    (sel & ~chain).sum(),
-                )
+    """The trap condition on `pooled` runs' trajectories. A question's trajectories share what
+    makes it easy or hard, in every run (the runs meet the same questions in the same order), so
+    questions, not trajectories, are resampled. None without both kinds."""
+    joined = _join(pooled)
+    chain = bucket(joined.searches) == 2
+    cells = []  # per question: reward sum and count of chains, and of the rest
+    for q in np.unique(joined.question):
+        sel = joined.question == q
+        cells.append(
+            (
+                joined.reward[sel & chain].sum(),
+                (sel & chain).sum(),
+                joined.reward[sel & ~chain].sum(),
+                (sel & ~chain).sum(),
             )
+        )
     if not cells:
         return None
     c = np.array(cells, dtype=float)
@@ -142,7 +142,7 @@ def trap_check(
     rng = np.random.default_rng(seed)
     draws = np.array([gap(c[rng.integers(0, len(c), len(c))]) for _ in range(resamples)])
     lo, hi = np.nanpercentile(draws, [2.5, 97.5])
-    return TrapCheck(found, (float(lo), float(hi)), bool(hi < 0))
+    return TrapCheck(found, (float(lo), float(hi)), bool(hi < 0), len(c))
 
 
 def chain_share(t: Trajectories, first_version: int) -> float | None:
@@ -232,7 +232,8 @@ def section(
         )
         lines.append(
             f"Trap condition at the start, μ(2 or more) − μ(0-1) = {check.gap:+.3f}, 95% "
-            f"interval [{check.ci[0]:+.3f}, {check.ci[1]:+.3f}] (bootstrap over groups): "
+            f"interval [{check.ci[0]:+.3f}, {check.ci[1]:+.3f}] (bootstrap over its "
+            f"{check.questions} questions): "
             f"{verdict}."
         )
     return lines
@@ -247,17 +248,13 @@ def _late(version: np.ndarray, q: int) -> np.ndarray:
 
 
 def _join(parts: list[Trajectories]) -> Trajectories:
-    """One set of trajectories from several runs' (group codes kept apart)."""
-    offset, groups = 0, []
-    for t in parts:
-        groups.append(t.group + offset)
-        offset += int(t.group.max()) + 1 if len(t) else 0
-    cat = np.concatenate
+    """One set of trajectories from several runs'."""
     if not parts:
-        return Trajectories(*(np.zeros(0, dtype=int) for _ in range(3)), np.zeros(0))
+        return Trajectories(np.zeros(0, int), np.zeros(0, str), np.zeros(0, int), np.zeros(0))
+    cat = np.concatenate
     return Trajectories(
         cat([t.version for t in parts]),
-        cat(groups),
+        cat([t.question for t in parts]),
         cat([t.searches for t in parts]),
         cat([t.reward for t in parts]),
     )

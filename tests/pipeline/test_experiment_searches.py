@@ -88,16 +88,16 @@ def test_searches_are_counted_by_tool_name_on_two_hop_questions_only(tmp_path):
     assert read_trajectories(tmp_path / "elsewhere") is None
 
 
-def test_the_trap_condition_is_a_bootstrap_over_groups():
+def test_the_trap_condition_is_a_bootstrap_over_questions():
     pooled = []
     for seed in range(3):
         rng = np.random.default_rng(seed)
-        group = np.repeat(np.arange(20), 8)
+        group = np.repeat([f"minigaia-l2-{q:06d}" for q in range(20)], 8)  # the same in every run
         searches = np.tile([2, 2, 0, 0, 0, 1, 1, 1], 20)
         reward = np.where(searches == 2, rng.random(160) < 0.1, rng.random(160) < 0.5).astype(float)
         pooled.append(Trajectories(np.zeros(160, int), group, searches, reward))
     check = trap_check(pooled)
-    assert check.holds and check.ci[0] < check.gap < check.ci[1] < 0
+    assert check.holds and check.ci[0] < check.gap < check.ci[1] < 0 and check.questions == 20
     # The point estimate is the pooled difference of means.
     chains = np.concatenate([t.reward[t.searches == 2] for t in pooled])
     rest = np.concatenate([t.reward[t.searches < 2] for t in pooled])
