@@ -156,16 +156,43 @@ def newest_spill() -> Path | None:
     return found[-1] if found else None
 
 
+def full_vocabulary(learner: Learner):
+    """The learner's log-prob path before issue 46, for comparison: a padded forward over every
+    position, then log-softmax of the full float32 logits (learner.batch.response_logprobs)."""
+
+    def logprobs(model, micro):
+        device = learner.engine.device
+        logits = model(
+            input_ids=micro.input_ids.to(device), attention_mask=micro.attention_mask.to(device)
+        ).logits
+        logp, entropy = response_logprobs(logits, micro, learner.temperature)
+        mask = micro.response_mask.to(device)
+        return logp * mask, entropy * mask, int(micro.input_ids.numel())
+
+    return logprobs
+
+
+ARMS = {
+    "before": {"packing": False},  # and full_vocabulary: the learner as it was
+    "padded": {"packing": False},
+    "packed": {"packing": True},
+}
+
+
 def packed_vs_padded(path: str, groups: list[Group], steps: int, per_step: int) -> dict:
     """Tokens/s (prompt + response tokens of the trajectories trained, a second) and padding
-    share, padded then packed, alternating, best of two each, with configs/local.yaml's learner
-    (one micro-batch of its 16 trajectories a step)."""
+    share of each arm, with configs/local.yaml's learner (one micro-batch of its 16 trajectories
+    a step): `before` (padded, full-vocabulary log-probs: the learner before issue 46), `padded`
+    (today's log-prob path on padded rows) and `packed` (the default). The arms alternate, best
+    of two each."""
     learner_section = load_config("configs/local.yaml").learner
-    best: dict[bool, dict] = {}
+    best: dict[str, dict] = {}
     for _ in range(2):
-        for packing in (False, True):
-            config = learner_section.model_copy(update={"packing": packing})
+        for arm, update in ARMS.items():
+            config = learner_section.model_copy(update=update)
             learner = Learner(path, config, group_size=len(groups[0].members))
+            if arm == "before":
+                learner._logprobs = full_vocabulary(learner)
             learner.step(groups[:per_step])  # warm-up
             tokens = elapsed = padding = 0.0
             for s in range(1, steps + 1):
@@ -178,9 +205,9 @@ def packed_vs_padded(path: str, groups: list[Group], steps: int, per_step: int) 
                 )
                 padding += metrics["padding_share"]
             found = {"tokens_per_s": tokens / elapsed, "padding_share": padding / steps}
-            if packing not in best or found["tokens_per_s"] > best[packing]["tokens_per_s"]:
-                best[packing] = found
-    return {"padded": best[False], "packed": best[True]}
+            if arm not in best or found["tokens_per_s"] > best[arm]["tokens_per_s"]:
+                best[arm] = found
+    return best
 
 
 def _peak_child(packed: bool, vocab: int, hidden: int, tokens: int, rows: int, queue) -> None:
@@ -312,19 +339,22 @@ def report_packing(args, spill: Path, packing: dict) -> None:
     print(
         f"  trained positions, chunked      : {trained / 1e9:6.2f} GB  ({full / trained:.1f}x less)"
     )
-    padded, packed = packing["padded"], packing["packed"]
+    before, padded, packed = packing["before"], packing["padded"], packing["packed"]
     print(f"learner on {spill}'s trained groups, configs/local.yaml's learner, {args.steps} steps:")
+    for name, arm in (
+        ("before (padded, full vocabulary)", before),
+        ("padded, trained positions      ", padded),
+        ("packed, trained positions      ", packed),
+    ):
+        print(
+            f"  {name} : {arm['tokens_per_s']:8.0f} tokens/s, padding "
+            f"{arm['padding_share']:.0%} of the tokens the forward passes read"
+        )
     print(
-        f"  padded : {padded['tokens_per_s']:8.0f} tokens/s, padding {padded['padding_share']:.0%} "
-        "of the tokens the forward passes read"
-    )
-    print(
-        f"  packed : {packed['tokens_per_s']:8.0f} tokens/s, padding {packed['padding_share']:.0%}"
-    )
-    print(
-        f"packed vs padded: padding {padded['padding_share']:.0%} -> "
+        f"packed vs before: padding {before['padding_share']:.0%} -> "
         f"{packed['padding_share']:.0%} (target <= 5%), tokens/s "
-        f"{packed['tokens_per_s'] / padded['tokens_per_s']:.2f}x (target >= 1.25x)"
+        f"{packed['tokens_per_s'] / before['tokens_per_s']:.2f}x (target >= 1.25x; packed vs "
+        f"padded today {packed['tokens_per_s'] / padded['tokens_per_s']:.2f}x)"
     )
 
 
