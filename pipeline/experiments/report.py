@@ -185,15 +185,7 @@ def render(
             "95% interval (hierarchical bootstrap over runs and questions for accuracy, Welch's "
             "for chains), and the difference these runs detect with 80% power.",
             "",
-            *(
-                f"- {s}"
-                for s in endpoint_findings(
-                    {v: rs for v, rs in groups.items() if not all(r.name in frozen for r in rs)},
-                    baseline,
-                    endpoints,
-                    chains,
-                )
-            ),
+            *(f"- {s}" for s in endpoint_findings(groups, baseline, endpoints, chains)),
         ]
     lines += [
         "",
