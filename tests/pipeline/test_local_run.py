@@ -72,7 +72,7 @@ def cache(run_cache):
     return run_cache
 
 
-def launch(run_dir, cache, *extra, **popen):
+def launch(run_dir, cache, *extra, env=None, **popen):
     argv = [
         sys.executable,
         "-m",
@@ -91,7 +91,7 @@ def launch(run_dir, cache, *extra, **popen):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=child_env(),
+        env=child_env() | (env or {}),
         **popen,
     )
 
@@ -284,6 +284,9 @@ def test_resume_refuses_other_settings_and_runs_without_a_checkpoint(tmp_path, c
 )
 def test_a_short_run_on_vllm_servers_the_launcher_starts_and_stops(tmp_path, cache):
     run_dir = tmp_path / "run"
+    # Marks this run's processes (the servers and their engine cores inherit the environment):
+    # the other pytest worker may run vLLM servers of its own from the same cache meanwhile.
+    mark = f"{os.getpid()}-{time.time_ns()}"
     proc = launch(
         run_dir,
         cache,
@@ -295,7 +298,25 @@ def test_a_short_run_on_vllm_servers_the_launcher_starts_and_stops(tmp_path, cac
         "actors.engine.max_model_len=512",
         "--set",
         "buffer.max_staleness=1",
+        env={"STRATA_TEST_MARK": mark},
     )
+    import psutil
+
+    def marked() -> list[str]:
+        found = []
+        for p in psutil.process_iter():
+            try:
+                if p.environ().get("STRATA_TEST_MARK") == mark:
+                    found.append(" ".join(p.cmdline()))
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        return found
+
+    deadline, seen = time.monotonic() + 600, False
+    while not seen and proc.poll() is None and time.monotonic() < deadline:
+        seen = any("vllm" in line for line in marked())  # so the check below can fail
+        time.sleep(1)
+    assert seen, "no vLLM server carrying this run's mark was seen while it ran"
     out, err = proc.communicate(timeout=900)
     assert proc.returncode == 0, err[-3000:] + out[-2000:]
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -314,12 +335,5 @@ def test_a_short_run_on_vllm_servers_the_launcher_starts_and_stops(tmp_path, cac
     ) == {4}
     assert max(released["policy_version"].to_pylist()) >= 1  # generated with reloaded weights
     assert (run_dir / "logs" / "vllm-server-0.log").is_file()
-    import psutil
-
-    left = []
-    for p in psutil.process_iter(["cmdline"]):
-        line = " ".join(p.info["cmdline"] or [])
-        if ("vllm" in line and str(cache) in line) or "EngineCore" in line:
-            left.append(line)
-    assert not left  # the server and its engine core are gone
+    assert not marked()  # the server and its engine core are gone (the mark is this run's)
     assert_accounting(run_dir)
