@@ -3,9 +3,10 @@
 A packed row (learner/packing.py) holds several trajectories end to end, their position ids
 restarting at 0. Given the dense block-diagonal mask transformers builds for sdpa from those
 restarts, torch's CPU attention computes the whole row's N x N scores and falls back to its
-slowest kernel; measured on the embedded default's lengths it made a packed step slower than a
-padded one. `segment_attention` instead splits the row where the position ids restart and runs
-plain causal sdpa on each piece: the same values, the work of the real tokens only.
+slowest kernel: a forward and backward of 16 of the embedded default's trajectories took 624 ms
+packed that way against 184 ms padded (2 cores, 2026-11-26). `segment_attention` instead splits the row where the position ids restart and runs
+plain causal sdpa on each piece: the same values, the work of the real tokens only (155 ms
+there).
 
 Registered as the attention implementation "strata_segments" (transformers' AttentionInterface)
 without a mask function, so transformers builds no mask for it: a padded row (right-padded,
