@@ -10,10 +10,19 @@ log-softmax of float32 logits, the sampled tokens' log-probs, a loss on them, ba
 here: the optimiser step and ZeRO-3's communication (it shards both over the ranks), the
 trainer's entropy diagnostic (one more pass over the log-softmax, without gradients), padding.
 
+`--mix N` adds the learner's own path on a realistic length mix: N trajectories whose lengths
+are drawn from a gamma distribution with the coefficient of variation of the cluster simulation's
+measured workload (0.88) and mean --seq / 2, trained as learner/trainer.py does today (logits at
+trained positions only, chunked float32 log-probs, gradient checkpointing on): padded to the
+longest, then packed end to end (flash attention where installed, else learner/attention.py's
+per-trajectory sdpa). Tokens/s, padding share and model FLOP/s (6N over real tokens) of each, and
+their share of the card's bf16 peak (--peak-tflops, the H100 SXM's 989 by default).
+
 Needs a CUDA GPU and says so otherwise; `--tiny` runs a two-layer model on whatever device there is,
 to check the script itself.
 
-    python benchmarks/learner_gpu_cost.py [--seq 4096] [--batch 2] [--repeats 5] [--json FILE]
+    python benchmarks/learner_gpu_cost.py [--seq 4096] [--batch 2] [--repeats 5] [--mix 16]
+        [--json FILE]
 """
 
 from __future__ import annotations
@@ -66,11 +75,85 @@ def token_logprobs(model, ids: torch.Tensor) -> torch.Tensor:
     return logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
 
 
+def length_mix(count: int, mean: float, seed: int = 0) -> list[int]:
+    """`count` response lengths, gamma-distributed with coefficient of variation 0.88."""
+    shape = 1 / 0.88**2
+    rng = torch.Generator().manual_seed(seed)
+    draws = torch._standard_gamma(torch.full((count,), shape), generator=rng) * (mean / shape)
+    return [max(16, int(x)) for x in draws.tolist()]
+
+
+def mixed_batch(lengths: list[int], vocab: int):
+    """A TrainBatch of trajectories with these response lengths (prompt 128 tokens, every
+    response token trained)."""
+    from buffers.testing import synthetic_trajectory
+    from learner.batch import build_batch
+
+    trajectories = []
+    for i, n in enumerate(lengths):
+        t = synthetic_trajectory(f"m{i}", i, tokens=n, seed=i, observation_tokens=0)
+        t.token_ids %= vocab
+        t.prompt_token_ids = torch.randint(0, vocab, (128,)).numpy().astype(t.token_ids.dtype)
+        trajectories.append(t)
+    return build_batch(trajectories, torch.ones(len(trajectories)), 0)
+
+
+def packed_vs_padded(shape: dict, device: str, args, figures: dict) -> None:
+    from learner.attention import implementation
+    from learner.packing import response_logprobs
+
+    lengths = length_mix(args.mix, args.seq / 2)
+    batch = mixed_batch(lengths, shape["vocab_size"])
+    real = int(batch.attention_mask.sum())
+    for packed in (False, True):
+        model = build(shape, device, checkpointing=True)
+        model.config._attn_implementation = implementation(packed) or "sdpa"
+        model.train()
+        matmul = sum(p.numel() for p in model.parameters())
+        matmul -= model.get_input_embeddings().weight.numel()
+        read = [0]
+
+        def train(model=model, packed=packed, read=read):
+            logp, _, read[0] = response_logprobs(model, batch, packed, 1.0, torch.device(device))
+            (-(logp.sum()) / real).backward()
+            model.zero_grad(set_to_none=True)
+
+        key = "mix_packed" if packed else "mix_padded"
+        try:
+            seconds = timed(train, device, args.repeats)
+        except torch.OutOfMemoryError:
+            figures[key] = "out of memory"
+            print(f"{key}: out of memory", flush=True)
+        else:
+            tflops = 6 * matmul * real / seconds / 1e12
+            figures[key] = {
+                "tokens_per_s": real / seconds,
+                "padding_share": 1 - real / read[0],
+                "tflops_6n_real": tflops,
+                "peak_share": tflops / args.peak_tflops,
+            }
+            print(
+                f"{key}: {len(lengths)} trajectories, {real} real tokens, {real / seconds:.0f} "
+                f"tokens/s, padding {1 - real / read[0]:.0%}, {tflops:.0f} TFLOP/s on real tokens "
+                f"({tflops / args.peak_tflops:.0%} of {args.peak_tflops:g})",
+                flush=True,
+            )
+        del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    if all(isinstance(figures.get(k), dict) for k in ("mix_packed", "mix_padded")):
+        ratio = figures["mix_packed"]["tokens_per_s"] / figures["mix_padded"]["tokens_per_s"]
+        figures["mix_packed_over_padded"] = ratio
+        print(f"packed vs padded on the mix: {ratio:.2f}x tokens/s", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--mix", type=int, default=0, help="also packed vs padded on N lengths")
+    parser.add_argument("--peak-tflops", type=float, default=989.0, help="the card's bf16 peak")
     add_options(parser)
     args = parser.parse_args()
     device = device_for("learner_gpu_cost", "an 8B model's training passes", args.tiny)
@@ -130,6 +213,8 @@ def main() -> int:
         del model
         if device == "cuda":
             torch.cuda.empty_cache()
+    if args.mix:
+        packed_vs_padded(shape, device, args, figures)
     report(figures, args.json)
     return 0
 

@@ -46,6 +46,8 @@ def test_the_tiny_learner_measures_every_pass(tmp_path):
         "64",
         "--repeats",
         "1",
+        "--mix",
+        "4",
         "--json",
         str(tmp_path / "f.json"),
     )
@@ -54,6 +56,9 @@ def test_the_tiny_learner_measures_every_pass(tmp_path):
     for key in ("train_checkpointed", "train", "forward"):
         assert figures[key]["s_per_token"] > 0, key
     assert figures["tiny"] and figures["seq"] == 64 and figures["batch"] == 2
+    # the length mix: padded rows carry padding, packed ones none
+    assert figures["mix_padded"]["padding_share"] > 0 == figures["mix_packed"]["padding_share"]
+    assert figures["mix_packed_over_padded"] > 0
 
 
 def test_the_tiny_decoder_times_every_batch_and_fits_a_line(tmp_path):
