@@ -130,8 +130,10 @@ class DataConfig(Section):
     Each value is its own world and warm start."""
     world_chains_astray: float | None = Field(None, ge=0, le=1)
     """mini_gaia, the trap knob: the share of the warm start's two-search demonstrations whose
-    second query goes astray (null: the world's mix, 0.5 of two-hop chains). Raised, chains pay
-    less than a guess at the start (docs/results/trap_gaia.md). Its own world and warm start."""
+    second query goes astray (null: the world's mix, 0.5 of two-hop chains); set, an astray chain
+    also answers with the bridge entity (a hop short), so a chain pays only when both hops are
+    right. Raised, chains pay less than a guess at the start (docs/results/trap_gaia.md). Its
+    own world and warm start."""
 
     @model_validator(mode="after")
     def _files_when_needed(self) -> DataConfig:
