@@ -68,3 +68,16 @@ def timed(
             torch.cuda.synchronize()
         times.append((time.perf_counter() - start) / calls)
     return sorted(times)[len(times) // 2]
+
+
+def timed_or_oom(
+    fn: Callable[[], object], device: str, repeats: int, figures: dict, key: str, what: str
+) -> float | None:
+    """`timed(fn)`, or None after recording `figures[key] = "out of memory"` and saying so
+    (`what`: the work that did not fit)."""
+    try:
+        return timed(fn, device, repeats)
+    except torch.OutOfMemoryError:
+        figures[key] = "out of memory"
+        print(f"{key}: out of memory at {what}", flush=True)
+        return None

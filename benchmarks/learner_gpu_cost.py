@@ -31,7 +31,7 @@ import argparse
 import sys
 
 import torch
-from gpu_figures import add_options, describe, device_for, report, timed
+from gpu_figures import add_options, describe, device_for, report, timed, timed_or_oom
 
 QWEN3_8B = dict(
     vocab_size=151936,
@@ -67,6 +67,11 @@ def build(shape: dict, device: str, checkpointing: bool):
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
+
+
+def matmul_parameters(model) -> int:
+    """The parameters a token's pass multiplies by: all but the embedding (a lookup)."""
+    return sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
 
 
 def token_logprobs(model, ids: torch.Tensor) -> torch.Tensor:
@@ -109,8 +114,7 @@ def packed_vs_padded(shape: dict, device: str, args, figures: dict) -> None:
         model = build(shape, device, checkpointing=True)
         model.config._attn_implementation = implementation(packed) or "sdpa"
         model.train()
-        matmul = sum(p.numel() for p in model.parameters())
-        matmul -= model.get_input_embeddings().weight.numel()
+        matmul = matmul_parameters(model)
         read = [0]
 
         def train(model=model, packed=packed, read=read):
@@ -119,12 +123,9 @@ def packed_vs_padded(shape: dict, device: str, args, figures: dict) -> None:
             model.zero_grad(set_to_none=True)
 
         key = "mix_packed" if packed else "mix_padded"
-        try:
-            seconds = timed(train, device, args.repeats)
-        except torch.OutOfMemoryError:
-            figures[key] = "out of memory"
-            print(f"{key}: out of memory", flush=True)
-        else:
+        what = f"{len(lengths)} trajectories, {real} real tokens"
+        seconds = timed_or_oom(train, device, args.repeats, figures, key, what)
+        if seconds is not None:
             tflops = 6 * matmul * real / seconds / 1e12
             figures[key] = {
                 "tokens_per_s": real / seconds,
@@ -167,7 +168,7 @@ def main() -> int:
         model = build(shape, device, checkpointing)
         model.train()
         params = sum(p.numel() for p in model.parameters())
-        matmul = params - model.get_input_embeddings().weight.numel()  # the embedding is a lookup
+        matmul = matmul_parameters(model)
 
         def train(model=model):
             loss = -token_logprobs(model, ids).mean()
@@ -179,12 +180,9 @@ def main() -> int:
                 token_logprobs(model, ids)
 
         key = "train_checkpointed" if checkpointing else "train"
-        try:
-            seconds = timed(train, device, args.repeats)
-        except torch.OutOfMemoryError:
-            figures[key] = "out of memory"
-            print(f"{key}: out of memory at {args.batch} x {args.seq} tokens", flush=True)
-        else:
+        what = f"{args.batch} x {args.seq} tokens"
+        seconds = timed_or_oom(train, device, args.repeats, figures, key, what)
+        if seconds is not None:
             figures[key] = {
                 "s_per_token": seconds / tokens,
                 "tflops_6n": 6 * matmul * tokens / seconds / 1e12,

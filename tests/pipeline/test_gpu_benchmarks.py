@@ -58,7 +58,9 @@ def test_the_tiny_learner_measures_every_pass(tmp_path):
     assert figures["tiny"] and figures["seq"] == 64 and figures["batch"] == 2
     # the length mix: padded rows carry padding, packed ones none
     assert figures["mix_padded"]["padding_share"] > 0 == figures["mix_packed"]["padding_share"]
-    assert figures["mix_packed_over_padded"] > 0
+    packed, padded = figures["mix_packed"], figures["mix_padded"]
+    ratio = packed["tokens_per_s"] / padded["tokens_per_s"]
+    assert figures["mix_packed_over_padded"] == pytest.approx(ratio)
 
 
 def test_the_tiny_decoder_times_every_batch_and_fits_a_line(tmp_path):
