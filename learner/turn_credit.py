@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import torch
 
 from buffers.records import Trajectory
+from learner.estimators import estimate
 
 
 def found_answer(trajectories: Sequence[Trajectory]) -> torch.Tensor:
@@ -32,14 +33,10 @@ def found_answer(trajectories: Sequence[Trajectory]) -> torch.Tensor:
 
 
 def finding_advantage(found: torch.Tensor, group_ids: torch.Tensor, eps: float) -> torch.Tensor:
-    """(f − group mean) / (group std + eps), population std, per trajectory (float64)."""
+    """(f − group mean) / (group std + eps), population std, per trajectory (float64): GRPO's
+    normalisation (the registered `grpo` estimator) of "found it"."""
     f = found.to(torch.float64)
-    out = torch.zeros_like(f)
-    for g in torch.unique(group_ids):
-        sel = group_ids == g
-        members = f[sel]
-        out[sel] = (members - members.mean()) / (members.std(unbiased=False) + eps)
-    return out
+    return estimate("grpo", f, group_ids, torch.zeros_like(group_ids), eps=eps).advantages
 
 
 def turn_credit(
