@@ -149,11 +149,20 @@ def main() -> int:
             "dtype": dtype,
             "batch": args.batch,
             "tokens": args.tokens,
-            "engine_tokens_per_s": one_batch(continuous, prompts, args.tokens),
-            "generate_tokens_per_s": with_generate(continuous.model, prompts, args.tokens, pad),
-            "agent_continuous_tokens_per_s": agent_loops(continuous, prompts, args.tokens),
-            "agent_waves_tokens_per_s": agent_loops(waves, prompts, args.tokens),
         }
+        measurements = {
+            "engine_tokens_per_s": lambda: one_batch(continuous, prompts, args.tokens),
+            "generate_tokens_per_s": lambda: with_generate(
+                continuous.model, prompts, args.tokens, pad
+            ),
+            "agent_continuous_tokens_per_s": lambda: agent_loops(continuous, prompts, args.tokens),
+            "agent_waves_tokens_per_s": lambda: agent_loops(waves, prompts, args.tokens),
+        }
+        for name, measure in measurements.items():  # each figure as it comes: a slow card
+            start = time.perf_counter()  # still shows the ones it reached
+            figures[name] = measure()
+            took = time.perf_counter() - start
+            print(f"  {name}: {figures[name]:,.0f} ({took:.0f} s)", file=sys.stderr, flush=True)
     figures["engine_vs_generate"] = (
         figures["engine_tokens_per_s"] / figures["generate_tokens_per_s"]
     )

@@ -1,7 +1,7 @@
 """Log-probs and entropy of the tokens the loss reads, without a [B, L, V] float32 tensor.
 
 The model is asked for logits only at the positions that predict a trained token
-(`logits_to_keep`, a boolean mask over the input), so prompts, tool observations and padding cost
+(`logits_to_keep`, learner/packing.py), so prompts, tool observations and padding cost
 no vocabulary projection. Those logits ([n, V], the model's dtype) are turned into float32
 log-probs a chunk of `CHUNK` positions at a time: the chunk's log-softmax is recomputed in the
 backward pass (activation checkpointing) instead of being kept, and the entropy (telemetry, no

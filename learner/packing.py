@@ -12,8 +12,10 @@ to end in one row, position ids restarting at 0 for each; with no attention mask
 transformers reads the restarts as sequence boundaries and keeps attention inside each
 trajectory (a block-diagonal causal mask with sdpa or eager attention, variable-length kernels
 with flash attention). Padded: one row per trajectory, right-padded to the longest. Either way
-the model computes logits only at the positions that predict a trained token (`logits_to_keep`)
-and their log-probs go back to the response-aligned [b, R] layout the loss reads, so the loss
+the model computes logits only at the positions that predict a trained token (`logits_to_keep`,
+given as a 1-D tensor of positions: the form every transformers release we support reads; padded
+rows share one list, the union of theirs, and the logits then kept are picked out of the
+[rows, positions] block), and their log-probs go back to the response-aligned [b, R] layout the loss reads, so the loss
 code cannot tell the two apart.
 """
 
@@ -55,6 +57,9 @@ class ModelInput:
 
     kwargs: dict[str, torch.Tensor]
     """input_ids, position_ids (packed) or attention_mask (padded), logits_to_keep."""
+    select: torch.Tensor | None
+    """Which of the model's logits, flattened to [rows x kept positions, V], predict the trained
+    tokens, in `targets`' order; None when all of them do (packed)."""
     targets: torch.Tensor
     """[n] the trained tokens, in the order the kept logits come out."""
     rows: torch.Tensor
@@ -74,24 +79,23 @@ def model_input(micro: TrainBatch, packed: bool) -> ModelInput:
         offsets = torch.cumsum(lengths, 0) - lengths
         ids = torch.cat([micro.input_ids[i, : int(n)] for i, n in enumerate(lengths)])
         positions = torch.cat([torch.arange(int(n)) for n in lengths])
-        at = offsets[rows] + predicting
-        keep = torch.zeros(1, ids.shape[0], dtype=torch.bool)
-        keep[0, at] = True
+        at = offsets[rows] + predicting  # ascending: the rows lie in order end to end
         return ModelInput(
-            {"input_ids": ids[None], "position_ids": positions[None], "logits_to_keep": keep},
+            {"input_ids": ids[None], "position_ids": positions[None], "logits_to_keep": at},
+            None,
             ids[at + 1],
             rows,
             cols,
             int(ids.shape[0]),
         )
-    keep = torch.zeros_like(micro.attention_mask, dtype=torch.bool)
-    keep[rows, predicting] = True
+    keep = torch.unique(predicting)  # sorted
     return ModelInput(
         {
             "input_ids": micro.input_ids,
             "attention_mask": micro.attention_mask,
             "logits_to_keep": keep,
         },
+        rows * len(keep) + torch.searchsorted(keep, predicting),
         micro.input_ids[rows, predicting + 1],
         rows,
         cols,
@@ -108,9 +112,10 @@ def response_logprobs(
     given = model_input(micro, packed)
     kwargs = {k: v.to(device) for k, v in given.kwargs.items()}
     logits = model(**kwargs, use_cache=False).logits
-    logp, entropy = token_logprobs(
-        logits.reshape(-1, logits.shape[-1]), given.targets.to(device), temperature
-    )
+    logits = logits.reshape(-1, logits.shape[-1])
+    if given.select is not None:
+        logits = logits[given.select.to(device)]
+    logp, entropy = token_logprobs(logits, given.targets.to(device), temperature)
     shape = micro.response_mask.shape
     where = (given.rows.to(device), given.cols.to(device))
     full = torch.zeros(shape, dtype=torch.float32, device=device)

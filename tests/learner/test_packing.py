@@ -59,10 +59,14 @@ def test_log_probs_at_trained_positions_equal_the_padded_full_reference(policy, 
     model = Learner(policy, LearnerConfig(), group_size=4, dtype="float32").model.eval()
     trajectories = [t for g in uneven_groups(3) for t in g.members]
     batch = build_batch(trajectories, torch.zeros(len(trajectories)), 0)
+    on = next(model.parameters()).device  # the device the learner chose
     with torch.no_grad():
-        full = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        full = model(
+            input_ids=batch.input_ids.to(on), attention_mask=batch.attention_mask.to(on)
+        ).logits
         want, want_entropy = response_logprobs(full, batch)
-        got, entropy, read = packed_logprobs(model, batch, packed, 1.0, torch.device("cpu"))
+        got, entropy, read = packed_logprobs(model, batch, packed, 1.0, on)
+    got, entropy, want, want_entropy = (t.cpu() for t in (got, entropy, want, want_entropy))
     mask = batch.response_mask > 0
     torch.testing.assert_close(got[mask], want[mask], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(entropy[mask], want_entropy[mask], rtol=1e-4, atol=1e-4)
