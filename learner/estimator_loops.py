@@ -13,11 +13,21 @@ from collections.abc import Sequence
 def loop_estimate(
     name: str, rewards: Sequence[float], groups: Sequence[int], eps: float = 1e-6
 ) -> tuple[list[float], list[bool]]:
-    """(advantages, keep) of estimator `name` (grpo, dr_grpo, rloo, mc_grpo)."""
+    """(advantages, keep) of estimator `name` (grpo, dr_grpo, rloo, mc_grpo, reinforce_pp,
+    reinforce_pp_baseline)."""
     adv, keep = [0.0] * len(rewards), [True] * len(rewards)
     members: dict[int, list[int]] = {}
     for i, g in enumerate(groups):
         members.setdefault(g, []).append(i)
+    if name == "reinforce_pp":  # the step's mean and population std, no groups
+        return _over_the_step([r - statistics.fmean(rewards) for r in rewards], eps), keep
+    if name == "reinforce_pp_baseline":  # the group's mean, then the step's spread
+        centred = [0.0] * len(rewards)
+        for idx in members.values():
+            mean = sum(rewards[i] for i in idx) / len(idx)
+            for i in idx:
+                centred[i] = rewards[i] - mean if len(idx) > 1 else 0.0
+        return _over_the_step(centred, eps), keep
     for idx in members.values():
         r = [rewards[i] for i in idx]
         n, mean = len(r), sum(r) / len(r)
@@ -42,3 +52,9 @@ def loop_estimate(
             else:
                 raise ValueError(f"no loop reference for {name!r}")
     return adv, keep
+
+
+def _over_the_step(centred: list[float], eps: float) -> list[float]:
+    """Each value over the step's population std about 0, plus eps (0 where that is 0)."""
+    denom = math.sqrt(sum(x * x for x in centred) / len(centred)) + eps
+    return [x / denom if denom > 0 else 0.0 for x in centred]

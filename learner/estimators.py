@@ -5,6 +5,8 @@
     dr_grpo     r - mean_g                                       mean-centred, no std (Dr. GRPO)
     rloo        r - mean of the group's other members            leave-one-out baseline
     mc_grpo     (r - median_g) / (MAD_g + eps)                   median-centred (MC-GRPO)
+    reinforce_pp           (r - mean_step) / (std_step + eps)    REINFORCE++: no group baseline
+    reinforce_pp_baseline  (r - mean_g) / (std_step(r - mean_g) + eps)   REINFORCE++-baseline
 
 Each is a pure function over 1-D tensors, vectorised with segment reductions (no loop over
 groups), returning an `Estimate`: the advantages and which trajectories the loss keeps. Only
@@ -14,7 +16,20 @@ rollout (advantage 0 by construction) is left out of the loss, as the paper does
 mc_grpo when the MAD is 0 (more than half the group shares the median reward): the paper leaves
 this open. Here the denominator falls back to the group's population std (+ eps), so the rare
 members away from the majority still get a bounded signal; a group whose rewards are all equal
-gets 0. A group of one gets 0 under every estimator.
+gets 0. A group of one gets 0 under every estimator but reinforce_pp.
+
+REINFORCE++ (arXiv 2501.03262) normalises over the whole step ("global batch normalisation")
+rather than per group: reinforce_pp has no group baseline at all (a group of one, or a group whose
+rewards are all equal, still gets a signal against the step's mean), reinforce_pp_baseline
+subtracts the group mean first and then divides by the step's spread of what is left. The step is
+every group the learner trains at once (learner/algorithm.py computes advantages before the ranks
+split the step, so the normalisation is the whole step's with any number of ranks). Readings
+where the paper (and OpenRLHF, its implementation) leave room: each trajectory counts once (the
+implementation whitens over tokens, weighting a trajectory by its length; with an outcome reward
+and no per-token KL the two differ only in those weights), std is the population std, and the
+baseline variant does not subtract the step's mean of r - mean_g again (it is 0 by construction,
+so a flat group or a singleton stays exactly 0). REINFORCE++'s other half, the KL as a
+per-token penalty in the reward, is not here: the KL stays a loss term (`learner.kl_coef`).
 
 Each registers itself with `@register_estimator(name, *params)`: a function
 `(rewards, group_ids, strata, **params) -> Estimate` whose keyword parameters are the fields of
@@ -168,6 +183,30 @@ def mc_grpo(rewards, group_ids, strata, *, eps: float = 1e-6) -> Estimate:
     denom = torch.where(usable, torch.where(mad > 0, mad, std) + eps, torch.ones_like(mad))
     advantages = torch.where(usable[g], centered / denom[g], torch.zeros_like(centered))
     return Estimate(advantages, ~pivot)
+
+
+def _step_scaled(centred: torch.Tensor, eps: float) -> torch.Tensor:
+    """centred / (std over the step + eps), std the population std of `centred` about 0;
+    0 where the denominator is 0."""
+    denom = centred.pow(2).mean().sqrt() + eps if len(centred) else centred.new_zeros(())
+    return centred / denom if denom > 0 else torch.zeros_like(centred)
+
+
+@register_estimator("reinforce_pp", "eps")
+def reinforce_pp(rewards, group_ids, strata, *, eps: float = 1e-6) -> Estimate:
+    """(r - mean_step) / (std_step + eps): REINFORCE++ with an outcome reward, no group baseline."""
+    _check_inputs(rewards, group_ids, strata)
+    centred = rewards - rewards.mean() if len(rewards) else rewards
+    return Estimate(_step_scaled(centred, eps), _all(rewards))
+
+
+@register_estimator("reinforce_pp_baseline", "eps")
+def reinforce_pp_baseline(rewards, group_ids, strata, *, eps: float = 1e-6) -> Estimate:
+    """(r - mean_g) / (std_step(r - mean_g) + eps): the group mean as baseline, the step's spread
+    as scale (REINFORCE++-baseline); 0 for a group of one."""
+    g, count, mean, _ = _groups(rewards, group_ids, strata, eps)
+    centred = _scaled(rewards, g, mean, (count > 1).to(rewards.dtype))
+    return Estimate(_step_scaled(centred, eps), _all(rewards))
 
 
 def estimate(

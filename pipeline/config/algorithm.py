@@ -57,7 +57,33 @@ class McGrpoAdvantage(Section):
     """Added to every group's MAD (or its std, where the MAD is 0) before dividing."""
 
 
-ADVANTAGES = (StratifiedAdvantage, GrpoAdvantage, DrGrpoAdvantage, RlooAdvantage, McGrpoAdvantage)
+class ReinforcePpAdvantage(Section):
+    """REINFORCE++ (arXiv 2501.03262): (r - mean_step) / (std_step + eps), no group baseline."""
+
+    type: Literal["reinforce_pp"] = "reinforce_pp"
+    """Normalised over the whole step; a group of one still gets a signal."""
+    eps: float = Field(1e-6, ge=0, le=1)
+    """Added to the step's std before dividing."""
+
+
+class ReinforcePpBaselineAdvantage(Section):
+    """REINFORCE++-baseline: (r - mean_g) / (std over the step of r - mean_g, + eps)."""
+
+    type: Literal["reinforce_pp_baseline"] = "reinforce_pp_baseline"
+    """The group mean as baseline, the whole step's spread as scale."""
+    eps: float = Field(1e-6, ge=0, le=1)
+    """Added to the step's std before dividing."""
+
+
+ADVANTAGES = (
+    StratifiedAdvantage,
+    GrpoAdvantage,
+    DrGrpoAdvantage,
+    RlooAdvantage,
+    McGrpoAdvantage,
+    ReinforcePpAdvantage,
+    ReinforcePpBaselineAdvantage,
+)
 """`learner.advantage.type` -> its section; the first is the default."""
 AdvantageConfig = backend_union(ADVANTAGES)
 

@@ -65,7 +65,8 @@ def test_adversarial_groups(name):
     got, keep = run(name, rewards, groups, [0] * 12)
     want, want_keep = reference(name, rewards, groups, [0] * 12)
     assert got == pytest.approx(want, abs=1e-9) and keep == want_keep
-    assert got[:4] == [0.0] * 4  # all-equal group and singleton: no signal
+    if name != "reinforce_pp":  # the one without a group baseline: see the test below
+        assert got[:4] == [0.0] * 4  # all-equal group and singleton: no signal
     assert all(math.isfinite(a) for a in got)
 
 
@@ -80,6 +81,20 @@ def test_mc_grpo_falls_back_to_the_std_when_the_mad_is_zero():
         True,
         True,
     ]
+
+
+def test_reinforce_pp_normalises_over_the_whole_step():
+    """No group baseline: a singleton and a flat group are scored against the step's mean, and
+    the baseline variant's scale is the step's spread, not each group's."""
+    rewards, groups = [1.0, 1.0, 0.0, 0.0, 2.0], [0, 0, 1, 2, 2]
+    got, _ = run("reinforce_pp", rewards, groups, [0] * 5)
+    mean, std = statistics.fmean(rewards), statistics.pstdev(rewards)
+    assert got == pytest.approx([(r - mean) / (std + 1e-6) for r in rewards])
+    got, _ = run("reinforce_pp_baseline", rewards, groups, [0] * 5)
+    centred = [0.0, 0.0, 0.0, -1.0, 1.0]  # flat group, singleton, then group 2 about its mean 1
+    scale = statistics.pstdev(centred, mu=0.0) + 1e-6
+    assert got == pytest.approx([c / scale for c in centred])
+    assert got[:3] == [0.0] * 3
 
 
 def test_stratified_is_the_blend_and_keeps_everything():

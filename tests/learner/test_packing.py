@@ -77,7 +77,7 @@ def test_log_probs_at_trained_positions_equal_the_padded_full_reference(policy, 
     assert given.targets.numel() == int(mask.sum())
 
 
-# Every estimator, correction and aggregation mode at least once (six cases, not the product).
+# Every estimator, correction and aggregation mode at least once (a case each, not the product).
 CASES = [
     {"advantage": {"type": "grpo"}, "importance": {"type": "none"}},
     {
@@ -97,6 +97,8 @@ CASES = [
         "loss_agg": "seq-mean-token-mean",
     },
     {"ratio": "sequence", "loss_agg": "seq-mean-token-mean", "importance": {"type": "none"}},
+    {"advantage": {"type": "reinforce_pp"}, "importance": {"type": "none"}},
+    {"advantage": {"type": "reinforce_pp_baseline"}},
 ]
 assert {c.get("advantage", {}).get("type") for c in CASES} >= set(ESTIMATORS)
 assert {c.get("importance", {}).get("type", "tis") for c in CASES} >= set(CORRECTIONS)

@@ -78,7 +78,7 @@ def test_the_trap_knob_is_its_own_cached_world_and_mini_gaia_only(tmp_path):
     target = prepare_world(config, quiet=True)
     assert target.name == "world-small-seed3-skew1.3-astray0.9"
     assert json.loads((target / "world.json").read_text())["chains_astray"] == 0.9
-    with pytest.raises(ValueError, match="data.world_chains_astray shapes the mini_gaia world"):
+    with pytest.raises(ValueError, match=r"data\.world_chains_astray shapes the mini_gaia world"):
         StrataConfig.model_validate(
             {"data": {"type": "search_r1", "train_files": ["t.parquet"], "world_chains_astray": 1}}
         )
