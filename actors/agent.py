@@ -70,10 +70,23 @@ class AgentSettings:
     latent_reward: float = 0.0
     """TSPO's first-occurrence latent reward beta for a wrong answer whose observations held a
     gold answer (0: off); see `AgentLoop.run`."""
+    overlong_buffer: int = 0
+    """DAPO's soft overlong punishment over the last this many tokens of max_response_tokens
+    (0: off); see `overlong_penalty`."""
     latent_match: str = "exact_match_span"
     """How a gold answer is found in an observation (a key of `rewards.ANSWER_MATCHERS`)."""
     stratifier: Stratifier = field(default_factory=ToolCallCount)
     """Assigns the stratum a trajectory is trained under, once, here (learner.stratifier)."""
+
+
+def overlong_penalty(length: int, s: AgentSettings) -> float:
+    """DAPO's soft overlong punishment (arXiv 2503.14476, eq. 13), subtracted from the reward: 0
+    up to max_response_tokens - overlong_buffer tokens, then rising linearly to 1 at the budget.
+    `length` counts generated and observation tokens, as the response budget does."""
+    if s.overlong_buffer <= 0:
+        return 0.0
+    start = s.max_response_tokens - s.overlong_buffer
+    return min(1.0, max(0.0, (length - start) / s.overlong_buffer))
 
 
 @dataclass
@@ -245,7 +258,7 @@ class AgentLoop:
             loss_mask=mask,
             behavior_logprobs=logprobs,
             token_versions=versions,
-            reward=float(reward) + latent,
+            reward=float(reward) + latent - overlong_penalty(len(ids), s),
             first_answer_turn=first_turn,
             first_answer_token=first_token,
             latent_reward=latent,

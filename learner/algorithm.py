@@ -5,7 +5,9 @@ learner (learner/trainer.py) trains what it returns and nothing else.
 
 Groups arrive checked: the buffer refuses a trajectory whose arrays disagree, whose reward is not
 finite or whose stratum is out of range (buffers/records.py), and hands out complete groups
-only. The one filter here is the config's own, `drop_zero_variance_groups`.
+only. The filters here are the config's own: `drop_zero_variance_groups` leaves whole groups
+out, `overlong_filter` leaves trajectories cut by the response budget out of the loss (their
+rewards still count in their group's statistics, as DAPO's overlong filtering masks the loss).
 
 Telemetry reads the strata's statistics (each group's and each (group, stratum) cell's mean and
 spread: Theorem 1's terms) whatever the estimator, and, per stratum, the in-stratum variance and
@@ -74,7 +76,12 @@ def plan_step(groups: list[Group], config: Any) -> StepPlan:
         eps = getattr(config.advantage, "eps", 1e-6)
         advantages, early = turn_credit(trajectories, group_ids, advantages, beta, eps)
         metrics["found_answer_share"] = float(found_answer(trajectories).double().mean())
-    return StepPlan(usable, trajectories, advantages, chosen.keep, metrics, early)
+    keep = chosen.keep
+    overlong = torch.tensor([t.finish_reason == "length" for t in trajectories])
+    metrics["overlong_share"] = float(overlong.double().mean())
+    if getattr(config, "overlong_filter", False):  # DAPO: in the group's statistics, not the loss
+        keep = keep & ~overlong
+    return StepPlan(usable, trajectories, advantages, keep, metrics, early)
 
 
 def _flat(group: Group) -> bool:

@@ -22,6 +22,7 @@ from typing import Literal
 import torch
 
 from learner.corrections import NO_CORRECTION, Correction
+from learner.surrogates import SURROGATES
 
 Ratio = Literal["token", "sequence"]
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
@@ -95,10 +96,12 @@ def policy_loss(
     correction: Correction = NO_CORRECTION,
     ratio_level: Ratio = "token",
     agg: Aggregation = "token-mean",
+    surrogate: str = "ppo_clip",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate loss (to minimise) and its diagnostics.
 
-    Per token: `max(-A*r, -A*clip(r, 1-clip_low, 1+clip_high))`, capped at `-A*dual_clip` when A < 0,
+    Per token (`surrogate` ppo_clip): `max(-A*r, -A*clip(r, 1-clip_low, 1+clip_high))`, capped at
+    `-A*dual_clip` when A < 0; cispo: `-sg(clip(r, ...))*A*log pi` (learner/surrogates.py);
     with `r = exp(logprobs - base)` and base = proximal if given, else behaviour log-probs.
     `correction` weighs or drops tokens by their weight exp(proximal - behaviour) (e.g. tis
     multiplies by min(w, cap), mask drops tokens with w > cap). Weights carry no gradient.
@@ -130,6 +133,10 @@ def policy_loss(
         raise ValueError(f"unknown ratio level {ratio_level!r}: use token or sequence")
     if correction.active and proximal_logprobs is None:
         raise ValueError(f"importance correction {correction.name!r} needs proximal_logprobs")
+    if surrogate not in SURROGATES:
+        raise ValueError(f"unknown surrogate {surrogate!r}: use {', '.join(SURROGATES)}")
+    if surrogate == "cispo" and ratio_level == "sequence":
+        raise ValueError("surrogate cispo weighs each token: use ratio token with it")
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
 
@@ -143,14 +150,8 @@ def policy_loss(
     else:
         ratio = torch.exp(logprobs - base)
 
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    loss = torch.maximum(unclipped, clipped)
-    dual_clipped = torch.zeros_like(mask, dtype=torch.bool)
-    if dual_clip is not None:
-        cap = -advantages * dual_clip
-        dual_clipped = (advantages < 0) & (loss > cap)
-        loss = torch.where(advantages < 0, torch.minimum(loss, cap), loss)
+    chosen = SURROGATES[surrogate](ratio, advantages, logprobs, clip_low, clip_high, dual_clip)
+    loss = chosen.loss
 
     weight = torch.ones_like(mask)
     dropped = torch.zeros_like(mask)
@@ -177,8 +178,8 @@ def policy_loss(
             "logprob_gap_tail_fraction": _masked_mean((gap.abs() > 1.0).to(mask.dtype), tokens),
             "truncated_fraction": _masked_mean(truncated, tokens),
             "sequence_drop_fraction": float(emptied.sum() / has_tokens.sum().clamp(min=1)),
-            "clip_fraction": _masked_mean((clipped > unclipped).to(mask.dtype), mask),
-            "dual_clip_fraction": _masked_mean(dual_clipped.to(mask.dtype), mask),
+            "clip_fraction": _masked_mean(chosen.clipped.to(mask.dtype), mask),
+            "dual_clip_fraction": _masked_mean(chosen.dual_clipped.to(mask.dtype), mask),
             "ratio_mean": _masked_mean(ratio.detach(), mask),
             "ratio_max": _masked_max(ratio.detach(), mask),
             "importance_weight_mean": _masked_mean(weight, tokens),

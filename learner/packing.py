@@ -104,9 +104,15 @@ def model_input(micro: TrainBatch, packed: bool) -> ModelInput:
 
 
 def response_logprobs(
-    model, micro: TrainBatch, packed: bool, temperature: float, device: torch.device
+    model,
+    micro: TrainBatch,
+    packed: bool,
+    temperature: float,
+    device: torch.device,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """log pi(r_j | p, r_<j) and the entropy of that distribution (no gradient), both [b, R]
+    """log pi(r_j | p, r_<j) and the entropy of that distribution (with a gradient only if
+    `entropy_grad`: an entropy bonus trains it), both [b, R]
     float32 and 0 where `response_mask` is 0, from one forward pass of `model` (an HF causal LM
     or a DeepSpeed engine around one), and the tokens it read."""
     given = model_input(micro, packed)
@@ -115,7 +121,9 @@ def response_logprobs(
     logits = logits.reshape(-1, logits.shape[-1])
     if given.select is not None:
         logits = logits[given.select.to(device)]
-    logp, entropy = token_logprobs(logits, given.targets.to(device), temperature)
+    logp, entropy = token_logprobs(
+        logits, given.targets.to(device), temperature, entropy_grad=entropy_grad
+    )
     shape = micro.response_mask.shape
     where = (given.rows.to(device), given.cols.to(device))
     full = torch.zeros(shape, dtype=torch.float32, device=device)

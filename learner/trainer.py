@@ -356,7 +356,12 @@ class Learner:
     def _logprobs(self, model, micro: TrainBatch):
         """(log-probs, entropy, tokens read) of a micro-batch's trained tokens: [b, R] each."""
         return response_logprobs(
-            model, micro, self.config.packing, self.temperature, self.engine.device
+            model,
+            micro,
+            self.config.packing,
+            self.temperature,
+            self.engine.device,
+            entropy_grad=model is self.engine and self.config.entropy_coef > 0,
         )
 
     def _all_max(self, value: int) -> int:
@@ -439,6 +444,7 @@ class Learner:
             correction=self.correction,
             ratio_level=self.config.ratio,
             agg=self.config.loss_agg,
+            surrogate=self.config.surrogate,
         )
         tokens = float(mask.sum())
         share = (
@@ -455,6 +461,10 @@ class Learner:
             kl_mean = (kl * mask).sum() / mask.sum().clamp(min=1)
             loss = loss + self.config.kl_coef * kl_mean * (tokens / totals["response_tokens"])
             kl_value = float(kl_mean.detach())
+        if self.config.entropy_coef > 0:  # a bonus: token mean over the step, like the KL term
+            entropy_mean = (entropy * mask).sum() / mask.sum().clamp(min=1)
+            share_of_step = tokens / totals["response_tokens"]
+            loss = loss - self.config.entropy_coef * entropy_mean * share_of_step
         weighted = {
             f"{k}_sum": v * tokens
             for k, v in stats.items()
@@ -463,7 +473,7 @@ class Learner:
         weighted.update(
             tokens=tokens,
             loss_sum=float(loss.detach()) * totals["response_tokens"],
-            entropy_sum=float((entropy * mask).sum()),
+            entropy_sum=float((entropy.detach() * mask).sum()),
             kl_sum=kl_value * tokens,
             model_tokens=float(read),
         )

@@ -172,6 +172,11 @@ class ActorsConfig(Section):
     """Generated tokens per turn before the turn is cut."""
     max_response_tokens: int = Field(512, ge=1, le=131072)
     """Response budget (generated + observation tokens) of one trajectory."""
+    overlong_buffer: int = Field(0, ge=0, le=131072)
+    """DAPO's soft overlong punishment (0: off): a response longer than max_response_tokens -
+    overlong_buffer loses (length - (max_response_tokens - overlong_buffer)) / overlong_buffer
+    of reward, 1 at the budget; length counts generated and observation tokens, as the budget
+    does."""
     max_observation_tokens: int = Field(256, ge=1, le=32768)
     """Tool output is truncated to this many tokens before it enters the context."""
     temperature: float = Field(1.0, gt=0, le=10)
@@ -197,6 +202,15 @@ class ActorsConfig(Section):
     """bwrap: model-written code runs only inside bubblewrap (no network, read-only filesystem,
     own pid namespace); where bubblewrap cannot run, every python call is refused (an error
     observation, counted) and the run goes on. none: rlimits and a timeout only, NOT isolated."""
+
+    @model_validator(mode="after")
+    def _overlong_fits(self) -> ActorsConfig:
+        if self.overlong_buffer >= self.max_response_tokens:
+            raise ValueError(
+                f"overlong_buffer {self.overlong_buffer} must be below max_response_tokens "
+                f"{self.max_response_tokens} (the penalty ramps over the last overlong_buffer tokens)"
+            )
+        return self
 
 
 # --------------------------------------------------------------------------------------- buffer
@@ -298,6 +312,16 @@ class LearnerConfig(Section):
     """KL estimator; k3 is verl's low_var_kl."""
     drop_zero_variance_groups: bool = False
     """Skip groups whose rewards are all equal (they carry no GN signal); counted."""
+    surrogate: Literal["ppo_clip", "cispo"] = "ppo_clip"
+    """Per-token surrogate (learner/surrogates.py): ppo_clip (PPO's clip, dual clip) or cispo
+    (CISPO: the ratio clipped to [1 - clip_low, 1 + clip_high] weighs -A log pi without
+    gradient, so no token loses its gradient; needs dual_clip null and ratio token)."""
+    entropy_coef: float = Field(0.0, ge=0, le=1)
+    """Entropy bonus: the loss minus entropy_coef times the mean entropy of the trained tokens
+    (token mean over the step, like the KL term); 0: entropy is telemetry only."""
+    overlong_filter: bool = False
+    """DAPO's overlong filtering: a trajectory cut by actors.max_response_tokens (finish
+    "length") keeps its place in its group's statistics but carries no loss."""
     turn_credit: float = Field(0.0, ge=0, le=1)
     """TSPO's latent reward read as turn-level credit, weight beta (0: off): the turns up to the
     observation that first held a gold answer get max(A, 0) + beta * F (F: "found it",
@@ -327,6 +351,13 @@ class LearnerConfig(Section):
 
     @model_validator(mode="after")
     def _corrections_make_sense(self) -> LearnerConfig:
+        if self.surrogate == "cispo" and self.dual_clip is not None:
+            raise ValueError(
+                "surrogate cispo caps its weight at 1 + clip_high, so dual_clip has nothing to cap: "
+                "set learner.dual_clip: null with it"
+            )
+        if self.surrogate == "cispo" and self.ratio == "sequence":
+            raise ValueError("surrogate cispo weighs each token: use ratio token with it")
         if self.ratio == "sequence" and self.loss_agg != "seq-mean-token-mean":
             raise ValueError(
                 f"ratio sequence (GSPO) averages over sequences: use loss_agg seq-mean-token-mean, not {self.loss_agg}"

@@ -205,11 +205,12 @@ async def run_items(
 
 def eval_settings(config: StrataConfig, samples: int):
     """The training agent settings, greedy for one sample, with the outcome reward only: no
-    format bonus and no latent reward (`actors.latent_reward` credits wrong answers in training)."""
+    format bonus, no latent reward (`actors.latent_reward` credits wrong answers in training)
+    and no overlong penalty (`actors.overlong_buffer`)."""
     settings = agent_settings(config.actors, config.learner.stratifier)
     temperature = 0.0 if samples == 1 else settings.temperature
     return dataclasses.replace(
-        settings, temperature=temperature, format_weight=0.0, latent_reward=0.0
+        settings, temperature=temperature, format_weight=0.0, latent_reward=0.0, overlong_buffer=0
     )
 
 

@@ -12,13 +12,14 @@ from pipeline.evaluation.heldout import Row, markdown
 from pipeline.evaluation.report_learning import calls_by_level_plot, learning_section
 
 
-def learning_signal(metrics: list[dict]) -> tuple[float, float]:
-    """Mean reward over the first and the last 20% of steps (at least one step each)."""
-    rewards = [m["reward_mean"] for m in metrics if "reward_mean" in m]
-    if not rewards:
+def learning_signal(metrics: list[dict], key: str = "reward_mean") -> tuple[float, float]:
+    """Mean of `key` (the reward) over the first and the last 20% of steps (at least one step
+    each)."""
+    values = [m[key] for m in metrics if key in m]
+    if not values:
         return float("nan"), float("nan")
-    k = max(1, len(rewards) // 5)
-    return float(np.mean(rewards[:k])), float(np.mean(rewards[-k:]))
+    k = max(1, len(values) // 5)
+    return float(np.mean(values[:k])), float(np.mean(values[-k:]))
 
 
 SMOOTHED = ("reward_mean", "tool_calls_mean")  # per step a mean over a few groups: noisy by eye
@@ -52,6 +53,11 @@ def _plots(metrics: list[dict], run_dir: Path) -> list[str]:
             ],
         ),
         ("throughput.png", "throughput", ["trajectories_per_s", "generated_tokens_per_s"]),
+        (
+            "objective.png",
+            "objective: entropy of trained tokens (nats), share cut by the response budget",
+            ["entropy", "overlong_share"],
+        ),
     ]
     strata = sorted(
         {
@@ -147,6 +153,8 @@ def initial_policy(policy_dir: Path | None) -> str:
 def write_report(run_dir: Path, config_path: str, summary, policy_dir: Path | None = None) -> Path:
     metrics = summary.metrics
     first, last = learning_signal(metrics)
+    entropy = learning_signal(metrics, "entropy")
+    overlong = learning_signal(metrics, "overlong_share")
     lines = [
         f"# Strata run: {run_dir.name}",
         "",
@@ -160,6 +168,8 @@ def write_report(run_dir: Path, config_path: str, summary, policy_dir: Path | No
         f"| learner busy fraction | {summary.busy_fraction:.2f} (training while the actors generate) |",
         f"| mean reward, first 20% of steps | {first:.3f} |",
         f"| mean reward, last 20% of steps | {last:.3f} |",
+        f"| entropy of trained tokens, first -> last 20% of steps | {entropy[0]:.3f} -> {entropy[1]:.3f} |",
+        f"| share cut by the response budget, first -> last 20% of steps | {overlong[0]:.3f} -> {overlong[1]:.3f} |",
         f"| steps with no usable group (nothing trained or published) | {summary.empty_steps} |",
         f"| training questions skipped (prompt over data.max_prompt_tokens) | {summary.skipped_prompts} |",
         f"| initial policy | {initial_policy(policy_dir)} |",

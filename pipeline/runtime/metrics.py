@@ -30,6 +30,11 @@ OFFPOLICY = (
 )
 """The learner's per-step off-policy figures exported as strata_offpolicy{measure}."""
 
+OBJECTIVE = ("entropy", "overlong_share")
+"""The learner's per-step objective figures exported as strata_objective{measure}: the mean
+entropy of the trained tokens (an entropy bonus acts on it) and the share of the step's
+trajectories cut by the response budget (DAPO's overlong filter and punishment act on them)."""
+
 
 @dataclass
 class RunMetrics:
@@ -116,6 +121,13 @@ class RunMetrics:
             ["measure"],
             registry=r,
         )
+        self.objective = Gauge(
+            "strata_objective",
+            "Objective telemetry of the last step: mean entropy of the trained tokens, share of "
+            "trajectories cut by the response budget",
+            ["measure"],
+            registry=r,
+        )
         self.stratum_share = Gauge(
             "strata_stratum_share",
             "Share of the generated (left the buffer) or trained trajectories "
@@ -181,6 +193,9 @@ class RunMetrics:
         for key in OFFPOLICY:
             if key in metrics:
                 self.offpolicy.labels(measure=key).set(metrics[key])
+        for key in OBJECTIVE:
+            if key in metrics:
+                self.objective.labels(measure=key).set(metrics[key])
         for key, value in metrics.items():
             if key.startswith("stratum/") and key.endswith("/reward"):
                 self.reward.labels(stratum=key.split("/")[1]).set(value)

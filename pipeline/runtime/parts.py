@@ -161,6 +161,7 @@ def agent_settings(config: ActorsConfig, strata: StratifierConfig | None = None)
         reward=config.reward,
         format_weight=config.format_weight,
         latent_reward=config.latent_reward,
+        overlong_buffer=config.overlong_buffer,
         latent_match=config.latent_match,
         stratifier=stratifier,
     )

@@ -98,7 +98,12 @@ CASES = [
     },
     {"ratio": "sequence", "loss_agg": "seq-mean-token-mean", "importance": {"type": "none"}},
     {"advantage": {"type": "reinforce_pp"}, "importance": {"type": "none"}},
-    {"advantage": {"type": "reinforce_pp_baseline"}},
+    {
+        "advantage": {"type": "reinforce_pp_baseline"},
+        "surrogate": "cispo",
+        "dual_clip": None,
+        "entropy_coef": 0.01,
+    },
 ]
 assert {c.get("advantage", {}).get("type") for c in CASES} >= set(ESTIMATORS)
 assert {c.get("importance", {}).get("type", "tis") for c in CASES} >= set(CORRECTIONS)

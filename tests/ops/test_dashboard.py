@@ -42,6 +42,7 @@ def test_dashboard_is_valid_and_covers_the_design_metrics():
         "strata_learner_rank_seconds_total",
         "strata_learner_rank_idle_seconds_total",
         "strata_learner_rank_tokens_total",
+        "strata_objective",
     ]:
         assert name in exprs, name
 

@@ -64,6 +64,7 @@ REQUIRED_METRICS = [
     "strata_learner_idle_seconds_total",
     "strata_stratum_share",
     "strata_offpolicy",
+    "strata_objective",
 ]
 
 
@@ -163,6 +164,14 @@ def test_a_short_run_streams_trains_and_leaves_a_complete_run_dir(tmp_path, cach
             "learner.loss_agg=seq-mean-token-mean",
             "learner.importance.type=none",
         ],
+        [  # issue 47's objectives: REINFORCE++-baseline, CISPO, an entropy bonus, DAPO's overlong
+            "learner.advantage.type=reinforce_pp_baseline",
+            "learner.surrogate=cispo",
+            "learner.dual_clip=null",
+            "learner.entropy_coef=0.01",
+            "learner.overlong_filter=true",
+            "actors.overlong_buffer=64",
+        ],
     ],
 )
 def test_the_estimators_and_corrections_run_end_to_end(tmp_path, cache, options):
@@ -174,6 +183,7 @@ def test_the_estimators_and_corrections_run_end_to_end(tmp_path, cache, options)
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [s["version"] for s in steps] == [1.0, 2.0]
     assert all(math.isfinite(s["loss"]) and "logprob_gap_abs_mean" in s for s in steps)
+    assert all(0 <= s["overlong_share"] <= 1 and s["entropy"] > 0 for s in steps)
     assert_accounting(run_dir)
 
 
