@@ -25,14 +25,23 @@ Backpressure: `admit` also waits while `max_groups_in_flight` groups are open or
 `max_resident_bytes` are held (groups already chosen for the step being assembled do not count). A trajectory of a group that was not admitted waits on the same
 room before it opens one; members of open groups never wait: they are what lets a group complete.
 
+Dynamic sampling with refill (DAPO; `usable`, e.g. `rewards_differ`). A complete group the step
+cannot use leaves the buffer at consumption as `filtered` (counted per stratum, spilled as such,
+its place back at once) and the step takes the next group instead, so a step trains
+`groups_per_step` usable groups. To keep as many usable groups generating as without the filter,
+admission over-admits by the share of groups filtered so far, f: (η + 1) * groups_per_step /
+(1 - f) places, f capped at 1 - 1 / `max_overadmit` (`max_groups_in_flight` bounds it too). Due
+groups still go first; a due group the filter rejects is gone like any other filtered group.
+
 Accounting (trajectories, also per stratum), true after every call:
-    put == released + dropped_stale + abandoned + pending
+    put == released + filtered + dropped_stale + abandoned + pending
 Rejected arrivals (invalid, duplicate) are counted apart and are not part of `put`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
@@ -48,6 +57,13 @@ _CLOSED_MEMORY = 65_536  # prompt ids remembered after their group left, to catc
 class _OpenGroup:
     first_at: float
     members: dict[int, Trajectory] = field(default_factory=dict)
+
+
+def rewards_differ(group: Group) -> bool:
+    """Whether a group's rewards are not all equal: one whose are carries no group-normalised
+    signal (DAPO's dynamic sampling keeps 0 < correct < G; this is that for any reward)."""
+    rewards = group.rewards
+    return bool((rewards != rewards[0]).any())
 
 
 @dataclass(frozen=True)
@@ -72,6 +88,10 @@ class BufferStats:
     """Admission places: (η + 1) * groups_per_step."""
     served_version: int = 0
     """The version the engines serve, as last told by `serve`."""
+    filtered: int = 0
+    """Trajectories of complete groups the step could not use (`usable`), left at consumption."""
+    filtered_groups: int = 0
+    """Groups filtered so far (dynamic sampling)."""
 
 
 class GroupBuffer:
@@ -86,19 +106,24 @@ class GroupBuffer:
         clock: Callable[[], float] = time.monotonic,
         groups_per_step: int = 1,
         due_first: bool = True,
+        usable: Callable[[Group], bool] | None = None,
+        max_overadmit: float = 4.0,
     ) -> None:
         """`due_first` False: plain first-complete-first-out, the order before due groups were
-        taken first (benchmarks/fairness.py compares the two)."""
+        taken first (benchmarks/fairness.py compares the two). `usable`: dynamic sampling's test
+        of a complete group (None: every group is used); `max_overadmit` caps the over-admission
+        it brings (see the module doc)."""
         if (
             group_size < 1
             or max_staleness < 0
             or max_groups_in_flight < 1
             or max_resident_bytes < 1
             or groups_per_step < 1
+            or max_overadmit < 1
         ):
             raise ValueError(
-                "group_size, max_groups_in_flight, max_resident_bytes, groups_per_step >= 1; "
-                "max_staleness >= 0"
+                "group_size, max_groups_in_flight, max_resident_bytes, groups_per_step, "
+                "max_overadmit >= 1; max_staleness >= 0"
             )
         self.group_size = group_size
         self.max_staleness = max_staleness
@@ -109,6 +134,10 @@ class GroupBuffer:
         self._clock = clock
         self.places = (max_staleness + 1) * groups_per_step
         self.due_first = due_first
+        self.usable = usable
+        self.max_overadmit = max_overadmit
+        self._released_groups = 0
+        self._filtered_groups = 0
         self.served_version = 0
         self._admitted = 0
         self._places: dict[str, int] = {}  # prompt -> version served at admission, place taken
@@ -136,13 +165,24 @@ class GroupBuffer:
         stamped with the served version. Its place comes back exactly once (see the module doc)."""
         if prompt_id in self._open or prompt_id in self._closed or prompt_id in self._places:
             raise ValueError(f"prompt {prompt_id!r} was admitted already: prompt ids are unique")
-        while len(self._places) >= self.places or not self._has_room():
+        while len(self._places) >= self.place_limit() or not self._has_room():
             await _park(
-                self._place_waiters if len(self._places) >= self.places else self._space_waiters
+                self._place_waiters
+                if len(self._places) >= self.place_limit()
+                else self._space_waiters
             )
         self._admitted += 1
         self._places[prompt_id] = self.served_version
         self._open[prompt_id] = _OpenGroup(first_at=self._clock())
+
+    def place_limit(self) -> int:
+        """Admission places now: (η + 1) * groups_per_step, over-admitted by the share of groups
+        dynamic sampling has filtered so far (see the module doc)."""
+        seen = self._filtered_groups + self._released_groups
+        if self.usable is None or not seen:
+            return self.places
+        share = min(self._filtered_groups / seen, 1 - 1 / self.max_overadmit)
+        return math.ceil(self.places / (1 - share))
 
     def serve(self, version: int) -> None:
         """The engines serve `version` now: new admissions are stamped with it, and the places of
@@ -307,7 +347,16 @@ class GroupBuffer:
                 ):
                     break  # the rest of the step is kept for due groups still generating
                 self._ready.remove(group)
-                if current_version - group.policy_version <= self.max_staleness:
+                fresh = current_version - group.policy_version <= self.max_staleness
+                if fresh and self.usable is not None and not self.usable(group):
+                    self._ready_ids.discard(group.prompt_id)  # dynamic sampling: refill
+                    self._leave(group.members, "filtered", consumed_version=current_version)
+                    self._filtered_groups += 1
+                    self._remember(group.prompt_id, "filtered")  # its place comes back now
+                    _wake(self._place_waiters)  # and the over-admission may have grown
+                    _wake(self._space_waiters)
+                    continue
+                if fresh:
                     chosen.append(group)  # released once the step is whole
                     _wake(self._space_waiters)  # it no longer counts against the room
                     continue
@@ -316,6 +365,7 @@ class GroupBuffer:
                 self._remember(group.prompt_id, "dropped_stale")
                 _wake(self._space_waiters)
             if len(chosen) == count:
+                self._released_groups += len(chosen)
                 for group in chosen:
                     self._ready_ids.discard(group.prompt_id)
                     self._leave(group.members, "released", consumed_version=current_version)
@@ -400,7 +450,7 @@ class GroupBuffer:
     # ---------------------------------------------------------------------------------- stats
 
     def stats(self) -> BufferStats:
-        events = ("put", "released", "dropped_stale", "abandoned", "rejected")
+        events = ("put", "released", "filtered", "dropped_stale", "abandoned", "rejected")
         strata = {s for _, s in self._counts} | set(self._pending)
         per_stratum = {
             s: {**{e: self._counts[e, s] for e in events}, "pending": self._pending[s]}
@@ -416,8 +466,9 @@ class GroupBuffer:
             per_stratum=per_stratum,
             admitted_groups=self._admitted,
             places_used=len(self._places),
-            places=self.places,
+            places=self.place_limit(),
             served_version=self.served_version,
+            filtered_groups=self._filtered_groups,
         )
 
 

@@ -19,8 +19,9 @@ import pyarrow.parquet as pq
 
 from buffers.records import TRAJECTORY_SCHEMA, Trajectory, to_arrow
 
-STATUSES = ("released", "dropped_stale", "abandoned", "pending")
-"""released: given to the learner; dropped_stale: older than η at consumption; abandoned: its group
+STATUSES = ("released", "filtered", "dropped_stale", "abandoned", "pending")
+"""released: given to the learner; filtered: a complete group dynamic sampling left out at
+consumption (rewards all equal); dropped_stale: older than η at consumption; abandoned: its group
 never completed; pending: still buffered when the buffer closed."""
 
 SPILL_SCHEMA = TRAJECTORY_SCHEMA.append(pa.field("status", pa.string())).append(

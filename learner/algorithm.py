@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from buffers.group_buffer import rewards_differ
 from buffers.records import Group, Trajectory
 from learner.advantages import stratified_advantages_with_stats
 from learner.estimators import estimate, section_params
@@ -48,7 +49,7 @@ class StepPlan:
 
 def plan_step(groups: list[Group], config: Any) -> StepPlan:
     """The step's plan under `config`, the `learner` config section (read by attribute)."""
-    usable = [g for g in groups if not (config.drop_zero_variance_groups and _flat(g))]
+    usable = [g for g in groups if rewards_differ(g) or not config.drop_zero_variance_groups]
     metrics = {"groups": float(len(usable)), "skipped_groups": float(len(groups) - len(usable))}
     trajectories = [t for g in usable for t in g.members]
     if not usable:
@@ -82,9 +83,3 @@ def plan_step(groups: list[Group], config: Any) -> StepPlan:
     if getattr(config, "overlong_filter", False):  # DAPO: in the group's statistics, not the loss
         keep = keep & ~overlong
     return StepPlan(usable, trajectories, advantages, keep, metrics, early)
-
-
-def _flat(group: Group) -> bool:
-    """Every reward of the group equal: no group-normalised signal."""
-    rewards = group.rewards
-    return bool((rewards == rewards[0]).all())

@@ -311,7 +311,13 @@ class LearnerConfig(Section):
     kl_kind: Literal["k1", "k2", "k3"] = "k3"
     """KL estimator; k3 is verl's low_var_kl."""
     drop_zero_variance_groups: bool = False
-    """Skip groups whose rewards are all equal (they carry no GN signal); counted."""
+    """Skip groups whose rewards are all equal (they carry no GN signal); counted. Without
+    refill: a step may train fewer groups, or none (see dynamic_sampling)."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling with refill: a complete group whose rewards are all equal is left
+    out at consumption (`filtered` in the books, per stratum) and the step takes the next one,
+    so every step trains groups_per_step usable groups; admission over-admits by the share
+    filtered so far (buffers/group_buffer.py)."""
     surrogate: Literal["ppo_clip", "cispo"] = "ppo_clip"
     """Per-token surrogate (learner/surrogates.py): ppo_clip (PPO's clip, dual clip) or cispo
     (CISPO: the ratio clipped to [1 - clip_low, 1 + clip_high] weighs -A log pi without
@@ -351,6 +357,11 @@ class LearnerConfig(Section):
 
     @model_validator(mode="after")
     def _corrections_make_sense(self) -> LearnerConfig:
+        if self.dynamic_sampling and self.drop_zero_variance_groups:
+            raise ValueError(
+                "dynamic_sampling filters flat groups and refills the step; "
+                "drop_zero_variance_groups drops them without refill: use one"
+            )
         if self.surrogate == "cispo" and self.dual_clip is not None:
             raise ValueError(
                 "surrogate cispo caps its weight at 1 + clip_high, so dual_clip has nothing to cap: "

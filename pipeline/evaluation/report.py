@@ -204,19 +204,20 @@ def _accounting(books: dict) -> list[str]:
     lines = [
         "## Where the trajectories went, per stratum (tool calls)",
         "",
-        "generated = trained + dropped as stale + abandoned + failed + in flight at the end. "
-        "Fairness is the stratum's share of the trained trajectories over its share of those "
-        "generated (that left the buffer); below 1, staleness starved it.",
+        "generated = trained + filtered (dynamic sampling) + dropped as stale + abandoned + "
+        "failed + in flight at the end. Fairness is the stratum's share of the trained "
+        "trajectories over its share of those generated (that left the buffer, filtered ones "
+        "aside); below 1, staleness starved it.",
         "",
-        "| stratum | generated | trained | dropped stale | abandoned | failed | in flight | generated share | trained share | fairness |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| stratum | generated | trained | filtered | dropped stale | abandoned | failed | in flight | generated share | trained share | fairness |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for stratum in sorted(rows, key=int):
         r = rows[stratum]
         generated_share, trained_share = left[stratum] / all_left, r["trained"] / all_trained
         fairness = f"{trained_share / generated_share:.3f}" if generated_share else "-"
         lines.append(
-            f"| {stratum} | {r['generated']} | {r['trained']} | {r['dropped_stale']} | {r['abandoned']} | "
+            f"| {stratum} | {r['generated']} | {r['trained']} | {r.get('filtered', 0)} | {r['dropped_stale']} | {r['abandoned']} | "
             f"{r['failed']} | {r['in_flight']} | {generated_share:.3f} | {trained_share:.3f} | {fairness} |"
         )
     aborted = books.get("total", {}).get("aborted", 0)

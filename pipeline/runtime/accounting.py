@@ -1,6 +1,7 @@
 """The run's books: where every trajectory went (`accounting.json`), per stratum and in all.
 
-generated = trained + dropped_stale + abandoned + failed + in_flight, per stratum. A resumed run's
+generated = trained + filtered + dropped_stale + abandoned + failed + in_flight, per stratum
+(filtered: groups dynamic sampling left out, `learner.dynamic_sampling`). A resumed run's
 books are the books kept in the checkpoint it resumed from plus its own (`add_accounting`).
 """
 
@@ -15,19 +16,23 @@ from actors.pool import ActorPool
 from buffers.group_buffer import BufferStats
 from buffers.reader import read_trajectories
 
+PARTS = ("trained", "filtered", "dropped_stale", "abandoned", "failed", "in_flight")
+"""What `generated` splits into, per stratum."""
+
 
 def accounting(stats: BufferStats, pools: Sequence[ActorPool]) -> dict:
     """Where every trajectory went, per stratum and in all, from the buffer's books and the
-    pools': generated = trained + dropped_stale + abandoned + failed + in_flight, where trained
-    is what the learner consumed (a step may still skip a group it cannot use, counted as
-    `skipped_groups` in metrics.jsonl), failed a record the buffer rejected, and in_flight what
-    the buffer still held. Trajectories whose
+    pools': generated = trained + filtered + dropped_stale + abandoned + failed + in_flight,
+    where trained is what the learner consumed (a step may still skip a group it cannot use,
+    counted as `skipped_groups` in metrics.jsonl), filtered what dynamic sampling left out,
+    failed a record the buffer rejected, and in_flight what the buffer still held. Trajectories whose
     generation failed (`aborted`: engine errors, generations the server cut off) never got a
     stratum: they are counted in all only."""
     per_stratum = {
         int(s): {
             "generated": c["put"] + c["rejected"],
             "trained": c["released"],
+            "filtered": c["filtered"],
             "dropped_stale": c["dropped_stale"],
             "abandoned": c["abandoned"],
             "failed": c["rejected"],
@@ -35,10 +40,7 @@ def accounting(stats: BufferStats, pools: Sequence[ActorPool]) -> dict:
         }
         for s, c in stats.per_stratum.items()
     }
-    total = {
-        k: sum(row[k] for row in per_stratum.values())
-        for k in ("generated", "trained", "dropped_stale", "abandoned", "failed", "in_flight")
-    }
+    total = {k: sum(row[k] for row in per_stratum.values()) for k in ("generated", *PARTS)}
     total["aborted"] = sum(p.stats.aborted for p in pools)
     return {"per_stratum": per_stratum, "total": total}
 
@@ -63,6 +65,7 @@ def add_accounting(earlier: dict, now: dict) -> dict:
 
 SPILLED_AS = {
     "trained": "released",
+    "filtered": "filtered",
     "dropped_stale": "dropped_stale",
     "abandoned": "abandoned",
     "in_flight": "pending",
@@ -72,7 +75,7 @@ SPILLED_AS = {
 
 def audit(run_dir: Path) -> list[str]:
     """What is wrong with a finished run's books (empty: they balance): per stratum, generated =
-    trained + dropped_stale + abandoned + failed + in_flight in accounting.json, and the Parquet
+    trained + filtered + dropped_stale + abandoned + failed + in_flight in accounting.json, and the Parquet
     spill holds exactly as many rows of each status per stratum, in files that all read."""
 
     path = Path(run_dir) / "accounting.json"
@@ -85,17 +88,15 @@ def audit(run_dir: Path) -> list[str]:
     if not books["per_stratum"]:
         problems.append("no trajectory was accounted for")
     for stratum, row in books["per_stratum"].items():
-        parts = sum(
-            row[k] for k in ("trained", "dropped_stale", "abandoned", "failed", "in_flight")
-        )
+        parts = sum(row.get(k, 0) for k in PARTS)  # books from before `filtered` lack it
         if row["generated"] != parts:
             problems.append(
                 f"stratum {stratum}: generated {row['generated']} != {parts}, the sum of its parts ({row})"
             )
         for key, status in SPILLED_AS.items():
-            if spilled[int(stratum), status] != row[key]:
+            if spilled[int(stratum), status] != row.get(key, 0):
                 problems.append(
-                    f"stratum {stratum}: {row[key]} {key} in the books, {spilled[int(stratum), status]} rows {status!r} in the spill"
+                    f"stratum {stratum}: {row.get(key, 0)} {key} in the books, {spilled[int(stratum), status]} rows {status!r} in the spill"
                 )
     expected = sum(row["generated"] - row["failed"] for row in books["per_stratum"].values())
     if sum(spilled.values()) != expected:

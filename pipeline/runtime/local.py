@@ -175,7 +175,12 @@ async def run_local(
             summary.resumed_from = learner.version
             summary.books_before, summary.metrics = resume_run_dir(run_dir, extra, learner.version)
             await roles.publish()  # the engine serves the resumed weights from the first token
-        buffer = make_buffer(config.buffer, run_dir, config.learner.groups_per_step)
+        buffer = make_buffer(
+            config.buffer,
+            run_dir,
+            config.learner.groups_per_step,
+            dynamic_sampling=config.learner.dynamic_sampling,
+        )
         tasks, summary.skipped_prompts = question_stream(
             config, assets.world_dir, acting.tokenizer, skip
         )

@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from pipeline.config.schema import StrataConfig
 
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16)
+TRAJECTORY_FATES = ("released", "filtered", "dropped_stale", "abandoned", "rejected")
+"""strata_trajectories_total's status label: the buffer's counters of the same names."""
 TOOL_CALL_BUCKETS = (0, 1, 2, 3, 4, 6, 8)
 
 
@@ -154,7 +156,7 @@ class RunMetrics:
             registry=r,
         )
         self._seen: dict[str, float] = {}
-        for status in ("released", "dropped_stale", "abandoned", "rejected"):
+        for status in TRAJECTORY_FATES:
             self.trajectories.labels(status=status)  # every series exists from the first scrape
 
     def declare_tools(self, tools: list[str]) -> None:
@@ -229,7 +231,7 @@ class RunMetrics:
 
     def sample(self, buffer_stats, actors: dict) -> None:
         """Read the buffer's counters and each actor's (`streaming.ActorStats` by actor name)."""
-        for status in ("released", "dropped_stale", "abandoned", "rejected"):
+        for status in TRAJECTORY_FATES:
             self._advance(
                 self.trajectories, f"traj/{status}", getattr(buffer_stats, status), status=status
             )

@@ -24,7 +24,7 @@ from actors.agent import AgentLoop, AgentSettings
 from actors.engine import RolloutEngine
 from actors.servers import ManagedServers
 from actors.tools import PythonTool, SearchTool, Tool
-from buffers.group_buffer import GroupBuffer
+from buffers.group_buffer import GroupBuffer, rewards_differ
 from buffers.spill import ParquetSpill
 from buffers.strata import make_stratifier, section_params
 from learner.ranked import ranked_learner
@@ -43,10 +43,14 @@ from retrieval.server import load_app, serve
 
 
 def make_buffer(
-    config: BufferConfig, run_dir: str | os.PathLike[str], groups_per_step: int = 1
+    config: BufferConfig,
+    run_dir: str | os.PathLike[str],
+    groups_per_step: int = 1,
+    dynamic_sampling: bool = False,
 ) -> GroupBuffer:
     """The group buffer of a run, spilling to `run_dir/trajectories/` when `config.spill` is set.
-    It is the run's one admission controller: (η + 1) * `groups_per_step` groups in flight."""
+    It is the run's one admission controller: (η + 1) * `groups_per_step` groups in flight, more
+    with `dynamic_sampling` (learner.dynamic_sampling: flat groups filtered, the step refilled)."""
     spill = None
     if config.spill:
         spill = ParquetSpill(
@@ -62,6 +66,7 @@ def make_buffer(
         group_timeout_s=config.group_timeout_s,
         spill=spill,
         groups_per_step=groups_per_step,
+        usable=rewards_differ if dynamic_sampling else None,
     )
 
 

@@ -441,7 +441,12 @@ async def run_ray(
             )
         if roles.version:
             await roles.publish()
-        buffer = make_buffer(config.buffer, run_dir, config.learner.groups_per_step)
+        buffer = make_buffer(
+            config.buffer,
+            run_dir,
+            config.learner.groups_per_step,
+            dynamic_sampling=config.learner.dynamic_sampling,
+        )
         tokenizer = AutoTokenizer.from_pretrained(policy, local_files_only=True)
         tasks, summary.skipped_prompts = question_stream(config, assets.world_dir, tokenizer, skip)
         pools = [

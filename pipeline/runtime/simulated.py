@@ -192,7 +192,12 @@ async def _simulate(
         AgentLoop(engine, tokenizer, tools, settings, actor_id=f"pool-{i}")
         for i in range(config.actors.num_pools)
     ]
-    buffer = make_buffer(config.buffer, run_dir, config.learner.groups_per_step)
+    buffer = make_buffer(
+        config.buffer,
+        run_dir,
+        config.learner.groups_per_step,
+        dynamic_sampling=config.learner.dynamic_sampling,
+    )
     tasks = task_stream(
         sim_questions(config.data.num_questions), config.data.seed, config.data.shuffle
     )

@@ -218,6 +218,8 @@ async def stream(
                 buffer_ready=stats.ready_groups,
                 buffer_open=stats.open_groups,
                 dropped_stale=stats.dropped_stale,
+                filtered=stats.filtered,
+                filtered_groups=stats.filtered_groups,
                 abandoned=stats.abandoned,
                 abandoned_groups=stats.abandoned_groups,
                 empty_steps=summary.empty_steps,

@@ -19,11 +19,10 @@ def run(coro):
 
 def assert_accounting(buffer: GroupBuffer) -> None:
     s = buffer.stats()
-    assert s.put == s.released + s.dropped_stale + s.abandoned + s.pending, s
+    assert s.put == s.released + s.filtered + s.dropped_stale + s.abandoned + s.pending, s
     for stratum, c in s.per_stratum.items():
-        assert c["put"] == c["released"] + c["dropped_stale"] + c["abandoned"] + c["pending"], (
-            stratum
-        )
+        parts = ("released", "filtered", "dropped_stale", "abandoned", "pending")
+        assert c["put"] == sum(c[k] for k in parts), stratum
 
 
 def test_interleaved_arrivals_release_each_group_when_complete():

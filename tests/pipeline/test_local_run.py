@@ -171,6 +171,7 @@ def test_a_short_run_streams_trains_and_leaves_a_complete_run_dir(tmp_path, cach
             "learner.entropy_coef=0.01",
             "learner.overlong_filter=true",
             "actors.overlong_buffer=64",
+            "learner.dynamic_sampling=true",
         ],
     ],
 )
@@ -184,7 +185,10 @@ def test_the_estimators_and_corrections_run_end_to_end(tmp_path, cache, options)
     assert [s["version"] for s in steps] == [1.0, 2.0]
     assert all(math.isfinite(s["loss"]) and "logprob_gap_abs_mean" in s for s in steps)
     assert all(0 <= s["overlong_share"] <= 1 and s["entropy"] > 0 for s in steps)
-    assert_accounting(run_dir)
+    books = assert_accounting(run_dir)
+    if "learner.dynamic_sampling=true" in options:  # every step refilled: none empty
+        assert steps[-1]["empty_steps"] == 0 and all(s["skipped_groups"] == 0 for s in steps)
+        assert books["total"]["filtered"] == steps[-1]["filtered"]
 
 
 def yaml_config_is_resolved(run_dir) -> bool:
