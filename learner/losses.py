@@ -97,11 +97,13 @@ def policy_loss(
     ratio_level: Ratio = "token",
     agg: Aggregation = "token-mean",
     surrogate: str = "ppo_clip",
+    surrogate_params: dict | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate loss (to minimise) and its diagnostics.
 
     Per token (`surrogate` ppo_clip): `max(-A*r, -A*clip(r, 1-clip_low, 1+clip_high))`, capped at
-    `-A*dual_clip` when A < 0; cispo: `-sg(clip(r, ...))*A*log pi` (learner/surrogates.py);
+    `-A*dual_clip` when A < 0; cispo, clip_cov and kl_cov with `surrogate_params` (their
+    sections' fields): learner/surrogates.py;
     with `r = exp(logprobs - base)` and base = proximal if given, else behaviour log-probs.
     `correction` weighs or drops tokens by their weight exp(proximal - behaviour) (e.g. tis
     multiplies by min(w, cap), mask drops tokens with w > cap). Weights carry no gradient.
@@ -135,8 +137,8 @@ def policy_loss(
         raise ValueError(f"importance correction {correction.name!r} needs proximal_logprobs")
     if surrogate not in SURROGATES:
         raise ValueError(f"unknown surrogate {surrogate!r}: use {', '.join(SURROGATES)}")
-    if surrogate == "cispo" and ratio_level == "sequence":
-        raise ValueError("surrogate cispo weighs each token: use ratio token with it")
+    if surrogate != "ppo_clip" and ratio_level == "sequence":
+        raise ValueError(f"surrogate {surrogate} weighs or chooses tokens: use ratio token with it")
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
 
@@ -146,11 +148,22 @@ def policy_loss(
     kept = kept_by_importance(mask, behavior_logprobs, proximal_logprobs, correction)
     if ratio_level == "sequence":  # GSPO: exp of the mean log-ratio over the sequence's kept tokens
         log_s = ((logprobs - base) * kept).sum(-1) / kept.sum(-1).clamp(min=1)
-        ratio = torch.exp(log_s).unsqueeze(-1).expand_as(logprobs)
+        log_ratio = log_s.unsqueeze(-1).expand_as(logprobs)
     else:
-        ratio = torch.exp(logprobs - base)
+        log_ratio = logprobs - base
+    ratio = torch.exp(log_ratio)
 
-    chosen = SURROGATES[surrogate](ratio, advantages, logprobs, clip_low, clip_high, dual_clip)
+    chosen = SURROGATES[surrogate].fn(
+        ratio,
+        log_ratio,
+        advantages,
+        logprobs,
+        kept,
+        clip_low,
+        clip_high,
+        dual_clip,
+        **(surrogate_params or {}),
+    )
     loss = chosen.loss
 
     weight = torch.ones_like(mask)
@@ -180,6 +193,11 @@ def policy_loss(
             "sequence_drop_fraction": float(emptied.sum() / has_tokens.sum().clamp(min=1)),
             "clip_fraction": _masked_mean(chosen.clipped.to(mask.dtype), mask),
             "dual_clip_fraction": _masked_mean(chosen.dual_clipped.to(mask.dtype), mask),
+            "cov_selected_fraction": (
+                0.0
+                if chosen.selected is None
+                else _masked_mean(chosen.selected.to(mask.dtype), mask)
+            ),
             "ratio_mean": _masked_mean(ratio.detach(), mask),
             "ratio_max": _masked_max(ratio.detach(), mask),
             "importance_weight_mean": _masked_mean(weight, tokens),

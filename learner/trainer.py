@@ -33,6 +33,7 @@ from learner.losses import kept_by_importance, kl_penalty, policy_loss
 from learner.packing import plan_micro_batches, response_logprobs
 from learner.ranks import RankError, RankPeers, TcpRendezvous, init_rank_group, split_by_tokens
 from learner.schedule import step_schedule
+from learner.surrogates import surrogate_params
 from learner.turn_credit import token_advantages
 
 
@@ -444,7 +445,8 @@ class Learner:
             correction=self.correction,
             ratio_level=self.config.ratio,
             agg=self.config.loss_agg,
-            surrogate=self.config.surrogate,
+            surrogate=self.config.surrogate.type,
+            surrogate_params=surrogate_params(self.config.surrogate),
         )
         tokens = float(mask.sum())
         share = (

@@ -7,7 +7,7 @@ against its function's parameters."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -86,6 +86,62 @@ ADVANTAGES = (
 )
 """`learner.advantage.type` -> its section; the first is the default."""
 AdvantageConfig = backend_union(ADVANTAGES)
+
+
+class PpoClipSurrogate(Section):
+    """PPO's clipped surrogate with dual clip (learner.clip_low, clip_high, dual_clip)."""
+
+    no_dual_clip: ClassVar[str] = ""
+    """Why learner.dual_clip does not act with this surrogate ("": it does)."""
+    sequence_ratio: ClassVar[bool] = True
+    """Whether it takes GSPO's sequence ratio (learner.ratio: sequence)."""
+    type: Literal["ppo_clip"] = "ppo_clip"
+    """max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)), at most -A dual_clip for A < 0."""
+
+
+class CispoSurrogate(Section):
+    """CISPO (arXiv 2506.13585): -sg(clip(r, 1 - clip_low, 1 + clip_high)) A log pi."""
+
+    no_dual_clip: ClassVar[str] = "its weight is capped at 1 + clip_high"
+    sequence_ratio: ClassVar[bool] = False
+    type: Literal["cispo"] = "cispo"
+    """The clipped ratio as a weight without gradient: no token loses its gradient; needs
+    learner.dual_clip null and learner.ratio token."""
+
+
+class ClipCovSurrogate(Section):
+    """Clip-Cov (arXiv 2505.22617): ppo_clip, and a random share of the tokens of high
+    covariance between advantage and log-prob carry no loss."""
+
+    no_dual_clip: ClassVar[str] = ""
+    sequence_ratio: ClassVar[bool] = False
+    type: Literal["clip_cov"] = "clip_cov"
+    """ppo_clip with covariance-chosen tokens left out; needs learner.ratio token."""
+    share: float = Field(2e-4, gt=0, le=1)
+    """Share of the trained tokens left out (at least one), chosen at random among the eligible."""
+    low_cov: float = 1.0
+    """Eligible: covariance (A - mean A)(log pi - mean log pi) above this..."""
+    high_cov: float = 5.0
+    """...and below this (and not clipped by PPO already)."""
+
+
+class KlCovSurrogate(Section):
+    """KL-Cov (arXiv 2505.22617): -A r, plus coef |log r| on the tokens of highest covariance."""
+
+    no_dual_clip: ClassVar[str] = "it does not clip"
+    sequence_ratio: ClassVar[bool] = False
+    type: Literal["kl_cov"] = "kl_cov"
+    """No clip; a KL penalty on the top covariance tokens; needs learner.dual_clip null and
+    learner.ratio token."""
+    share: float = Field(2e-3, gt=0, le=1)
+    """Share of the trained tokens penalised (at least one), by covariance, highest first."""
+    coef: float = Field(1.0, ge=0)
+    """Weight of |log pi - log pi_old| on those tokens."""
+
+
+SURROGATES = (PpoClipSurrogate, CispoSurrogate, ClipCovSurrogate, KlCovSurrogate)
+"""`learner.surrogate.type` -> its section; the first is the default."""
+SurrogateConfig = backend_union(SURROGATES)
 
 
 class ToolCallsStrata(Section):

@@ -19,8 +19,10 @@ from pipeline.config.algorithm import (
     AdvantageConfig,
     ImportanceConfig,
     NoImportance,
+    PpoClipSurrogate,
     StratifiedAdvantage,
     StratifierConfig,
+    SurrogateConfig,
     ToolCallsStrata,
 )
 from pipeline.config.base import Section, backend_union
@@ -318,10 +320,10 @@ class LearnerConfig(Section):
     out at consumption (`filtered` in the books, per stratum) and the step takes the next one,
     so every step trains groups_per_step usable groups; admission over-admits by the share
     filtered so far (buffers/group_buffer.py)."""
-    surrogate: Literal["ppo_clip", "cispo"] = "ppo_clip"
-    """Per-token surrogate (learner/surrogates.py): ppo_clip (PPO's clip, dual clip) or cispo
-    (CISPO: the ratio clipped to [1 - clip_low, 1 + clip_high] weighs -A log pi without
-    gradient, so no token loses its gradient; needs dual_clip null and ratio token)."""
+    surrogate: SurrogateConfig = Field(default_factory=PpoClipSurrogate)
+    """Per-token surrogate (learner/surrogates.py), a section by `type`: ppo_clip (PPO's clip,
+    dual clip), cispo (the clipped ratio as a weight without gradient), clip_cov (Clip-Cov) or
+    kl_cov (KL-Cov)."""
     entropy_coef: float = Field(0.0, ge=0, le=1)
     """Entropy bonus: the loss minus entropy_coef times the mean entropy of the trained tokens
     (token mean over the step, like the KL term); 0: entropy is telemetry only."""
@@ -362,13 +364,16 @@ class LearnerConfig(Section):
                 "dynamic_sampling filters flat groups and refills the step; "
                 "drop_zero_variance_groups drops them without refill: use one"
             )
-        if self.surrogate == "cispo" and self.dual_clip is not None:
+        surrogate = self.surrogate
+        if surrogate.no_dual_clip and self.dual_clip is not None:
             raise ValueError(
-                "surrogate cispo caps its weight at 1 + clip_high, so dual_clip has nothing to cap: "
+                f"surrogate {surrogate.type} has no dual clip ({surrogate.no_dual_clip}): "
                 "set learner.dual_clip: null with it"
             )
-        if self.surrogate == "cispo" and self.ratio == "sequence":
-            raise ValueError("surrogate cispo weighs each token: use ratio token with it")
+        if not surrogate.sequence_ratio and self.ratio == "sequence":
+            raise ValueError(
+                f"surrogate {surrogate.type} weighs or chooses tokens: use ratio token with it"
+            )
         if self.ratio == "sequence" and self.loss_agg != "seq-mean-token-mean":
             raise ValueError(
                 f"ratio sequence (GSPO) averages over sequences: use loss_agg seq-mean-token-mean, not {self.loss_agg}"

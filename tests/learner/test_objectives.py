@@ -63,20 +63,23 @@ def test_cispo_refuses_what_it_has_no_use_for():
     args = (lp, lp, torch.ones(1), torch.ones(1, 2))
     with pytest.raises(ValueError, match="has no dual clip"):
         policy_loss(*args, surrogate="cispo")
-    with pytest.raises(ValueError, match="weighs each token"):
+    with pytest.raises(ValueError, match="weighs or chooses tokens"):
         policy_loss(*args, surrogate="cispo", dual_clip=None, ratio_level="sequence")
     with pytest.raises(ValueError, match="unknown surrogate 'trpo'"):
         policy_loss(*args, surrogate="trpo")
     for bad, match in [
-        ({"surrogate": "cispo"}, "set learner.dual_clip: null with it"),
+        ({"surrogate": {"type": "cispo"}}, r"no dual clip \(its weight is capped"),
+        ({"surrogate": {"type": "kl_cov"}}, r"no dual clip \(it does not clip\)"),
         (
-            {"surrogate": "cispo", "dual_clip": None, "ratio": "sequence"},
-            "surrogate cispo weighs each token",
+            {"surrogate": {"type": "cispo"}, "dual_clip": None, "ratio": "sequence"},
+            "surrogate cispo weighs or chooses tokens",
         ),
+        ({"surrogate": {"type": "ppo_clip", "share": 0.1}}, "share"),  # a key it does not have
     ]:
         with pytest.raises(ValueError, match=match):
             LearnerConfig(**bad)
-    LearnerConfig(surrogate="cispo", dual_clip=None)
+    LearnerConfig(surrogate={"type": "cispo"}, dual_clip=None)
+    LearnerConfig(surrogate={"type": "clip_cov"})  # PPO's clip underneath: the dual clip acts
     with pytest.raises(ValueError, match="overlong_buffer 512 must be below max_response_tokens"):
         StrataConfig.model_validate({"actors": {"overlong_buffer": 512}})
 
@@ -122,3 +125,79 @@ def test_the_overlong_filter_keeps_cut_trajectories_in_the_statistics_not_the_lo
     assert plain.keep.tolist() == [True] * 4
     assert filtered.keep.tolist() == [True, False, True, False]
     assert plain.metrics["overlong_share"] == filtered.metrics["overlong_share"] == 0.5
+
+
+def test_each_surrogate_section_holds_its_functions_parameters():
+    from learner.surrogates import SURROGATES
+    from pipeline.config.algorithm import SURROGATES as SECTIONS
+
+    assert {s.model_fields["type"].default for s in SECTIONS} == set(SURROGATES)
+    for section in SECTIONS:
+        fields = set(section.model_fields) - {"type"}
+        assert fields == set(SURROGATES[section.model_fields["type"].default].params)
+
+
+def covariances(advantages, logprobs):
+    """(A - mean A)(log pi - mean log pi) over every token, as a loop."""
+    flat = [(a, lp) for a, row in zip(advantages, logprobs, strict=True) for lp in row]
+    mean_a = sum(a for a, _ in flat) / len(flat)
+    mean_l = sum(lp for _, lp in flat) / len(flat)
+    return [
+        [(a - mean_a) * (lp - mean_l) for lp in row]
+        for a, row in zip(advantages, logprobs, strict=True)
+    ]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000))
+def test_kl_cov_penalises_the_top_covariance_tokens_and_clips_nothing(seed):
+    """KL-Cov (arXiv 2505.22617, eq. 11) as a loop: -A r everywhere, + coef |log r| on the
+    share k = max(int(share N), 1) of tokens with the largest covariance."""
+    g = torch.Generator().manual_seed(seed)
+    logp = (torch.rand(3, 5, generator=g, dtype=torch.float64) * -3).requires_grad_(True)
+    behaviour = torch.rand(3, 5, generator=g, dtype=torch.float64) * -3
+    adv = torch.randn(3, generator=g, dtype=torch.float64)
+    loss, metrics = policy_loss(
+        logp,
+        behaviour,
+        adv,
+        torch.ones(3, 5),
+        dual_clip=None,
+        surrogate="kl_cov",
+        surrogate_params={"share": 0.2, "coef": 0.5},
+    )
+    cov = covariances(adv.tolist(), logp.detach().tolist())
+    ranked = sorted(
+        ((c, i, t) for i, row in enumerate(cov) for t, c in enumerate(row)), reverse=True
+    )
+    top = {(i, t) for _, i, t in ranked[:3]}  # int(0.2 * 15) = 3
+    want = 0.0
+    for i in range(3):
+        for t in range(5):
+            log_r = float(logp[i, t].detach() - behaviour[i, t])
+            want += -float(adv[i]) * math.exp(log_r) + (0.5 * abs(log_r) if (i, t) in top else 0)
+    assert float(loss) == pytest.approx(want / 15, rel=1e-9)
+    assert metrics["cov_selected_fraction"] == pytest.approx(3 / 15)
+    assert metrics["clip_fraction"] == 0.0
+
+
+def test_clip_cov_leaves_out_a_random_share_of_the_eligible_tokens_only():
+    """Clip-Cov (eq. 10): tokens with covariance in (low, high) and not clipped by PPO are the
+    candidates; int(share N) of them (at least one) carry neither loss nor gradient."""
+    torch.manual_seed(0)
+    logp = torch.log(
+        torch.tensor([[0.9, 0.8, 0.05, 0.5], [0.9, 0.1, 0.7, 0.6]], dtype=torch.float64)
+    )
+    logp.requires_grad_(True)
+    adv = torch.tensor([2.0, -2.0], dtype=torch.float64)
+    args = (logp, logp.detach().clone(), adv, torch.ones(2, 4))  # r = 1: PPO clips nothing
+    params = {"share": 0.25, "low_cov": 0.5, "high_cov": 5.0}
+    loss, metrics = policy_loss(*args, surrogate="clip_cov", surrogate_params=params)
+    loss.backward()
+    cov = covariances(adv.tolist(), logp.detach().tolist())
+    eligible = {(i, t) for i in range(2) for t in range(4) if 0.5 < cov[i][t] < 5.0}
+    silenced = {(i, t) for i in range(2) for t in range(4) if logp.grad[i, t] == 0}
+    assert len(silenced) == 2 and silenced <= eligible  # int(0.25 * 8) = 2 of the eligible
+    assert metrics["cov_selected_fraction"] == pytest.approx(2 / 8)
+    plain = sum(-float(adv[i]) for i in range(2) for t in range(4) if (i, t) not in silenced)
+    assert float(loss) == pytest.approx(plain / 8)

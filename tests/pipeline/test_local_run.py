@@ -166,7 +166,7 @@ def test_a_short_run_streams_trains_and_leaves_a_complete_run_dir(tmp_path, cach
         ],
         [  # issue 47's objectives: REINFORCE++-baseline, CISPO, an entropy bonus, DAPO's overlong
             "learner.advantage.type=reinforce_pp_baseline",
-            "learner.surrogate=cispo",
+            "learner.surrogate.type=cispo",
             "learner.dual_clip=null",
             "learner.entropy_coef=0.01",
             "learner.overlong_filter=true",
