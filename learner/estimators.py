@@ -29,7 +29,8 @@ implementation whitens over tokens, weighting a trajectory by its length; with a
 and no per-token KL the two differ only in those weights), std is the population std, and the
 baseline variant does not subtract the step's mean of r - mean_g again (it is 0 by construction,
 so a flat group or a singleton stays exactly 0). REINFORCE++'s other half, the KL as a
-per-token penalty in the reward, is not here: the KL stays a loss term (`learner.kl_coef`).
+per-token penalty in the reward, is the learner's `learner.kl_in_reward` (learner/trainer.py):
+it needs the reference policy's log-probs, which the estimators do not see.
 
 Each registers itself with `@register_estimator(name, *params)`: a function
 `(rewards, group_ids, strata, **params) -> Estimate` whose keyword parameters are the fields of

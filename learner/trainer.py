@@ -261,6 +261,9 @@ class Learner:
                 if t.latent_reward > 0 and t.first_answer_token >= 0:
                     batch.response_mask[row, t.first_answer_token :] = 0
         plan = self._micro_batches(trajectories)
+        reward_kl = 0.0
+        if batch is not None and self.config.kl_in_reward:
+            batch.advantages, reward_kl = self._kl_in_reward(batch, plan)
         steps = self._all_max(len(plan))  # micro-batches on the busiest rank
         # The proximal log-probs are those of the policy before this step's update. The weights
         # move only at an epoch's last micro-batch, so the first epoch's own forward passes give
@@ -332,6 +335,8 @@ class Learner:
                 for key, value in stats.items():
                     sums[key] += value
         self.version += 1
+        if self.config.kl_in_reward:  # the KL went into the advantages: reported per token
+            sums["kl_sum"] += reward_kl * self.config.ppo_epochs
         self.rank_stats = [{"tokens": local[2], "seconds": work}]
         if self.world > 1:  # every rank's sums, added up (the grad norm is the same on all)
             import torch.distributed as dist
@@ -389,6 +394,23 @@ class Learner:
         ids = torch.full((1, 1), self.pad_id, dtype=torch.int64, device=self.engine.device)
         logits = self.engine(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
         return logits.sum() * 0.0
+
+    @torch.no_grad()
+    def _kl_in_reward(self, batch: TrainBatch, plan: list[list[int]]) -> tuple[torch.Tensor, float]:
+        """REINFORCE++'s KL in the reward: [B, R] advantages, each trained token's own minus
+        kl_coef times the KL (behaviour to reference, `kl_kind`) of it and every later trained
+        token of its row; and the KL summed over the trained tokens (telemetry)."""
+        reference = torch.zeros_like(batch.behavior_logprobs)
+        for indices in plan:
+            rows = torch.tensor(indices, dtype=torch.int64)
+            logp, _, _ = self._logprobs(self.reference, batch.select(rows))
+            reference[rows, : logp.shape[1]] = logp.float().cpu()
+        mask = batch.response_mask.to(torch.float32)
+        kl = kl_penalty(batch.behavior_logprobs, reference, self.config.kl_kind) * mask
+        to_go = kl.flip(-1).cumsum(-1).flip(-1)
+        own = batch.advantages
+        own = own if own.dim() == 2 else own.unsqueeze(-1).expand_as(kl)
+        return own - self.config.kl_coef * to_go, float(kl.sum())
 
     @torch.no_grad()
     def _proximal(
@@ -456,7 +478,7 @@ class Learner:
         )
         loss = loss * share
         kl_value = 0.0
-        if self.reference is not None:
+        if self.reference is not None and not self.config.kl_in_reward:
             with torch.no_grad():
                 ref_logp, _, _ = self._logprobs(self.reference, micro)
             kl = kl_penalty(logp, ref_logp, self.config.kl_kind)

@@ -312,6 +312,10 @@ class LearnerConfig(Section):
     """KL penalty to the reference (initial) policy; 0 loads no reference model."""
     kl_kind: Literal["k1", "k2", "k3"] = "k3"
     """KL estimator; k3 is verl's low_var_kl."""
+    kl_in_reward: bool = False
+    """REINFORCE++'s KL: instead of a loss term, each trained token's advantage loses kl_coef
+    times the KL (behaviour to reference, kl_kind) summed over it and the later trained tokens of
+    its trajectory, as a per-token penalty in the reward would; needs kl_coef > 0."""
     drop_zero_variance_groups: bool = False
     """Skip groups whose rewards are all equal (they carry no GN signal); counted. Without
     refill: a step may train fewer groups, or none (see dynamic_sampling)."""
@@ -359,6 +363,10 @@ class LearnerConfig(Section):
 
     @model_validator(mode="after")
     def _corrections_make_sense(self) -> LearnerConfig:
+        if self.kl_in_reward and self.kl_coef <= 0:
+            raise ValueError(
+                "kl_in_reward puts kl_coef times the KL into the reward: set learner.kl_coef > 0"
+            )
         if self.dynamic_sampling and self.drop_zero_variance_groups:
             raise ValueError(
                 "dynamic_sampling filters flat groups and refills the step; "

@@ -15,6 +15,7 @@ from actors.engine import EngineError
 from buffers.group_buffer import GroupBuffer
 from buffers.records import Group
 from buffers.testing import synthetic_trajectory
+from learner.algorithm import plan_step
 from learner.batch import build_batch, response_logprobs
 from learner.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from learner.estimators import ESTIMATORS
@@ -517,3 +518,42 @@ def test_a_latent_reward_trains_only_the_turns_up_to_the_first_answer(policy):
     generated = sum(int(m.loss_mask.sum()) for g in batch for m in g.members)
     after = int(t.loss_mask[cut:].sum())
     assert after > 0 and metrics["trained_tokens"] == generated - after
+
+
+def test_kl_in_reward_takes_each_tokens_kl_to_go_from_its_advantage(policy):
+    """REINFORCE++: A_t = A - kl_coef * sum over t' >= t of (log pi_behav - log pi_ref)(t'),
+    over the trained tokens of the row, as a loop; the loss then carries no KL term."""
+    model = learner(
+        policy, kl_coef=0.5, kl_kind="k1", kl_in_reward=True, advantage={"type": "grpo"}
+    )
+    batch = groups(7)
+    members = [t for g in batch for t in g.members]
+    plan = plan_step(batch, model.config)
+    padded = build_batch(members, plan.advantages, model.pad_id)
+    got, total = model._kl_in_reward(padded, model._micro_batches(members))
+    on = device_of(model)
+    with torch.no_grad():
+        logits = model.reference(
+            input_ids=padded.input_ids.to(on), attention_mask=padded.attention_mask.to(on)
+        ).logits
+        reference, _ = response_logprobs(logits, padded)
+    reference = reference.float().cpu()
+    mask = padded.response_mask
+    everything = 0.0
+    for i in range(len(members)):
+        trained = [j for j in range(mask.shape[1]) if mask[i, j]]
+        for j in trained:
+            to_go = sum(
+                float(padded.behavior_logprobs[i, k] - reference[i, k]) for k in trained if k >= j
+            )
+            assert float(got[i, j]) == pytest.approx(
+                float(plan.advantages[i]) - 0.5 * to_go, abs=1e-4
+            )
+        everything += sum(float(padded.behavior_logprobs[i, k] - reference[i, k]) for k in trained)
+    assert total == pytest.approx(everything, abs=1e-3)
+    metrics = model.step(batch)
+    assert math.isfinite(metrics["loss"]) and metrics["kl"] == pytest.approx(
+        everything / metrics["trained_tokens"], rel=1e-3, abs=1e-4
+    )
+    with pytest.raises(ValueError, match=r"set learner\.kl_coef > 0"):
+        LearnerConfig(kl_in_reward=True)

@@ -153,25 +153,25 @@ def test_a_short_run_streams_trains_and_leaves_a_complete_run_dir(tmp_path, cach
 @pytest.mark.parametrize(
     "options",
     [
-        [
+        [  # MC-GRPO, a sequence mask, TSPO's latent reward; CISPO, an entropy bonus, DAPO's
+            # overlong treatments and dynamic sampling, REINFORCE++'s KL in the reward
             "learner.advantage.type=mc_grpo",
             "learner.importance.type=seq_mask",
             "actors.latent_reward=0.2",
-        ],
-        [
-            "learner.advantage.type=rloo",
-            "learner.ratio=sequence",
-            "learner.loss_agg=seq-mean-token-mean",
-            "learner.importance.type=none",
-        ],
-        [  # issue 47's objectives: REINFORCE++-baseline, CISPO, an entropy bonus, DAPO's overlong
-            "learner.advantage.type=reinforce_pp_baseline",
             "learner.surrogate.type=cispo",
             "learner.dual_clip=null",
             "learner.entropy_coef=0.01",
             "learner.overlong_filter=true",
             "actors.overlong_buffer=64",
             "learner.dynamic_sampling=true",
+            "learner.kl_coef=0.01",
+            "learner.kl_in_reward=true",
+        ],
+        [
+            "learner.advantage.type=rloo",
+            "learner.ratio=sequence",
+            "learner.loss_agg=seq-mean-token-mean",
+            "learner.importance.type=none",
         ],
     ],
 )
