@@ -213,10 +213,10 @@ def main() -> None:
         if warm
         else "  (not glibc: the heap is as the C library keeps it)"
     )
-    print(f"  {'':<23} {'ms':>8} {'vs peer':>8} {'memory floor':>13}")
+    print(f"  {'':<30} {'ms':>8} {'vs peer':>8} {'memory floor':>13}")
     for name, s in seconds.items():
         floor = floor_bytes.get(name, args.n * 24) / bandwidth
-        print(f"  {name:<23} {s * 1e3:8.2f} {s / seconds['peer']:7.2f}x {s / floor:11.1f}x")
+        print(f"  {name:<30} {s * 1e3:8.2f} {s / seconds['peer']:7.2f}x {s / floor:11.1f}x")
 
     if not args.no_loop:
         print("python loops (one run each), checked against the vectorised results")
@@ -227,7 +227,7 @@ def main() -> None:
         if diff > 1e-4:
             raise SystemExit(f"stratified: the loop disagrees, max |difference| {diff:.3g}")
         print(
-            f"  {'stratified':<10} {loop_s * 1e3:9.0f} ms  {loop_s / seconds['stratified dense']:6.0f}x "
+            f"  {'stratified':<21} {loop_s * 1e3:9.0f} ms  {loop_s / seconds['stratified dense']:6.0f}x "
             f"the vectorised  max |difference| {diff:.1e}"
         )
         for name in sorted(set(ESTIMATORS) - {"stratified"}):
@@ -239,7 +239,7 @@ def main() -> None:
             if diff > 1e-4 or got.keep.tolist() != keep:
                 raise SystemExit(f"{name}: the loop disagrees, max |difference| {diff:.3g}")
             print(
-                f"  {name:<10} {loop_s * 1e3:9.0f} ms  {loop_s / seconds[f'{name} dense']:6.0f}x "
+                f"  {name:<21} {loop_s * 1e3:9.0f} ms  {loop_s / seconds[f'{name} dense']:6.0f}x "
                 f"the vectorised  max |difference| {diff:.1e}"
             )
 

@@ -20,7 +20,8 @@ def loop_estimate(
     for i, g in enumerate(groups):
         members.setdefault(g, []).append(i)
     if name == "reinforce_pp":  # the step's mean and population std, no groups
-        return _over_the_step([r - statistics.fmean(rewards) for r in rewards], eps), keep
+        mean = statistics.fmean(rewards)
+        return _over_the_step([r - mean for r in rewards], eps), keep
     if name == "reinforce_pp_baseline":  # the group's mean, then the step's spread
         centred = [0.0] * len(rewards)
         for idx in members.values():
