@@ -55,7 +55,7 @@ def _plots(metrics: list[dict], run_dir: Path) -> list[str]:
         ("throughput.png", "throughput", ["trajectories_per_s", "generated_tokens_per_s"]),
         (
             "objective.png",
-            "objective: entropy of trained tokens (nats), share cut by the response budget",
+            "trained tokens' entropy (nats); share cut by the budget",
             ["entropy", "overlong_share"],
         ),
     ]
