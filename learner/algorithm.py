@@ -26,6 +26,8 @@ from buffers.group_buffer import rewards_differ
 from buffers.records import Group, Trajectory
 from learner.advantages import stratified_advantages_with_stats
 from learner.estimators import estimate, section_params
+from learner.step_credit import section_params as step_params
+from learner.step_credit import step_advantages
 from learner.telemetry import stratum_summary, theorem1_terms
 from learner.turn_credit import found_answer, turn_credit
 
@@ -43,6 +45,9 @@ class StepPlan:
     metrics: dict[str, float] = field(default_factory=dict)
     """groups, skipped_groups, and (when any group is left) the reward and stratum telemetry."""
     early: torch.Tensor | None = None
+    per_token: list[torch.Tensor] | None = None
+    """Step-level credit (`learner.step_credit`): per trajectory, one advantage per token
+    (A_episode + omega * A_step); None: off."""
     """Turn-level credit (`turn_credit` > 0): per trajectory, the advantage of its tokens before
     the observation that first held a gold answer (the rest take `advantages`); None: off."""
 
@@ -77,9 +82,20 @@ def plan_step(groups: list[Group], config: Any) -> StepPlan:
         eps = getattr(config.advantage, "eps", 1e-6)
         advantages, early = turn_credit(trajectories, group_ids, advantages, beta, eps)
         metrics["found_answer_share"] = float(found_answer(trajectories).double().mean())
+    per_token = None
+    credit = getattr(config, "step_credit", None)
+    if credit is not None and credit.type != "none":
+        per_token = step_advantages(
+            credit.type, trajectories, group_ids, advantages, credit.omega, **step_params(credit)
+        )
+        moved = [  # |omega * A_step| on the generated tokens: what the step credit adds
+            (p - float(a)).abs()[torch.as_tensor(t.loss_mask) == 1]
+            for p, a, t in zip(per_token, advantages.tolist(), trajectories, strict=True)
+        ]
+        metrics["step_advantage_abs_mean"] = float(torch.cat(moved).mean())
     keep = chosen.keep
     overlong = torch.tensor([t.finish_reason == "length" for t in trajectories])
     metrics["overlong_share"] = float(overlong.double().mean())
     if getattr(config, "overlong_filter", False):  # DAPO: in the group's statistics, not the loss
         keep = keep & ~overlong
-    return StepPlan(usable, trajectories, advantages, keep, metrics, early)
+    return StepPlan(usable, trajectories, advantages, keep, metrics, early, per_token)

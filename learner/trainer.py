@@ -222,6 +222,7 @@ class Learner:
                     plan.advantages[rows],
                     plan.keep[rows],
                     None if plan.early is None else plan.early[rows],
+                    None if plan.per_token is None else [plan.per_token[r] for r in rows.tolist()],
                 )
             )
         if self.peers is None:
@@ -243,6 +244,7 @@ class Learner:
         advantages: torch.Tensor,
         keep: torch.Tensor,
         early: torch.Tensor | None = None,
+        per_token: list[torch.Tensor] | None = None,
     ) -> Counter[str]:
         """One optimiser step on this rank's rows (every rank calls it for the same step): the
         step's token totals and micro-batch count agree over the ranks first, so each micro-batch
@@ -254,6 +256,8 @@ class Learner:
             if early is not None:  # per token: before and after the finding observation
                 width = max(len(t.token_ids) for t in trajectories)
                 advantages = token_advantages(trajectories, advantages, early, width)
+            if per_token is not None:  # step-level credit: one advantage per token
+                advantages = torch.nn.utils.rnn.pad_sequence(per_token, batch_first=True)
             batch = build_batch(trajectories, advantages, self.pad_id)
             batch.response_mask[~keep] = 0  # left out of the loss (mc_grpo's pivots)
             for row, t in enumerate(trajectories):

@@ -144,6 +144,32 @@ SURROGATES = (PpoClipSurrogate, CispoSurrogate, ClipCovSurrogate, KlCovSurrogate
 SurrogateConfig = backend_union(SURROGATES)
 
 
+class NoStepCredit(Section):
+    """No step-level credit: every token of a trajectory takes its episode's advantage."""
+
+    type: Literal["none"] = "none"
+    """Episode-level advantages only."""
+
+
+class GigpoStepCredit(Section):
+    """GiGPO (arXiv 2505.10978): A = A_episode + omega * A_step, A_step a turn's discounted
+    return normalised among the group's turns taken from the same state (learner/step_credit.py)."""
+
+    type: Literal["gigpo"] = "gigpo"
+    """Step groups by state: the observations a turn has seen so far."""
+    omega: float = Field(1.0, ge=0, le=10)
+    """Weight of the step-level advantage."""
+    gamma: float = Field(0.95, gt=0, le=1)
+    """Discount of the outcome per later turn."""
+    eps: float = Field(1e-6, ge=0, le=1)
+    """Added to every step group's std before dividing."""
+
+
+STEP_CREDITS = (NoStepCredit, GigpoStepCredit)
+"""`learner.step_credit.type` -> its section; the first is the default."""
+StepCreditConfig = backend_union(STEP_CREDITS)
+
+
 class ToolCallsStrata(Section):
     """The paper's stratifier: stratum k = k tool calls."""
 

@@ -19,7 +19,9 @@ from pipeline.config.algorithm import (
     AdvantageConfig,
     ImportanceConfig,
     NoImportance,
+    NoStepCredit,
     PpoClipSurrogate,
+    StepCreditConfig,
     StratifiedAdvantage,
     StratifierConfig,
     SurrogateConfig,
@@ -340,6 +342,9 @@ class LearnerConfig(Section):
     normalised within the group), the turns after it the outcome advantage A; a trajectory
     that found nothing gets A + beta * F (learner/turn_credit.py). The finding turns are never
     punished, unlike actors.latent_reward's reading; use one or the other."""
+    step_credit: StepCreditConfig = Field(default_factory=NoStepCredit)
+    """Step-level credit added to the episode's advantage, a section by `type`: none, or gigpo
+    (GiGPO: A = A_episode + omega * A_step, learner/step_credit.py)."""
     max_tokens_per_micro_batch: int | None = Field(None, ge=1, le=10_000_000)
     """Token budget of a micro-batch (prompt + response tokens; at most micro_batch_size
     trajectories too): trajectories are placed first fit in decreasing length, one longer than
@@ -363,6 +368,11 @@ class LearnerConfig(Section):
 
     @model_validator(mode="after")
     def _corrections_make_sense(self) -> LearnerConfig:
+        if self.step_credit.type != "none" and self.turn_credit > 0:
+            raise ValueError(
+                f"step_credit {self.step_credit.type} and turn_credit both give turns their own "
+                "advantage: use one"
+            )
         if self.kl_in_reward and self.kl_coef <= 0:
             raise ValueError(
                 "kl_in_reward puts kl_coef times the KL into the reward: set learner.kl_coef > 0"

@@ -55,8 +55,8 @@ def _plots(metrics: list[dict], run_dir: Path) -> list[str]:
         ("throughput.png", "throughput", ["trajectories_per_s", "generated_tokens_per_s"]),
         (
             "objective.png",
-            "trained tokens' entropy (nats); share cut by the budget",
-            ["entropy", "overlong_share"],
+            "entropy (nats), share cut by the budget, step credit",
+            ["entropy", "overlong_share", "step_advantage_abs_mean"],
         ),
     ]
     strata = sorted(
@@ -73,6 +73,8 @@ def _plots(metrics: list[dict], run_dir: Path) -> list[str]:
         fig, ax = plt.subplots(figsize=(6, 3.2))
         for key in keys:
             x, y = _series(metrics, key)
+            if not y:  # a figure this run does not have (e.g. no step credit): no empty legend
+                continue
             ax.plot(x, y, marker="o", label=key)
             window = len(y) // 10
             if key in SMOOTHED and window >= 3:

@@ -104,6 +104,7 @@ CASES = [
         "dual_clip": None,
         "entropy_coef": 0.01,
     },
+    {"advantage": {"type": "grpo"}, "step_credit": {"type": "gigpo", "omega": 0.5}},
 ]
 # Clip-Cov and KL-Cov choose tokens within the micro-batch the loss sees (learner/surrogates.py),
 # so they match only where the micro-batches do: a case of their own below, and in the rest

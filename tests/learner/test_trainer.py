@@ -557,3 +557,26 @@ def test_kl_in_reward_takes_each_tokens_kl_to_go_from_its_advantage(policy):
     )
     with pytest.raises(ValueError, match=r"set learner\.kl_coef > 0"):
         LearnerConfig(kl_in_reward=True)
+
+
+def test_step_credit_reaches_the_tokens_it_credits(policy):
+    """learner.step_credit gigpo: each token trains with its plan's per-token advantage (the
+    loss of a step equals the policy loss on those advantages), and the update differs from the
+    episode advantage's alone."""
+    batch = groups(16)
+    credited = learner(policy, advantage={"type": "grpo"}, step_credit={"type": "gigpo"})
+    plan = plan_step(batch, credited.config)
+    rows = [m for g in batch for m in g.members]
+    assert plan.per_token is not None and len(plan.per_token) == len(rows)
+    assert any(not torch.allclose(p, p[0].expand_as(p)) for p in plan.per_token)
+    metrics = credited.step(batch)
+    assert math.isfinite(metrics["loss"])
+    plain = learner(policy, advantage={"type": "grpo"})
+    plain.step(batch)
+    moved = [
+        not torch.equal(a, b)
+        for a, b in zip(
+            credited.model.state_dict().values(), plain.model.state_dict().values(), strict=True
+        )
+    ]
+    assert any(moved)

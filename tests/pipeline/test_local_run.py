@@ -169,6 +169,7 @@ def test_a_short_run_streams_trains_and_leaves_a_complete_run_dir(tmp_path, cach
         ],
         [
             "learner.advantage.type=rloo",
+            "learner.step_credit.type=gigpo",
             "learner.ratio=sequence",
             "learner.loss_agg=seq-mean-token-mean",
             "learner.importance.type=none",

@@ -1,0 +1,150 @@
+"""Step-level credit: GiGPO's step groups and advantages against a loop written from the paper's
+equations (arXiv 2505.10978, eqs. 6-8), its composition with the episode's advantage, and the
+edge cases (a turn alone in its state, equal returns, a trajectory of one turn)."""
+
+import math
+import random
+import statistics
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from buffers.records import Group
+from buffers.testing import synthetic_trajectory
+from learner.algorithm import plan_step
+from learner.step_credit import gigpo, turns
+from pipeline.config.schema import LearnerConfig
+
+
+def agent_trajectory(prompt, index, searches, reward, seed=0):
+    """Turns of 3 generated tokens; after each but the last, the observation of its query (2
+    tokens, the same for the same query)."""
+    rng = random.Random(seed * 1000 + index)
+    ids, mask = [], []
+    for query in searches:
+        ids += [rng.randrange(100, 200) for _ in range(3)]
+        mask += [1, 1, 1]
+        ids += [query, query + 1]  # what the search returned for this query
+        mask += [0, 0]
+    ids += [rng.randrange(100, 200) for _ in range(3)]  # the answering turn
+    mask += [1, 1, 1]
+    t = synthetic_trajectory(prompt, index, tokens=len(ids), reward=reward, seed=seed)
+    t.token_ids = np.array(ids, dtype=np.int32)
+    t.loss_mask = np.array(mask, dtype=np.int8)
+    t.behavior_logprobs = np.where(t.loss_mask == 1, -1.0, 0.0).astype(np.float32)
+    t.token_versions = np.where(t.loss_mask == 1, 0, -1).astype(np.int32)
+    t.tool_names = ["search"] * len(searches)
+    t.stratum = len(searches)
+    return t
+
+
+def loop_gigpo(trajectories, groups, gamma, eps):
+    """The paper's step advantage as loops: state of turn k = the observations before it;
+    return = gamma^(K-1-k) * reward; normalised among the group's turns in the same state."""
+    steps = []  # (trajectory, turn, group, state, return)
+    for i, t in enumerate(trajectories):
+        spans, observations, in_obs, current = [], [], False, []
+        for pos, (tok, m) in enumerate(
+            zip(t.token_ids.tolist(), t.loss_mask.tolist(), strict=True)
+        ):
+            if m == 0:
+                current.append(tok)
+                in_obs = True
+                continue
+            if in_obs:
+                observations.append(tuple(current))
+                current, in_obs = [], False
+            if not spans or spans[-1][1] != pos:
+                spans.append([pos, pos + 1, tuple(observations)])
+            else:
+                spans[-1][1] = pos + 1
+        for k, (start, end, state) in enumerate(spans):
+            steps.append(
+                (i, start, end, groups[i], state, gamma ** (len(spans) - 1 - k) * t.reward)
+            )
+    out = [[0.0] * len(t.token_ids) for t in trajectories]
+    for i, start, end, g, state, ret in steps:
+        same = [s[5] for s in steps if s[3] == g and s[4] == state]
+        if len(same) < 2:
+            continue
+        mean, std = statistics.fmean(same), statistics.pstdev(same)
+        for p in range(start, end):
+            out[i][p] = (ret - mean) / (std + eps)
+    return out
+
+
+queries = st.lists(st.sampled_from([10, 20, 30]), min_size=0, max_size=3)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.tuples(queries, st.sampled_from([0.0, 1.0, 0.5])), min_size=1, max_size=8),
+    st.sampled_from([1.0, 0.9, 0.5]),
+)
+def test_gigpo_equals_the_papers_loop(members, gamma):
+    trajectories = [
+        agent_trajectory(f"p{i % 2}", i, searches, reward)
+        for i, (searches, reward) in enumerate(members)
+    ]
+    groups = [i % 2 for i in range(len(members))]
+    got = gigpo(trajectories, torch.tensor(groups), gamma=gamma, eps=1e-6)
+    want = loop_gigpo(trajectories, groups, gamma, 1e-6)
+    for g, w in zip(got, want, strict=True):
+        assert g.tolist() == pytest.approx(w, abs=1e-5)
+
+
+def test_turns_and_states_of_an_agent_trajectory():
+    t = agent_trajectory("p", 0, [10, 20], 1.0)
+    assert turns(t) == [(0, 3, ()), (5, 8, ((10, 11),)), (10, 13, ((10, 11), (20, 21)))]
+
+
+def test_gigpo_credits_the_turn_after_the_search_that_paid_and_composes_with_the_episode():
+    """Two members searched 10 first; then one searched 20 (and was right), one 30 (wrong):
+    their second turns stand in the same state (they saw the same first result), so GiGPO tells
+    them apart there; the first turns of all four share the prompt's state."""
+    members = [
+        agent_trajectory("p", 0, [10, 20], 1.0),
+        agent_trajectory("p", 1, [10, 30], 0.0),
+        agent_trajectory("p", 2, [], 0.0),
+        agent_trajectory("p", 3, [], 1.0),
+    ]
+    config = LearnerConfig(
+        advantage={"type": "grpo"}, step_credit={"type": "gigpo", "omega": 0.5, "gamma": 0.9}
+    )
+    plan = plan_step([Group("p", tuple(members))], config)
+    episode = plan.advantages.tolist()
+    first = [0.81, 0.0, 0.0, 1.0]  # gamma^(turns after) * reward of each member's first turn
+    mean, std = statistics.fmean(first), statistics.pstdev(first)
+    for i, t in enumerate(members):
+        (start, end, _), *_ = turns(t)
+        want = episode[i] + 0.5 * (first[i] - mean) / (std + 1e-6)
+        assert plan.per_token[i][start:end].tolist() == pytest.approx([want] * 3, abs=1e-5)
+    second = [0.9, 0.0]  # members 0 and 1 after the same first observation
+    for i in (0, 1):
+        start, end, _ = turns(members[i])[1]
+        step = (second[i] - 0.45) / (0.45 + 1e-6)
+        assert plan.per_token[i][start:end].tolist() == pytest.approx(
+            [episode[i] + 0.5 * step] * 3, abs=1e-5
+        )
+    for i in (0, 1):  # the answering turns: each alone in its state (different second results)
+        start, end, _ = turns(members[i])[2]
+        assert plan.per_token[i][start:end].tolist() == pytest.approx([episode[i]] * 3)
+    assert math.isclose(sum(episode), 0.0, abs_tol=1e-9)
+    moved = [  # what the step credit added, over the generated tokens of all four
+        abs(float(plan.per_token[i][p]) - episode[i])
+        for i, t in enumerate(members)
+        for p in range(len(t.token_ids))
+        if t.loss_mask[p]
+    ]
+    assert plan.metrics["step_advantage_abs_mean"] == pytest.approx(statistics.fmean(moved))
+
+
+def test_gigpo_is_refused_beside_turn_credit():
+    with pytest.raises(ValueError, match="use one"):
+        LearnerConfig(step_credit={"type": "gigpo"}, turn_credit=0.2)
+    LearnerConfig(step_credit={"type": "gigpo"})
+    with pytest.raises(ValueError, match="omega"):
+        LearnerConfig(step_credit={"type": "none", "omega": 1.0})  # a key none does not have
