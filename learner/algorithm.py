@@ -52,8 +52,9 @@ class StepPlan:
     the observation that first held a gold answer (the rest take `advantages`); None: off."""
 
 
-def plan_step(groups: list[Group], config: Any) -> StepPlan:
-    """The step's plan under `config`, the `learner` config section (read by attribute)."""
+def plan_step(groups: list[Group], config: Any, scorer: Any = None) -> StepPlan:
+    """The step's plan under `config`, the `learner` config section (read by attribute);
+    `scorer` scores gold answers with the policy for step credits that need it (igpo)."""
     usable = [g for g in groups if rewards_differ(g) or not config.drop_zero_variance_groups]
     metrics = {"groups": float(len(usable)), "skipped_groups": float(len(groups) - len(usable))}
     trajectories = [t for g in usable for t in g.members]
@@ -86,7 +87,13 @@ def plan_step(groups: list[Group], config: Any) -> StepPlan:
     credit = getattr(config, "step_credit", None)
     if credit is not None and credit.type != "none":
         per_token = step_advantages(
-            credit.type, trajectories, group_ids, advantages, credit.omega, **step_params(credit)
+            credit.type,
+            trajectories,
+            group_ids,
+            advantages,
+            credit.omega,
+            scorer,
+            **step_params(credit),
         )
         moved = [  # |omega * A_step| on the generated tokens: what the step credit adds
             (p - float(a)).abs()[torch.as_tensor(t.loss_mask) == 1]

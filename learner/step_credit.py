@@ -16,9 +16,20 @@ comes at the end; the paper's step rewards are 0 here), and A_step is that retur
 its step group, (R - mean) / (std + eps) with the population std; 0 in a step group of one or of
 equal returns, as GRPO gives a flat group.
 
-Each method registers itself with `@register_step_credit(name, *params)`: a function
-`(trajectories, group_ids, **params) -> list of [len(token_ids)] float32 tensors` (A_step per
-token); `omega` is every section's own.
+igpo (IGPO, arXiv 2510.14967): a turn that searched is credited with the information it
+gained, how much the observation it brought raised the policy's own probability of the gold
+answer: IG_k = P_{k+1} - P_k, where P_k is the probability of `<answer> gold </answer>` right
+after the context before turn k (teacher-forced, the geometric mean of its tokens' probabilities,
+so the answer's length does not count). The gains are normalised over the group's searching
+turns, (IG - mean) / (std + eps), and a turn's A_step is the discounted sum of its own and its
+later turns' normalised gains (gamma per turn); the answering turn has none (its credit is the
+outcome, in A_episode). The probabilities come from the learner's model before the step
+(`scorer`), which is why igpo is refused where only every rank together can run the model
+(ZeRO-3 over several ranks).
+
+Each method registers itself with `@register_step_credit(name, *params, scored=...)`: a
+function `(trajectories, group_ids, **params) -> list of [len(token_ids)] float32 tensors`
+(A_step per token), given `scorer` too when `scored`; `omega` is every section's own.
 """
 
 from __future__ import annotations
@@ -38,17 +49,22 @@ from buffers.records import Trajectory
 class Registered:
     fn: Callable[..., list[torch.Tensor]]
     params: tuple[str, ...]
+    scored: bool = False
+    """Whether it needs `scorer`: (trajectory, cut) pairs -> the mean log-prob of the gold
+    answer after the prompt and the trajectory's first `cut` tokens, under the current policy."""
 
 
 STEP_CREDITS: dict[str, Registered] = {}
 """`learner.step_credit.type` -> its method (besides `none`); filled by `register_step_credit`."""
 
 
-def register_step_credit(name: str, *params: str) -> Callable[[Callable], Callable]:
+def register_step_credit(
+    name: str, *params: str, scored: bool = False
+) -> Callable[[Callable], Callable]:
     def register(fn: Callable[..., list[torch.Tensor]]) -> Callable[..., list[torch.Tensor]]:
         if name in STEP_CREDITS:
             raise ValueError(f"step credit {name!r} is registered twice")
-        STEP_CREDITS[name] = Registered(fn, params)
+        STEP_CREDITS[name] = Registered(fn, params, scored)
         return fn
 
     return register
@@ -94,16 +110,64 @@ def gigpo(
     return out
 
 
+Scorer = Callable[[list[tuple[Trajectory, int]]], list[float]]
+
+
+@register_step_credit("igpo", "gamma", "eps", scored=True)
+def igpo(
+    trajectories: Sequence[Trajectory],
+    group_ids: torch.Tensor,
+    *,
+    gamma: float,
+    eps: float,
+    scorer: Scorer,
+) -> list[torch.Tensor]:
+    """A_step per token: the discounted sum of a turn's and its later turns' information gains,
+    normalised over the group's searching turns."""
+    spans = [turns(t) for t in trajectories]
+    probes = [(t, start) for t, s in zip(trajectories, spans, strict=True) for start, _, _ in s]
+    scores = iter(scorer(probes)) if probes else iter(())
+    gains: dict[int, list[tuple[int, int, float]]] = defaultdict(list)  # group -> (i, k, IG)
+    for i, s in enumerate(spans):
+        chance = [math.exp(next(scores)) for _ in s]  # P_k: before turn k
+        for k in range(len(s) - 1):  # every turn followed by an observation
+            gains[int(group_ids[i])].append((i, k, chance[k + 1] - chance[k]))
+    normalised: dict[tuple[int, int], float] = {}
+    for members in gains.values():
+        values = [g for _, _, g in members]
+        mean = sum(values) / len(values)
+        std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+        for i, k, g in members:
+            usable = len(values) > 1 and std + eps > 0
+            normalised[i, k] = (g - mean) / (std + eps) if usable else 0.0
+    out = [torch.zeros(len(t.token_ids), dtype=torch.float32) for t in trajectories]
+    for i, s in enumerate(spans):
+        to_go = 0.0
+        for k in range(len(s) - 2, -1, -1):  # the answering turn (last) keeps 0
+            to_go = normalised[i, k] + gamma * to_go
+            start, end, _ = s[k]
+            out[i][start:end] = to_go
+    return out
+
+
 def step_advantages(
     name: str,
     trajectories: Sequence[Trajectory],
     group_ids: torch.Tensor,
     episode: torch.Tensor,
     omega: float,
+    scorer: Scorer | None = None,
     **params: float,
 ) -> list[torch.Tensor]:
     """Per trajectory, per token: A_episode + omega * A_step (float32)."""
-    steps = STEP_CREDITS[name].fn(trajectories, group_ids, **params)
+    chosen = STEP_CREDITS[name]
+    if chosen.scored:
+        if scorer is None:
+            raise ValueError(
+                f"step credit {name} scores the gold answer with the policy: no scorer"
+            )
+        params = {**params, "scorer": scorer}
+    steps = chosen.fn(trajectories, group_ids, **params)
     return [float(a) + omega * s for a, s in zip(episode.tolist(), steps, strict=True)]
 
 

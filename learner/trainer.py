@@ -200,7 +200,7 @@ class Learner:
         """One optimiser step on `groups` (learner/algorithm.py plans it: which trajectories,
         their advantages, what the loss keeps); returns the step's telemetry (plain floats)."""
         start = time.perf_counter()
-        plan = plan_step(groups, self.config)
+        plan = plan_step(groups, self.config, scorer=self.answer_logprobs)
         if not plan.groups:
             return plan.metrics
         usable, trajectories = plan.groups, plan.trajectories
@@ -398,6 +398,40 @@ class Learner:
         ids = torch.full((1, 1), self.pad_id, dtype=torch.int64, device=self.engine.device)
         logits = self.engine(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
         return logits.sum() * 0.0
+
+    @torch.no_grad()
+    def answer_logprobs(self, items: list) -> list[float]:
+        """Per (trajectory, cut): the mean log-prob of `<answer> gold </answer>` (its first gold
+        answer) right after the prompt and the trajectory's first `cut` tokens, under the weights
+        before this step: IGPO's P (learner/step_credit.py). Rank 0 alone runs it, so ZeRO-3
+        over several ranks is refused with igpo (pipeline/config/schema.py)."""
+        model, device, out = self.model, self.engine.device, []
+        training = model.training
+        model.eval()
+        for first in range(0, len(items), 8):
+            rows, spans = [], []
+            for t, cut in items[first : first + 8]:
+                gold = t.ground_truth[0] if len(t.ground_truth) else ""
+                answer = self.tokenizer.encode(
+                    f"<answer> {gold} </answer>", add_special_tokens=False
+                )
+                context = [*t.prompt_token_ids.tolist(), *t.token_ids[:cut].tolist()]
+                rows.append(context + answer)
+                spans.append((len(context), len(answer)))
+            width = max(map(len, rows))
+            ids = torch.full((len(rows), width), self.pad_id, dtype=torch.int64)
+            mask = torch.zeros_like(ids)
+            for r, row in enumerate(rows):
+                ids[r, : len(row)] = torch.tensor(row)
+                mask[r, : len(row)] = 1
+            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+            for r, (start, n) in enumerate(spans):
+                at = torch.arange(start - 1, start - 1 + n, device=logits.device)
+                logp = torch.log_softmax(logits[r, at].float(), -1)
+                wanted = ids[r, start : start + n].to(logits.device)
+                out.append(float(logp.gather(-1, wanted[:, None]).mean()))
+        model.train(training)
+        return out
 
     @torch.no_grad()
     def _kl_in_reward(self, batch: TrainBatch, plan: list[list[int]]) -> tuple[torch.Tensor, float]:

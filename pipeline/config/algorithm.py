@@ -165,7 +165,23 @@ class GigpoStepCredit(Section):
     """Added to every step group's std before dividing."""
 
 
-STEP_CREDITS = (NoStepCredit, GigpoStepCredit)
+class IgpoStepCredit(Section):
+    """IGPO (arXiv 2510.14967): A = A_episode + omega * A_step, A_step the discounted sum of a
+    turn's and its later turns' information gains (how much each observation raised the policy's
+    probability of the gold answer), normalised in the group (learner/step_credit.py)."""
+
+    type: Literal["igpo"] = "igpo"
+    """Turn credit by information gain; scored by the learner's model (not with ZeRO-3 over
+    several ranks)."""
+    omega: float = Field(1.0, ge=0, le=10)
+    """Weight of the step-level advantage."""
+    gamma: float = Field(1.0, gt=0, le=1)
+    """Discount of a later turn's gain."""
+    eps: float = Field(1e-6, ge=0, le=1)
+    """Added to the group's std of the gains before dividing."""
+
+
+STEP_CREDITS = (NoStepCredit, GigpoStepCredit, IgpoStepCredit)
 """`learner.step_credit.type` -> its section; the first is the default."""
 StepCreditConfig = backend_union(STEP_CREDITS)
 

@@ -373,6 +373,11 @@ class LearnerConfig(Section):
                 f"step_credit {self.step_credit.type} and turn_credit both give turns their own "
                 "advantage: use one"
             )
+        if self.step_credit.type == "igpo" and self.zero_stage == 3 and self.num_ranks > 1:
+            raise ValueError(
+                "step_credit igpo scores gold answers with the model on rank 0 alone, which ZeRO-3 "
+                "shards over the ranks: use zero_stage 0-2 or one rank with it"
+            )
         if self.kl_in_reward and self.kl_coef <= 0:
             raise ValueError(
                 "kl_in_reward puts kl_coef times the KL into the reward: set learner.kl_coef > 0"

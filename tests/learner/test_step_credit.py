@@ -148,3 +148,59 @@ def test_gigpo_is_refused_beside_turn_credit():
     LearnerConfig(step_credit={"type": "gigpo"})
     with pytest.raises(ValueError, match="omega"):
         LearnerConfig(step_credit={"type": "none", "omega": 1.0})  # a key none does not have
+
+
+def loop_igpo(trajectories, groups, gamma, eps, chance):
+    """IGPO as loops: P_k = chance(trajectory, start of turn k); IG_k = P_{k+1} - P_k for each
+    turn followed by an observation; z-scored over the group's such turns; A_step(k) = sum over
+    k' >= k of gamma^(k'-k) * normalised IG_k'; the answering turn 0."""
+    spans = [turns(t) for t in trajectories]
+    gains = []  # (i, k, group, IG)
+    for i, (t, s) in enumerate(zip(trajectories, spans, strict=True)):
+        for k in range(len(s) - 1):
+            gains.append((i, k, groups[i], chance(t, s[k + 1][0]) - chance(t, s[k][0])))
+    norm = {}
+    for i, k, g, ig in gains:
+        same = [x[3] for x in gains if x[2] == g]
+        std = statistics.pstdev(same) if len(same) > 1 else 0.0
+        norm[i, k] = (ig - statistics.fmean(same)) / (std + eps) if len(same) > 1 else 0.0
+    out = [[0.0] * len(t.token_ids) for t in trajectories]
+    for i, s in enumerate(spans):
+        for k in range(len(s) - 1):
+            value = sum(gamma ** (j - k) * norm[i, j] for j in range(k, len(s) - 1))
+            for p in range(s[k][0], s[k][1]):
+                out[i][p] = value
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(queries, st.sampled_from([0.0, 1.0])), min_size=1, max_size=8),
+    st.sampled_from([1.0, 0.8]),
+    st.integers(0, 1000),
+)
+def test_igpo_equals_the_papers_loop(members, gamma, salt):
+    from learner.step_credit import igpo
+
+    trajectories = [
+        agent_trajectory(f"p{i % 2}", i, searches, reward)
+        for i, (searches, reward) in enumerate(members)
+    ]
+    groups = [i % 2 for i in range(len(members))]
+
+    def chance(t, cut):  # any deterministic probability of the gold answer at a cut
+        return random.Random(hash((t.sample_index, cut, salt))).random()
+
+    def scorer(items):
+        return [math.log(max(chance(t, cut), 1e-300)) for t, cut in items]
+
+    got = igpo(trajectories, torch.tensor(groups), gamma=gamma, eps=1e-6, scorer=scorer)
+    want = loop_igpo(trajectories, groups, gamma, 1e-6, chance)
+    for g, w in zip(got, want, strict=True):
+        assert g.tolist() == pytest.approx(w, abs=1e-4)
+
+
+def test_igpo_is_refused_where_rank_0_cannot_run_the_model_alone():
+    with pytest.raises(ValueError, match="use zero_stage 0-2 or one rank"):
+        LearnerConfig(step_credit={"type": "igpo"}, zero_stage=3, num_ranks=2)
+    LearnerConfig(step_credit={"type": "igpo"}, zero_stage=2, num_ranks=2)

@@ -6,6 +6,7 @@ float tolerance (bf16 on CUDA, the learner's own default there, is compared in t
 
 import asyncio
 import math
+import statistics
 
 import numpy as np
 import pytest
@@ -63,6 +64,12 @@ def learner(policy, **overrides) -> Learner:
     options = dict(lr=5e-3, micro_batch_size=3, zero_stage=0, max_steps=50)
     options.update(overrides)
     return Learner(policy, LearnerConfig(**options), group_size=4, dtype="float32")
+
+
+def weights_differ(a: Learner, b: Learner) -> bool:
+    """Whether any weight of the two learners' models differs (their updates did)."""
+    pairs = zip(a.model.state_dict().values(), b.model.state_dict().values(), strict=True)
+    return any(not torch.equal(x, y) for x, y in pairs)
 
 
 def device_of(model: Learner) -> torch.device:
@@ -496,13 +503,7 @@ def test_turn_credit_gives_the_finding_turns_their_own_advantage(policy):
     assert metrics["trained_tokens"] == generated and metrics["found_answer_share"] == 0.125
     plain = learner(policy)
     plain.step(batch)
-    moved = [
-        not torch.equal(a, b)
-        for a, b in zip(
-            credited.model.state_dict().values(), plain.model.state_dict().values(), strict=True
-        )
-    ]
-    assert any(moved)  # the credit changed the update
+    assert weights_differ(credited, plain)  # the credit changed the update
 
 
 def test_a_latent_reward_trains_only_the_turns_up_to_the_first_answer(policy):
@@ -573,10 +574,28 @@ def test_step_credit_reaches_the_tokens_it_credits(policy):
     assert math.isfinite(metrics["loss"])
     plain = learner(policy, advantage={"type": "grpo"})
     plain.step(batch)
-    moved = [
-        not torch.equal(a, b)
-        for a, b in zip(
-            credited.model.state_dict().values(), plain.model.state_dict().values(), strict=True
+    assert weights_differ(credited, plain)
+
+
+def test_igpo_scores_the_gold_answer_with_the_policy_and_trains(policy):
+    """answer_logprobs is the teacher-forced mean log-prob of `<answer> gold </answer>` after
+    the prompt and the trajectory's first `cut` tokens; a step with igpo trains."""
+    model = learner(policy, advantage={"type": "grpo"}, step_credit={"type": "igpo"})
+    batch = groups(17)
+    t = batch[0].members[0]
+    cut = 5
+    (got,) = model.answer_logprobs([(t, cut)])
+    answer = model.tokenizer.encode(
+        f"<answer> {t.ground_truth[0]} </answer>", add_special_tokens=False
+    )
+    ids = [*t.prompt_token_ids.tolist(), *t.token_ids[:cut].tolist(), *answer]
+    on = device_of(model)
+    with torch.no_grad():
+        logp = torch.log_softmax(
+            model.model(input_ids=torch.tensor([ids], device=on)).logits[0].float(), -1
         )
-    ]
-    assert any(moved)
+    start = len(ids) - len(answer)
+    want = statistics.fmean(float(logp[start - 1 + j, tok]) for j, tok in enumerate(answer))
+    assert got == pytest.approx(want, abs=1e-4)
+    metrics = model.step(batch)
+    assert math.isfinite(metrics["loss"]) and "step_advantage_abs_mean" in metrics

@@ -138,10 +138,9 @@ def test_dry_run_lists_the_fifteen_runs_of_the_ablation(tmp_path, monkeypatch, c
     ]
     assert not out.exists()  # a dry run writes nothing
     estimators = plan(read_experiment("configs/experiments/estimators.yaml"), "estimators.yaml")
-    assert len(estimators) == 24  # 8 variants x 3 seeds: each latent-reward reading, REINFORCE++
-    assert {"grpo_folr-seed0", "grpo_turn-seed0", "reinforce_pp_baseline-seed2"} <= {
-        run.name for run in estimators
-    }
+    assert len(estimators) == 30  # 10 variants x 3 seeds: latent rewards, REINFORCE++, step credit
+    names = {run.name for run in estimators}
+    assert {"grpo_folr-seed0", "reinforce_pp_baseline-seed2", "blend_igpo-seed1"} <= names
     for path in sorted((ROOT / "configs" / "experiments").glob("*.yaml")):  # each one plans
         assert len(plan(read_experiment(path), path.name)) >= 6, path
 
