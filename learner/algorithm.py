@@ -45,11 +45,11 @@ class StepPlan:
     metrics: dict[str, float] = field(default_factory=dict)
     """groups, skipped_groups, and (when any group is left) the reward and stratum telemetry."""
     early: torch.Tensor | None = None
+    """Turn-level credit (`turn_credit` > 0): per trajectory, the advantage of its tokens before
+    the observation that first held a gold answer (the rest take `advantages`); None: off."""
     per_token: list[torch.Tensor] | None = None
     """Step-level credit (`learner.step_credit`): per trajectory, one advantage per token
     (A_episode + omega * A_step); None: off."""
-    """Turn-level credit (`turn_credit` > 0): per trajectory, the advantage of its tokens before
-    the observation that first held a gold answer (the rest take `advantages`); None: off."""
 
 
 def plan_step(groups: list[Group], config: Any, scorer: Any = None) -> StepPlan:

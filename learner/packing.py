@@ -15,8 +15,8 @@ with flash attention). Padded: one row per trajectory, right-padded to the longe
 the model computes logits only at the positions that predict a trained token (`logits_to_keep`,
 given as a 1-D tensor of positions: the form every transformers release we support reads; padded
 rows share one list, the union of theirs, and the logits then kept are picked out of the
-[rows, positions] block), and their log-probs go back to the response-aligned [b, R] layout the loss reads, so the loss
-code cannot tell the two apart.
+[rows, positions] block), and their log-probs go back to the response-aligned [b, R] layout the
+loss reads, so the loss code cannot tell the two apart.
 """
 
 from __future__ import annotations

@@ -14,14 +14,15 @@ policy to the proximal (or behaviour) policy, the advantage A and the token's lo
               covariance (KL-Cov, the same paper, eq. 11; no clip, as the paper has none)
 
 At r = 1 cispo gives ppo_clip's gradient -A grad log pi. CISPO's paper clips only above (its lower
-bound is not used); `learner.clip_low: 1.0` is that reading, the default 0.2 keeps a floor of
-0.8. The covariance is taken over the tokens of the micro-batch the loss sees (as the paper's
-implementation in verl does over its micro-batch), so the tokens chosen, and the step's
-gradient, depend on how the step is cut into micro-batches (learner.micro_batch_size,
-max_tokens_per_micro_batch), unlike every other surrogate here; at least one token is chosen,
-and the random choice draws from torch's generator (seeded by the run). Only ppo_clip and clip_cov have
-a dual clip to apply, and only ppo_clip takes GSPO's sequence ratio (the others weigh or choose
-tokens): pipeline/config/schema.py refuses the other combinations in one line.
+bound is not used); `learner.clip_low: 1.0` is that reading, the default 0.2 keeps a floor of 0.8.
+The covariance is taken over the tokens of the micro-batch the loss sees (as the paper's
+implementation in verl does over its micro-batch), so the tokens chosen, and the step's gradient,
+depend on how the step is cut into micro-batches (learner.micro_batch_size,
+max_tokens_per_micro_batch), unlike every other surrogate here; at least one token is chosen, and
+the random choice draws from a generator seeded by the candidates' positions (the same step chosen
+alike on a rerun, other steps differently). Only ppo_clip and clip_cov have a dual clip to apply,
+and only ppo_clip takes GSPO's sequence ratio (the others weigh or choose tokens):
+pipeline/config/schema.py refuses the other combinations in one line.
 
 Each registers itself with `@register_surrogate(name, *params)`: a function
 `(ratio, log_ratio, advantages, logprobs, mask, clip_low, clip_high, dual_clip, **params)
@@ -114,7 +115,9 @@ def clip_cov(
     cov = covariance(advantages, logprobs, mask)
     eligible = (mask > 0) & ~ppo.clipped & (cov > params["low_cov"]) & (cov < params["high_cov"])
     candidates = eligible.flatten().nonzero().squeeze(-1)
-    chosen = candidates[torch.randperm(len(candidates))[: _share(mask, params["share"])]]
+    draw = torch.Generator().manual_seed(int(candidates.sum()) * 7919 + len(candidates))
+    order = torch.randperm(len(candidates), generator=draw).to(candidates.device)
+    chosen = candidates[order[: _share(mask, params["share"])]]
     selected = torch.zeros_like(eligible).flatten()
     selected[chosen] = True
     selected = selected.view_as(eligible)

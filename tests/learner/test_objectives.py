@@ -201,3 +201,5 @@ def test_clip_cov_leaves_out_a_random_share_of_the_eligible_tokens_only():
     assert metrics["cov_selected_fraction"] == pytest.approx(2 / 8)
     plain = sum(-float(adv[i]) for i in range(2) for t in range(4) if (i, t) not in silenced)
     assert float(loss) == pytest.approx(plain / 8)
+    again, _ = policy_loss(*args, surrogate="clip_cov", surrogate_params=params)
+    assert float(again) == float(loss)  # the same step chooses the same tokens
