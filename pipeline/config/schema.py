@@ -343,8 +343,8 @@ class LearnerConfig(Section):
     that found nothing gets A + beta * F (learner/turn_credit.py). The finding turns are never
     punished, unlike actors.latent_reward's reading; use one or the other."""
     step_credit: StepCreditConfig = Field(default_factory=NoStepCredit)
-    """Step-level credit added to the episode's advantage, a section by `type`: none, or gigpo
-    (GiGPO: A = A_episode + omega * A_step, learner/step_credit.py)."""
+    """Step-level credit added to the episode's advantage, a section by `type`: none, gigpo
+    (GiGPO) or igpo (IGPO); A = A_episode + omega * A_step (learner/step_credit.py)."""
     max_tokens_per_micro_batch: int | None = Field(None, ge=1, le=10_000_000)
     """Token budget of a micro-batch (prompt + response tokens; at most micro_batch_size
     trajectories too): trajectories are placed first fit in decreasing length, one longer than
