@@ -56,9 +56,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from buffers.testing import synthetic_trajectory
 from learner import native
-from learner.estimator_loops import loop_estimate
+from learner.estimator_loops import loop_estimate, loop_gae
 from learner.estimators import ESTIMATORS, estimate
+from learner.gae import gae, outcome_rewards
+from learner.step_credit import step_advantages
 
 
 def peer_grpo(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -147,6 +150,51 @@ def keep_heap_warm() -> bool:
     m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3  # glibc's malloc.h
     settings = ((m_mmap_threshold, 1 << 30), (m_trim_threshold, 1 << 30), (m_top_pad, 64 << 20))
     return mallopt is not None and all(mallopt(k, v) == 1 for k, v in settings)
+
+
+def token_level(repeats: int, with_loop: bool, rows: int = 512, width: int = 640) -> None:
+    """GAE (learner/gae.py, one pass over the positions, every row at once) against its loop
+    reference (learner/estimator_loops.py, one row at a time), and GiGPO's step credit
+    (learner/step_credit.py, a plain loop over turns: there is no vectorised one), on a learner
+    step's worth of synthetic multi-turn trajectories: `rows` responses of `width` tokens, a
+    quarter of each an observation."""
+    generator = torch.Generator().manual_seed(1)
+    mask = (torch.rand(rows, width, generator=generator) > 0.25).float()
+    values = torch.randn(rows, width, generator=generator)
+    rewards = outcome_rewards(mask, (torch.rand(rows, generator=generator) > 0.5).float())
+    times = interleaved({"gae": lambda: gae(rewards, values, mask, 1.0, 0.95)}, repeats)
+    vectorised = statistics.median(times["gae"])
+    print(f"token-level, one step of {rows} responses x {width} tokens (median of {repeats})")
+    line = f"  {'gae vectorised':<21} {vectorised * 1e3:9.1f} ms"
+    if with_loop:
+        got, _ = gae(rewards, values, mask, 1.0, 0.95)
+        start = time.perf_counter()
+        want = [
+            loop_gae(r.tolist(), v.tolist(), m.tolist(), 1.0, 0.95)[0]
+            for r, v, m in zip(rewards, values, mask, strict=True)
+        ]
+        loop_s = time.perf_counter() - start
+        diff = (got - torch.tensor(want)).abs().max().item()
+        if diff > 1e-3:
+            raise SystemExit(f"gae: the loop disagrees, max |difference| {diff:.3g}")
+        line += f"; the loop {loop_s * 1e3:.0f} ms, {loop_s / vectorised:.0f}x, max |difference| {diff:.1e}"
+    print(line)
+    members = [
+        synthetic_trajectory(f"p{i // 8}", i % 8, tokens=width, reward=float(i % 2), seed=i)
+        for i in range(rows)
+    ]
+    group_ids = torch.tensor([i // 8 for i in range(rows)])
+    times = interleaved(
+        {
+            "gigpo": lambda: step_advantages(
+                "gigpo", members, group_ids, torch.zeros(rows), 1.0, gamma=0.95, eps=1e-6
+            )
+        },
+        repeats,
+    )
+    print(
+        f"  {'gigpo step credit':<21} {statistics.median(times['gigpo']) * 1e3:9.1f} ms (a loop over turns)"
+    )
 
 
 def main() -> None:
@@ -242,6 +290,8 @@ def main() -> None:
                 f"  {name:<21} {loop_s * 1e3:9.0f} ms  {loop_s / seconds[f'{name} dense']:6.0f}x "
                 f"the vectorised  max |difference| {diff:.1e}"
             )
+
+    token_level(args.repeats, with_loop=not args.no_loop)
 
     ratio = seconds["stratified dense"] / seconds["peer"]
     together = seconds["stratified grouped"] / seconds["peer grouped"]

@@ -25,9 +25,9 @@ import torch
 from buffers.group_buffer import rewards_differ
 from buffers.records import Group, Trajectory
 from learner.advantages import stratified_advantages_with_stats
-from learner.estimators import estimate, section_params
+from learner.estimators import Estimate, estimate, section_params
+from learner.step_credit import STEP_CREDITS, step_advantages
 from learner.step_credit import section_params as step_params
-from learner.step_credit import step_advantages
 from learner.telemetry import stratum_summary, theorem1_terms
 from learner.turn_credit import found_answer, turn_credit
 
@@ -52,6 +52,26 @@ class StepPlan:
     (A_episode + omega * A_step); None: off."""
 
 
+CRITIC = "gae"
+"""The advantage type whose advantages a critic gives, per token, in the trainer
+(learner/gae.py): the plan's own are 0 for it."""
+
+
+def episode_level(config: Any) -> tuple[str | None, dict[str, Any], Any]:
+    """(episode estimator, its parameters, the step credit's section or None) of the `learner`
+    section: gigpo and igpo as `learner.advantage.type` are GRPO's episode advantage plus their
+    step credit, as their papers compose them; gae has none (None: the trainer's critic gives
+    the advantages)."""
+    section = config.advantage
+    if section.type in STEP_CREDITS:
+        return "grpo", {"eps": section.eps}, section
+    if section.type == CRITIC:
+        return None, {}, None
+    credit = getattr(config, "step_credit", None)
+    credit = credit if credit is not None and credit.type != "none" else None
+    return section.type, section_params(section.type, section), credit
+
+
 def plan_step(groups: list[Group], config: Any, scorer: Any = None) -> StepPlan:
     """The step's plan under `config`, the `learner` config section (read by attribute);
     `scorer` scores gold answers with the policy for step credits that need it (igpo)."""
@@ -64,8 +84,11 @@ def plan_step(groups: list[Group], config: Any, scorer: Any = None) -> StepPlan:
     rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float64)
     group_ids = torch.tensor([i for i, g in enumerate(usable) for _ in g.members])
     strata = torch.tensor([t.stratum for t in trajectories])  # assigned at collection
-    name = config.advantage.type
-    chosen = estimate(name, rewards, group_ids, strata, **section_params(name, config.advantage))
+    name, params, credit = episode_level(config)
+    if name is None:  # gae: 0 here, the critic's per token in the trainer
+        chosen = Estimate(torch.zeros_like(rewards), torch.ones_like(rewards, dtype=torch.bool))
+    else:
+        chosen = estimate(name, rewards, group_ids, strata, **params)
     stats = stratified_advantages_with_stats(rewards, group_ids, strata)  # the strata's statistics
     metrics["reward_mean"] = float(rewards.mean())
     metrics["adv_var_global_unnormalised"] = float(stats.global_centered.var(unbiased=False))
@@ -75,8 +98,9 @@ def plan_step(groups: list[Group], config: Any, scorer: Any = None) -> StepPlan:
     ).items():
         metrics[f"stratum/{stratum}/count"] = row["count"]
         metrics[f"stratum/{stratum}/reward"] = row["mean_reward"]
-        metrics[f"stratum/{stratum}/in_stratum_adv_var"] = row["in_stratum_adv_var"]
-        metrics[f"stratum/{stratum}/mean_advantage"] = row["mean_advantage"]
+        if name is not None:  # the critic's advantages are the trainer's (value telemetry there)
+            metrics[f"stratum/{stratum}/in_stratum_adv_var"] = row["in_stratum_adv_var"]
+            metrics[f"stratum/{stratum}/mean_advantage"] = row["mean_advantage"]
     advantages, early = chosen.advantages, None
     beta = getattr(config, "turn_credit", 0.0)
     if beta > 0:
@@ -84,8 +108,7 @@ def plan_step(groups: list[Group], config: Any, scorer: Any = None) -> StepPlan:
         advantages, early = turn_credit(trajectories, group_ids, advantages, beta, eps)
         metrics["found_answer_share"] = float(found_answer(trajectories).double().mean())
     per_token = None
-    credit = getattr(config, "step_credit", None)
-    if credit is not None and credit.type != "none":
+    if credit is not None:
         per_token = step_advantages(
             credit.type,
             trajectories,

@@ -1,6 +1,7 @@
 """Checkpoints that survive a kill mid-save, and resume that continues versions and data order.
 
     ROOT/step-000012/deepspeed/   DeepSpeed state: weights, optimizer, scheduler
+    ROOT/step-000012/critic/      the critic's, with GAE (learner/critic.py)
     ROOT/step-000012/hf/          HF model directory (AutoModelForCausalLM / SGLang load it)
     ROOT/step-000012/learner.json version, model fingerprint, RNG states, caller's extra state
     ROOT/latest                   name of the newest complete checkpoint
@@ -120,6 +121,19 @@ def save_checkpoint(
 def save_rank_part(learner: Any, directory: Path) -> None:
     """This rank's DeepSpeed state under DIRECTORY/deepspeed (collective: every rank at once)."""
     learner.engine.save_checkpoint(str(directory / "deepspeed"), tag="state", save_latest=False)
+    if getattr(learner, "critic", None) is not None:
+        learner.critic.engine.save_checkpoint(
+            str(directory / "critic"), tag="state", save_latest=False
+        )
+
+
+def load_rank_part(learner: Any, path: Path) -> bool:
+    """This rank's DeepSpeed state (and the critic's) from checkpoint PATH; whether it loaded."""
+    loaded, _ = learner.engine.load_checkpoint(str(path / "deepspeed"), tag="state")
+    if getattr(learner, "critic", None) is not None:
+        critic, _ = learner.critic.engine.load_checkpoint(str(path / "critic"), tag="state")
+        return loaded is not None and critic is not None
+    return loaded is not None
 
 
 def out_of_space(path: str | os.PathLike[str], below: int = 1 << 20) -> bool:
@@ -151,14 +165,20 @@ def load_checkpoint(learner: Any, root: str | os.PathLike[str]) -> dict:
         raise CheckpointError(
             f"{path}: checkpoint of another model (architecture differs from the configured one)"
         )
+    critic = getattr(learner, "critic", None)
+    if critic is not None and not (path / "critic" / "state").exists():
+        raise CheckpointError(
+            f"{path}: no critic state (saved by a run without learner.advantage.type gae): "
+            "resume with the run's own advantage type"
+        )
     peers = getattr(learner, "peers", None)
     if peers is not None:  # every rank loads its part at once
         peers.broadcast("load", str(root))
-    loaded, _ = learner.engine.load_checkpoint(str(path / "deepspeed"), tag="state")
+    loaded = load_rank_part(learner, path)
     if peers is not None:
         peers.gather("load")
-    if loaded is None:
-        raise CheckpointError(f"{path / 'deepspeed'}: DeepSpeed could not load it")
+    if not loaded:
+        raise CheckpointError(f"{path}: DeepSpeed could not load it")
     learner.version = int(state["version"])
     _restore_rng(state["rng"])
     return state.get("extra", {})

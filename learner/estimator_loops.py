@@ -1,6 +1,7 @@
 """Loop references of the advantage estimators: one group at a time, one formula each, as the
-papers write them. Slow on purpose; the vectorised estimators (learner/estimators.py) are checked
-against these in tests/learner/test_estimators.py and timed beside them in benchmarks/advantages.py.
+papers write them, and GAE one row at a time. Slow on purpose; the vectorised estimators
+(learner/estimators.py, learner/gae.py) are checked against these in tests/learner/ and timed
+beside them in benchmarks/advantages.py.
 The stratified blend's own loop reference is Algorithm 1 in tests/learner/test_advantages.py."""
 
 from __future__ import annotations
@@ -59,3 +60,25 @@ def _over_the_step(centred: list[float], eps: float) -> list[float]:
     """Each value over the step's population std about 0, plus eps (0 where that is 0)."""
     denom = math.sqrt(sum(x * x for x in centred) / len(centred)) + eps
     return [x / denom if denom > 0 else 0.0 for x in centred]
+
+
+def loop_gae(
+    rewards: Sequence[float],
+    values: Sequence[float],
+    mask: Sequence[float],
+    gamma: float,
+    lam: float,
+) -> tuple[list[float], list[float]]:
+    """(advantages, returns) of one row by Schulman et al. (2016), eq. 16, over its generated
+    tokens in order (`mask` 1): observation tokens are not time steps, V after the last step is
+    0; 0 off the generated tokens. The reference of learner/gae.py's vectorised `gae`."""
+    steps = [t for t, m in enumerate(mask) if m]
+    advantages, returns = [0.0] * len(mask), [0.0] * len(mask)
+    carried = 0.0
+    for k in range(len(steps) - 1, -1, -1):
+        t = steps[k]
+        following = values[steps[k + 1]] if k + 1 < len(steps) else 0.0
+        delta = rewards[t] + gamma * following - values[t]
+        carried = delta + gamma * lam * carried
+        advantages[t], returns[t] = carried, carried + values[t]
+    return advantages, returns

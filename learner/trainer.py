@@ -25,10 +25,12 @@ from typing import Any
 import torch
 
 from buffers.records import Group
-from learner.algorithm import plan_step
+from learner.algorithm import CRITIC, plan_step
 from learner.attention import implementation
 from learner.batch import TrainBatch, build_batch
 from learner.corrections import Correction
+from learner.critic import Critic
+from learner.gae import explained, explained_variance, gae, outcome_rewards, whiten
 from learner.losses import kept_by_importance, kl_penalty, policy_loss
 from learner.packing import plan_micro_batches, response_logprobs
 from learner.ranks import RankError, RankPeers, TcpRendezvous, init_rank_group, split_by_tokens
@@ -68,6 +70,14 @@ def rank_metrics(ranks: list[dict[str, float]]) -> dict[str, float]:
         sum(slowest - r["seconds"] for r in ranks) / (len(ranks) * slowest) if slowest > 0 else 0.0
     )
     return out
+
+
+def kl_to_go(advantages: torch.Tensor, kl: torch.Tensor, coef: float) -> torch.Tensor:
+    """REINFORCE++'s KL in the reward: [B, R] advantages, each token's own (`advantages` [B] or
+    [B, R]) minus `coef` times the KL (`kl` [B, R], 0 off the trained tokens) of it and every
+    later token of its row."""
+    own = advantages if advantages.dim() == 2 else advantages.unsqueeze(-1).expand_as(kl)
+    return own - coef * kl.flip(-1).cumsum(-1).flip(-1)
 
 
 DROPOUT_KEYS = (
@@ -170,6 +180,18 @@ class Learner:
         self.engine, _, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
         )
+        self.critic = None  # PPO's value model (learner/critic.py), for GAE only
+        if config.advantage.type == CRITIC:
+            self.critic = Critic(
+                model_path,
+                config.advantage,
+                config,
+                dtype=dtype,
+                attention=attention,
+                ds_config=ds_config,
+                gradient_checkpointing=gradient_checkpointing,
+            )
+        self.explained_variance = float("nan")
         if self.reference is not None:
             self.reference.to(self.engine.device)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -235,6 +257,8 @@ class Learner:
             except (RuntimeError, RankError) as exc:  # gloo's error for a peer gone is pages long
                 raise self.peers.failure(f"step {self.version + 1}", exc) from exc
         metrics = {**plan.metrics, **self._telemetry(trajectories, sums, start)}
+        if self.critic is not None:
+            metrics["explained_variance"] = self.explained_variance
         metrics.update(rank_metrics(self.rank_stats))  # one rank too: the same series either way
         return metrics
 
@@ -265,10 +289,15 @@ class Learner:
                 if t.latent_reward > 0 and t.first_answer_token >= 0:
                     batch.response_mask[row, t.first_answer_token :] = 0
         plan = self._micro_batches(trajectories)
-        reward_kl = 0.0
+        reward_kl, kl = 0.0, None
         if batch is not None and self.config.kl_in_reward:
-            batch.advantages, reward_kl = self._kl_in_reward(batch, plan)
+            kl = self._reference_kl(batch, plan)
+            reward_kl = float(kl.sum())
+            if self.critic is None:  # REINFORCE++: GAE takes it as the tokens' rewards instead
+                batch.advantages = kl_to_go(batch.advantages, kl, self.config.kl_coef)
         steps = self._all_max(len(plan))  # micro-batches on the busiest rank
+        if self.critic is not None:  # GAE: the advantages per token, from the critic's values
+            old_values, returns = self._critic_targets(batch, trajectories, plan, steps, kl)
         # The proximal log-probs are those of the policy before this step's update. The weights
         # move only at an epoch's last micro-batch, so the first epoch's own forward passes give
         # them: no pass of their own, unless the correction drops tokens (each micro-batch's
@@ -338,6 +367,8 @@ class Learner:
                 work += time.perf_counter() - started if own else 0.0
                 for key, value in stats.items():
                     sums[key] += value
+        if self.critic is not None:
+            sums.update(self._train_critic(batch, plan, steps, old_values, returns, totals))
         self.version += 1
         if self.config.kl_in_reward:  # the KL went into the advantages: reported per token
             sums["kl_sum"] += reward_kl * self.config.ppo_epochs
@@ -434,21 +465,95 @@ class Learner:
         return out
 
     @torch.no_grad()
-    def _kl_in_reward(self, batch: TrainBatch, plan: list[list[int]]) -> tuple[torch.Tensor, float]:
-        """REINFORCE++'s KL in the reward: [B, R] advantages, each trained token's own minus
-        kl_coef times the KL (behaviour to reference, `kl_kind`) of it and every later trained
-        token of its row; and the KL summed over the trained tokens (telemetry)."""
+    def _reference_kl(self, batch: TrainBatch, plan: list[list[int]]) -> torch.Tensor:
+        """The KL in the reward (`kl_in_reward`): [B, R], each trained token's KL from the
+        behaviour policy to the reference (`kl_kind`), 0 elsewhere. REINFORCE++ takes kl_coef
+        times its sum over a token and the later ones off the token's advantage; GAE takes
+        kl_coef times it as the token's reward."""
         reference = torch.zeros_like(batch.behavior_logprobs)
         for indices in plan:
             rows = torch.tensor(indices, dtype=torch.int64)
             logp, _, _ = self._logprobs(self.reference, batch.select(rows))
             reference[rows, : logp.shape[1]] = logp.float().cpu()
         mask = batch.response_mask.to(torch.float32)
-        kl = kl_penalty(batch.behavior_logprobs, reference, self.config.kl_kind) * mask
-        to_go = kl.flip(-1).cumsum(-1).flip(-1)
-        own = batch.advantages
-        own = own if own.dim() == 2 else own.unsqueeze(-1).expand_as(kl)
-        return own - self.config.kl_coef * to_go, float(kl.sum())
+        return kl_penalty(batch.behavior_logprobs, reference, self.config.kl_kind) * mask
+
+    @torch.no_grad()
+    def _critic_targets(
+        self,
+        batch: TrainBatch | None,
+        trajectories: list,
+        plan: list[list[int]],
+        steps: int,
+        kl: torch.Tensor | None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """GAE (learner/gae.py): the critic's values before the step and the returns, [B, R]
+        each on this rank's rows, and `batch.advantages` set to the whitened GAE advantages.
+        Every rank calls it: the whitening and the explained variance are the step's, over all
+        ranks (so is `self.explained_variance`, of the values before the step)."""
+        critic = self.critic
+        critic.engine.eval()
+        if self.config.zero_stage == 3 and self.world > 1:  # a forward gathers from every rank
+            for _ in range(steps - (0 if batch is None else len(plan))):
+                critic.empty_step(self.pad_id)
+        if batch is None:
+            self._all_sum([0.0] * 3)
+            self.explained_variance = explained(self._all_sum([0.0] * 5))
+            return None, None
+        values = torch.zeros_like(batch.behavior_logprobs)
+        for indices in plan:
+            rows = torch.tensor(indices, dtype=torch.int64)
+            v, _ = critic.values(batch.select(rows), self.config.packing)
+            values[rows, : v.shape[1]] = v.cpu()
+        mask = batch.response_mask
+        section = self.config.advantage
+        rewards = torch.tensor([float(t.reward) for t in trajectories])
+        penalty = None if kl is None else -self.config.kl_coef * kl
+        advantages, returns = gae(
+            outcome_rewards(mask, rewards, penalty), values, mask, section.gamma, section.lam
+        )
+        on = mask > 0
+        picked = advantages[on].double()
+        sums = self._all_sum([float(on.sum()), float(picked.sum()), float((picked**2).sum())])
+        batch.advantages = whiten(advantages, mask, tuple(sums))
+        self.explained_variance = explained(
+            self._all_sum(explained_variance(returns, values, mask))
+        )
+        return values, returns
+
+    def _train_critic(
+        self,
+        batch: TrainBatch | None,
+        plan: list[list[int]],
+        steps: int,
+        old_values: torch.Tensor | None,
+        returns: torch.Tensor | None,
+        totals: dict[str, float],
+    ) -> Counter[str]:
+        """`ppo_epochs` passes of the critic over this rank's micro-batches, its value loss the
+        token mean over the step's trained tokens; its sums for telemetry."""
+        critic, sums = self.critic, Counter()
+        critic.engine.train()
+        for _ in range(self.config.ppo_epochs):
+            for i in range(steps):
+                critic.engine.set_gradient_accumulation_boundary(i == steps - 1)
+                if batch is not None and i < len(plan):
+                    rows = torch.tensor(plan[i], dtype=torch.int64)
+                    micro = batch.select(rows)
+                    width = micro.response_mask.shape[1]
+                    loss, stats = critic.loss(
+                        micro,
+                        old_values[rows, :width],
+                        returns[rows, :width],
+                        self.config.packing,
+                    )
+                    loss = loss / totals["response_tokens"]
+                    sums.update(stats)
+                else:
+                    loss = critic.empty_step(self.pad_id)
+                critic.engine.backward(loss * self.world)  # DeepSpeed averages over the ranks
+                critic.engine.step()
+        return sums
 
     @torch.no_grad()
     def _proximal(

@@ -75,19 +75,6 @@ class ReinforcePpBaselineAdvantage(Section):
     """Added to the step's std before dividing."""
 
 
-ADVANTAGES = (
-    StratifiedAdvantage,
-    GrpoAdvantage,
-    DrGrpoAdvantage,
-    RlooAdvantage,
-    McGrpoAdvantage,
-    ReinforcePpAdvantage,
-    ReinforcePpBaselineAdvantage,
-)
-"""`learner.advantage.type` -> its section; the first is the default."""
-AdvantageConfig = backend_union(ADVANTAGES)
-
-
 class PpoClipSurrogate(Section):
     """PPO's clipped surrogate with dual clip (learner.clip_low, clip_high, dual_clip)."""
 
@@ -184,6 +171,51 @@ class IgpoStepCredit(Section):
 STEP_CREDITS = (NoStepCredit, GigpoStepCredit, IgpoStepCredit)
 """`learner.step_credit.type` -> its section; the first is the default."""
 StepCreditConfig = backend_union(STEP_CREDITS)
+
+
+class GigpoAdvantage(GigpoStepCredit):
+    """GiGPO as its paper states it: GRPO's episode advantage (eps) + omega * GiGPO's step
+    advantage (learner/step_credit.py). For the stratified blend in its place, keep
+    learner.advantage stratified and set learner.step_credit.type gigpo."""
+
+
+class IgpoAdvantage(IgpoStepCredit):
+    """IGPO as its paper states it: GRPO's episode advantage (eps) + omega * the information
+    gain step advantage (learner/step_credit.py). For the stratified blend in its place, keep
+    learner.advantage stratified and set learner.step_credit.type igpo."""
+
+
+class GaeAdvantage(Section):
+    """PPO's GAE with a learned critic (Search-R1's PPO baseline; learner/gae.py, learner/critic.py):
+    an advantage per generated token, observation tokens skipped."""
+
+    type: Literal["gae"] = "gae"
+    """GAE over the generated tokens with a critic trained on the same ranks."""
+    gamma: float = Field(1.0, ge=0, le=1)
+    """Discount per generated token."""
+    lam: float = Field(1.0, ge=0, le=1)
+    """GAE's lambda: 1 is the Monte Carlo return minus V, 0 one-step TD."""
+    critic_lr: float | None = Field(None, gt=0, le=1)
+    """The critic's peak learning rate (AdamW, the policy's schedule); null: learner.lr."""
+    value_clip: float | None = Field(0.5, gt=0)
+    """PPO's value clip: V moves at most this far from its value before the step; null: off."""
+
+
+ADVANTAGES = (
+    StratifiedAdvantage,
+    GrpoAdvantage,
+    DrGrpoAdvantage,
+    RlooAdvantage,
+    McGrpoAdvantage,
+    ReinforcePpAdvantage,
+    ReinforcePpBaselineAdvantage,
+    GigpoAdvantage,
+    IgpoAdvantage,
+    GaeAdvantage,
+)
+"""`learner.advantage.type` -> its section; the first is the default. The episode-level ones are
+learner/estimators.py's; gigpo and igpo add their step credit to GRPO's; gae is the critic's."""
+AdvantageConfig = backend_union(ADVANTAGES)
 
 
 class ToolCallsStrata(Section):

@@ -272,7 +272,9 @@ class LearnerConfig(Section):
     advantage: AdvantageConfig = Field(default_factory=StratifiedAdvantage)
     """How rewards become advantages: the estimator (learner/estimators.py) and its parameters:
     stratified (Stratified GRPO: alpha, eps), grpo (eps), dr_grpo (no std division), rloo
-    (leave-one-out), mc_grpo (median / MAD: eps; the pivot of an odd group left out of the loss)."""
+    (leave-one-out), mc_grpo (median / MAD: eps; the pivot of an odd group left out of the loss),
+    reinforce_pp and reinforce_pp_baseline (the step's spread), gigpo and igpo (GRPO plus their
+    step credit), gae (PPO: a critic and GAE per token: gamma, lam, critic_lr, value_clip)."""
     stratifier: StratifierConfig = Field(default_factory=ToolCallsStrata)
     """How trajectories map to strata, assigned when each is made: tool_calls (the number of calls,
     the paper's), tool_signature (a count per tool), random (k strata: the control)."""
@@ -368,14 +370,22 @@ class LearnerConfig(Section):
 
     @model_validator(mode="after")
     def _corrections_make_sense(self) -> LearnerConfig:
-        if self.step_credit.type != "none" and self.turn_credit > 0:
+        kind = self.advantage.type
+        per_token = {  # what gives a trajectory's tokens advantages of their own, if anything
+            "learner.step_credit": self.step_credit.type != "none",
+            "learner.turn_credit": self.turn_credit > 0,
+            f"learner.advantage.type {kind}": kind in ("gigpo", "igpo", "gae"),
+        }
+        if sum(per_token.values()) > 1:
+            both = " and ".join(name for name, on in per_token.items() if on)
             raise ValueError(
-                f"step_credit {self.step_credit.type} and turn_credit both give turns their own "
-                "advantage: use one"
+                f"{both} each give a trajectory's tokens their own advantages: use one "
+                "(gigpo / igpo as learner.step_credit compose with the stratified blend)"
             )
-        if self.step_credit.type == "igpo" and self.zero_stage == 3 and self.num_ranks > 1:
+        igpo = "igpo" in (self.step_credit.type, kind)
+        if igpo and self.zero_stage == 3 and self.num_ranks > 1:
             raise ValueError(
-                "step_credit igpo scores gold answers with the model on rank 0 alone, which ZeRO-3 "
+                "igpo scores gold answers with the model on rank 0 alone, which ZeRO-3 "
                 "shards over the ranks: use zero_stage 0-2 or one rank with it"
             )
         if self.kl_in_reward and self.kl_coef <= 0:
@@ -504,6 +514,11 @@ class StrataConfig(Section):
     @model_validator(mode="after")
     def _backends_agree(self) -> StrataConfig:
         self.runtime.check(self)
+        if self.learner.advantage.type == "gae" and self.actors.latent_reward > 0:
+            raise ValueError(
+                "actors.latent_reward moves TSPO's reward into a group-normalised advantage; "
+                "learner.advantage.type gae takes the outcome reward through its critic: use one"
+            )
         if self.learner.turn_credit > 0 and self.actors.latent_reward > 0:
             raise ValueError(
                 "actors.latent_reward and learner.turn_credit are two readings of TSPO's "

@@ -15,7 +15,7 @@ from pipeline.evaluation.report_learning import calls_by_level_plot, learning_se
 def learning_signal(metrics: list[dict], key: str = "reward_mean") -> tuple[float, float]:
     """Mean of `key` (the reward) over the first and the last 20% of steps (at least one step
     each)."""
-    values = [m[key] for m in metrics if key in m]
+    values = [m[key] for m in metrics if key in m and m[key] == m[key]]  # NaN: not measured
     if not values:
         return float("nan"), float("nan")
     k = max(1, len(values) // 5)
@@ -58,6 +58,11 @@ def _plots(metrics: list[dict], run_dir: Path) -> list[str]:
             "entropy (nats), share cut by the budget, step credit",
             ["entropy", "overlong_share", "step_advantage_abs_mean"],
         ),
+        (
+            "critic.png",
+            "GAE's critic: value loss, explained variance of the returns",
+            ["value_loss", "explained_variance"],
+        ),
     ]
     strata = sorted(
         {
@@ -70,6 +75,8 @@ def _plots(metrics: list[dict], run_dir: Path) -> list[str]:
     )
     names = []
     for name, title, keys in panels:
+        if not any(_series(metrics, key)[1] for key in keys):  # e.g. no critic: no empty plot
+            continue
         fig, ax = plt.subplots(figsize=(6, 3.2))
         for key in keys:
             x, y = _series(metrics, key)
@@ -172,6 +179,7 @@ def write_report(run_dir: Path, config_path: str, summary, policy_dir: Path | No
         f"| mean reward, last 20% of steps | {last:.3f} |",
         f"| entropy of trained tokens, first -> last 20% of steps | {entropy[0]:.3f} -> {entropy[1]:.3f} |",
         f"| share cut by the response budget, first -> last 20% of steps | {overlong[0]:.3f} -> {overlong[1]:.3f} |",
+        *_critic_rows(metrics),
         f"| steps with no usable group (nothing trained or published) | {summary.empty_steps} |",
         f"| training questions skipped (prompt over data.max_prompt_tokens) | {summary.skipped_prompts} |",
         f"| initial policy | {initial_policy(policy_dir)} |",
@@ -190,6 +198,20 @@ def write_report(run_dir: Path, config_path: str, summary, policy_dir: Path | No
     target = run_dir / "report.md"
     target.write_text("\n".join(lines))
     return target
+
+
+def _critic_rows(metrics: list[dict]) -> list[str]:
+    """GAE's critic, first -> last 20% of steps, where the run had one."""
+    if not any("value_loss" in m for m in metrics):
+        return []
+    rows = []
+    for key, what in (
+        ("value_loss", "critic's value loss"),
+        ("explained_variance", "explained variance of the returns by the critic (1: perfect)"),
+    ):
+        first, last = learning_signal(metrics, key)
+        rows.append(f"| {what}, first -> last 20% of steps | {first:.3f} -> {last:.3f} |")
+    return rows
 
 
 def _accounting(books: dict) -> list[str]:

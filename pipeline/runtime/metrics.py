@@ -32,11 +32,18 @@ OFFPOLICY = (
 )
 """The learner's per-step off-policy figures exported as strata_offpolicy{measure}."""
 
-OBJECTIVE = ("entropy", "overlong_share", "step_advantage_abs_mean")
+OBJECTIVE = (
+    "entropy",
+    "overlong_share",
+    "step_advantage_abs_mean",
+    "value_loss",
+    "explained_variance",
+)
 """The learner's per-step objective figures exported as strata_objective{measure}: the mean
 entropy of the trained tokens (an entropy bonus acts on it), the share of the step's
-trajectories cut by the response budget (DAPO's overlong filter and punishment act on them) and
-the mean |omega * A_step| that step-level credit adds to the generated tokens."""
+trajectories cut by the response budget (DAPO's overlong filter and punishment act on them),
+the mean |omega * A_step| that step-level credit adds to the generated tokens, and GAE's
+critic: its value loss and the explained variance of the returns by its values before the step."""
 
 
 @dataclass

@@ -105,6 +105,7 @@ CASES = [
         "entropy_coef": 0.01,
     },
     {"advantage": {"type": "grpo"}, "step_credit": {"type": "gigpo", "omega": 0.5}},
+    {"advantage": {"type": "gae"}, "kl_coef": 0.05, "kl_in_reward": True, "ppo_epochs": 2},
 ]
 # Clip-Cov and KL-Cov choose tokens within the micro-batch the loss sees (learner/surrogates.py),
 # so they match only where the micro-batches do: a case of their own below, and in the rest
@@ -154,7 +155,10 @@ def test_a_packed_step_with_a_token_budget_equals_the_padded_step(policy, case):
     for seed in (40, 41):
         batch = uneven_groups(seed)
         a, b = padded.step(batch), packed.step(batch)
-        for key in ("loss", "grad_norm", "ratio_mean", "clip_fraction", "entropy", "kl"):
+        for key in (
+            *("loss", "grad_norm", "ratio_mean", "clip_fraction", "entropy", "kl"),
+            *("value_loss", "value_mean", "explained_variance"),  # the critic's (gae)
+        ):
             if key in a:
                 assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
         assert a["trained_tokens"] == b["trained_tokens"]

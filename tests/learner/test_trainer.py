@@ -20,7 +20,7 @@ from learner.algorithm import plan_step
 from learner.batch import build_batch, response_logprobs
 from learner.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from learner.estimators import ESTIMATORS
-from learner.trainer import Learner
+from learner.trainer import Learner, kl_to_go
 from learner.weight_sync import CheckpointSync, InProcessSync
 from pipeline.assets.tiny_policy import build_tiny_policy
 from pipeline.config.schema import LearnerConfig
@@ -531,7 +531,8 @@ def test_kl_in_reward_takes_each_tokens_kl_to_go_from_its_advantage(policy):
     members = [t for g in batch for t in g.members]
     plan = plan_step(batch, model.config)
     padded = build_batch(members, plan.advantages, model.pad_id)
-    got, total = model._kl_in_reward(padded, model._micro_batches(members))
+    kl = model._reference_kl(padded, model._micro_batches(members))
+    got, total = kl_to_go(plan.advantages, kl, 0.5), float(kl.sum())
     on = device_of(model)
     with torch.no_grad():
         logits = model.reference(
@@ -599,3 +600,105 @@ def test_igpo_scores_the_gold_answer_with_the_policy_and_trains(policy):
     assert got == pytest.approx(want, abs=1e-4)
     metrics = model.step(batch)
     assert math.isfinite(metrics["loss"]) and "step_advantage_abs_mean" in metrics
+
+
+def test_gigpo_and_igpo_as_advantage_types_are_grpo_plus_their_step_credit(policy):
+    """learner.advantage.type gigpo is the paper's composition: the plan equals GRPO's episode
+    advantage with learner.step_credit gigpo added, token for token."""
+    batch = groups(18)
+    as_type = plan_step(batch, LearnerConfig(advantage={"type": "gigpo", "omega": 0.5}))
+    composed = plan_step(
+        batch,
+        LearnerConfig(advantage={"type": "grpo"}, step_credit={"type": "gigpo", "omega": 0.5}),
+    )
+    assert torch.equal(as_type.advantages, composed.advantages)
+    for a, b in zip(as_type.per_token, composed.per_token, strict=True):
+        assert torch.equal(a, b)
+    model = learner(policy, advantage={"type": "igpo"})
+    assert math.isfinite(model.step(batch)["loss"])
+
+
+def padded_values(critic, batch) -> torch.Tensor:
+    """V of every response token of a padded batch from a plain forward of the critic's model,
+    read at the position before the token (the reference the learner's packed path is held to)."""
+    on = next(critic.model.parameters()).device
+    with torch.no_grad():
+        scores = critic.model(
+            input_ids=batch.input_ids.to(on), attention_mask=batch.attention_mask.to(on)
+        ).logits[..., 0]
+    r = batch.response_mask.shape[1]
+    at = batch.response_start.to(on)[:, None] - 1 + torch.arange(r, device=on)
+    values = scores.gather(1, at.clamp(max=scores.shape[1] - 1)).float().cpu()
+    return values * (batch.response_mask > 0)
+
+
+def test_gae_trains_a_critic_and_the_policy_on_its_advantages(policy):
+    """The critic reads V at the position before each trained token (packed = a padded plain
+    forward); the step's advantages are GAE of those values, whitened over the step's tokens;
+    both models move; value loss and explained variance are reported."""
+    from learner.gae import gae, outcome_rewards
+
+    model = learner(policy, advantage={"type": "gae", "lam": 0.9}, ppo_epochs=2)
+    batch = groups(19)
+    members = [t for g in batch for t in g.members]
+    padded = build_batch(members, torch.zeros(len(members)), model.pad_id)
+    want = padded_values(model.critic, padded)
+    got, _ = model.critic.values(padded.select(torch.arange(len(members))), True)
+    torch.testing.assert_close(got.cpu(), want[:, : got.shape[1]], atol=1e-5, rtol=1e-4)
+    # the advantages the loss sees: whitened GAE of those values
+    seen = []
+    original = model._micro_step
+
+    def recording(micro, *args, **kwargs):
+        seen.append(micro.advantages.clone())
+        return original(micro, *args, **kwargs)
+
+    model._micro_step = recording
+    critic_before = [p.detach().clone() for p in model.critic.model.parameters()]
+    policy_before = [p.detach().clone() for p in model.model.parameters()]
+    metrics = model.step(batch)
+    rewards = torch.tensor([t.reward for t in members])
+    mask = padded.response_mask
+    advantages, _ = gae(outcome_rewards(mask, rewards), want, mask, 1.0, 0.9)
+    on = advantages[mask > 0]
+    whitened = (advantages - on.mean()) / (on.var(unbiased=False) + 1e-8).sqrt()
+    plan = model._micro_batches(members)
+    for rows, micro_advantages in zip(plan, seen, strict=False):  # the first epoch's
+        width = micro_advantages.shape[1]
+        expected = whitened[rows, :width] * (mask[rows, :width] > 0)
+        torch.testing.assert_close(micro_advantages, expected, atol=1e-4, rtol=1e-4)
+    assert len(seen) == 2 * len(plan)
+    for key in ("value_loss", "value_mean", "value_clip_frac", "explained_variance", "loss"):
+        assert math.isfinite(metrics[key]), key
+    assert metrics["value_loss"] > 0 and metrics["explained_variance"] <= 1
+    moved = lambda before, model: any(  # noqa: E731
+        not torch.equal(a, b.detach()) for a, b in zip(before, model.parameters(), strict=True)
+    )
+    assert moved(critic_before, model.critic.model) and moved(policy_before, model.model)
+
+
+def test_gae_checkpoints_resume_the_critic_too(policy, tmp_path):
+    """Two steps, save, resume, a third: the policy and the critic equal three straight steps;
+    a checkpoint without a critic is refused by a learner with one."""
+    batches = [groups(50 + i) for i in range(3)]
+    straight = learner(policy, advantage={"type": "gae"})
+    for b in batches:
+        straight.step(b)
+    first = learner(policy, advantage={"type": "gae"})
+    for b in batches[:2]:
+        first.step(b)
+    save_checkpoint(first, tmp_path / "gae")
+    resumed = learner(policy, advantage={"type": "gae"})
+    load_checkpoint(resumed, tmp_path / "gae")
+    resumed.step(batches[2])
+    for a, b in (
+        (straight.model, resumed.model),
+        (straight.critic.model, resumed.critic.model),
+    ):
+        for (name, p), q in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+            torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=name)
+    plain = learner(policy)
+    plain.step(batches[0])
+    save_checkpoint(plain, tmp_path / "plain")
+    with pytest.raises(CheckpointError, match="no critic state"):
+        load_checkpoint(learner(policy, advantage={"type": "gae"}), tmp_path / "plain")

@@ -199,6 +199,30 @@ def test_yaml_reads_exponent_floats(tmp_path):
         ),
         (
             "",
+            ["learner.advantage.type=gae", "learner.step_credit.type=gigpo"],
+            "learner.step_credit and learner.advantage.type gae each give a "
+            "trajectory's tokens their own advantages: use one (gigpo / igpo as "
+            "learner.step_credit compose with the stratified blend)",
+        ),
+        (
+            "",
+            ["learner.advantage.type=igpo", "learner.zero_stage=3", "learner.num_ranks=2"],
+            "igpo scores gold answers with the model on rank 0 alone, which ZeRO-3 "
+            "shards over the ranks: use zero_stage 0-2 or one rank with it",
+        ),
+        (
+            "",
+            ["learner.advantage.type=gae", "actors.latent_reward=0.2"],
+            "actors.latent_reward moves TSPO's reward into a group-normalised advantage; "
+            "learner.advantage.type gae takes the outcome reward through its critic: use one",
+        ),
+        (
+            "",
+            ["learner.advantage.type=gae", "learner.advantage.alpha=0.5"],
+            "learner.advantage.alpha does not act for learner.advantage.type gae",
+        ),
+        (
+            "",
             ["learner.advantage.alpha"],
             "--set 'learner.advantage.alpha': expected dotted.key=value",
         ),
@@ -281,12 +305,19 @@ def test_each_estimator_section_holds_exactly_its_parameters():
     estimators, each section's keys are its function's keyword parameters, with its defaults."""
     import inspect
 
+    from learner.algorithm import CRITIC
     from learner.estimators import ESTIMATORS
+    from learner.step_credit import STEP_CREDITS
     from pipeline.config.algorithm import ADVANTAGES
 
-    assert {c.model_fields["type"].default for c in ADVANTAGES} == set(ESTIMATORS)
+    types = {c.model_fields["type"].default for c in ADVANTAGES}
+    assert types == set(ESTIMATORS) | set(STEP_CREDITS) | {CRITIC}
+    assert not set(ESTIMATORS) & (set(STEP_CREDITS) | {CRITIC})
     for section in ADVANTAGES:
-        estimator = ESTIMATORS[section.model_fields["type"].default]
+        name = section.model_fields["type"].default
+        if name not in ESTIMATORS:  # GRPO's eps and the step credit's own (a test of their own)
+            continue
+        estimator = ESTIMATORS[name]
         assert set(section.model_fields) - {"type"} == set(estimator.params)
         signature = inspect.signature(estimator.fn).parameters
         for name in estimator.params:

@@ -174,6 +174,7 @@ def test_a_short_run_streams_trains_and_leaves_a_complete_run_dir(tmp_path, cach
             "learner.loss_agg=seq-mean-token-mean",
             "learner.importance.type=none",
         ],
+        ["learner.advantage.type=gae", "learner.ppo_epochs=2"],  # PPO: a critic and GAE
     ],
 )
 def test_the_estimators_and_corrections_run_end_to_end(tmp_path, cache, options):
@@ -190,6 +191,10 @@ def test_the_estimators_and_corrections_run_end_to_end(tmp_path, cache, options)
     if "learner.dynamic_sampling=true" in options:  # every step refilled: none empty
         assert steps[-1]["empty_steps"] == 0 and all(s["skipped_groups"] == 0 for s in steps)
         assert books["total"]["filtered"] == steps[-1]["filtered"]
+    if "learner.advantage.type=gae" in options:  # the critic's figures, in report.md too
+        assert all(s["value_loss"] >= 0 and "explained_variance" in s for s in steps)
+        report = (run_dir / "report.md").read_text()
+        assert "critic's value loss" in report and (run_dir / "critic.png").is_file()
 
 
 def yaml_config_is_resolved(run_dir) -> bool:
