@@ -9,6 +9,10 @@ accumulate over the whole step and the loss of every micro-batch is weighted by 
 step's tokens (or sequences), so the step's loss is exactly the configured aggregation over all
 its tokens.
 
+With `learner.advantage.type: gae` a critic (learner/critic.py) trains beside the policy on the
+same ranks: its values before the step give GAE's per-token advantages (learner/gae.py), and it
+takes `ppo_epochs` passes of its clipped value loss after the policy's.
+
 On CPU it runs DeepSpeed ZeRO 0-2 over gloo; on GPUs ZeRO-3 with NCCL. With `learner.num_ranks`
 N > 1 this object is rank 0 of N (learner/ranks.py): `step` splits the groups across the ranks by
 tokens and every rank trains its share in `train_rows`, with global loss normalisation.

@@ -138,7 +138,9 @@ def test_dry_run_lists_the_fifteen_runs_of_the_ablation(tmp_path, monkeypatch, c
     ]
     assert not out.exists()  # a dry run writes nothing
     estimators = plan(read_experiment("configs/experiments/estimators.yaml"), "estimators.yaml")
-    assert len(estimators) == 30  # 10 variants x 3 seeds: latent rewards, REINFORCE++, step credit
+    assert (
+        len(estimators) == 33
+    )  # 11 variants x 3 seeds: latent rewards, REINFORCE++, step credit, PPO
     names = {run.name for run in estimators}
     assert {"grpo_folr-seed0", "reinforce_pp_baseline-seed2", "blend_igpo-seed1"} <= names
     for path in sorted((ROOT / "configs" / "experiments").glob("*.yaml")):  # each one plans

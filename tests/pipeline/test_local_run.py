@@ -154,7 +154,7 @@ def test_a_short_run_streams_trains_and_leaves_a_complete_run_dir(tmp_path, cach
     "options",
     [
         [  # MC-GRPO, a sequence mask, TSPO's latent reward; CISPO, an entropy bonus, DAPO's
-            # overlong treatments and dynamic sampling, REINFORCE++'s KL in the reward
+            # overlong treatments and dynamic sampling, REINFORCE++'s KL in the reward, GiGPO
             "learner.advantage.type=mc_grpo",
             "learner.importance.type=seq_mask",
             "actors.latent_reward=0.2",
@@ -166,15 +166,15 @@ def test_a_short_run_streams_trains_and_leaves_a_complete_run_dir(tmp_path, cach
             "learner.dynamic_sampling=true",
             "learner.kl_coef=0.01",
             "learner.kl_in_reward=true",
-        ],
-        [
-            "learner.advantage.type=rloo",
             "learner.step_credit.type=gigpo",
+        ],
+        [  # PPO's critic and GAE, two epochs, GSPO's sequence ratio
+            "learner.advantage.type=gae",
+            "learner.ppo_epochs=2",
             "learner.ratio=sequence",
             "learner.loss_agg=seq-mean-token-mean",
             "learner.importance.type=none",
         ],
-        ["learner.advantage.type=gae", "learner.ppo_epochs=2"],  # PPO: a critic and GAE
     ],
 )
 def test_the_estimators_and_corrections_run_end_to_end(tmp_path, cache, options):
