@@ -36,13 +36,19 @@ def _pyplot():
     return plt
 
 
-def _colors(variants: list[str]) -> dict[str, tuple]:
+def _styles(variants: list[str]) -> dict[str, dict]:
+    """Each variant's line style: ten colours, then the same ten dashed, then dotted, so no two
+    variants of an experiment look alike."""
     plt = _pyplot()
     cmap = plt.get_cmap("tab10")
-    return {v: cmap(i % 10) for i, v in enumerate(variants)}
+    dashes = ("-", "--", ":", "-.")
+    return {
+        v: {"color": cmap(i % 10), "linestyle": dashes[i // 10 % len(dashes)]}
+        for i, v in enumerate(variants)
+    }
 
 
-def _lines(ax, groups: dict[str, list[RunData]], per_run, colors) -> bool:
+def _lines(ax, groups: dict[str, list[RunData]], per_run, styles) -> bool:
     """Seed mean and min..max band of `per_run(run) -> (steps, values)` for every variant."""
     drawn = False
     for variant, runs in groups.items():
@@ -53,13 +59,15 @@ def _lines(ax, groups: dict[str, list[RunData]], per_run, colors) -> bool:
         ax.plot(
             steps,
             mean,
-            color=colors[variant],
+            **styles[variant],
             label=f"{variant} ({len(points)} seeds)",
             marker="o" if len(steps) <= 12 else None,
             markersize=3,
         )
         if len(points) > 1:
-            ax.fill_between(steps, low, high, color=colors[variant], alpha=0.15, linewidth=0)
+            ax.fill_between(
+                steps, low, high, color=styles[variant]["color"], alpha=0.15, linewidth=0
+            )
         drawn = True
     return drawn
 
@@ -74,7 +82,7 @@ def _save(fig, ax_list, path: Path) -> None:
     _pyplot().close(fig)
 
 
-def accuracy_plot(groups, colors, out: Path, stem: str) -> Figure | None:
+def accuracy_plot(groups, styles, out: Path, stem: str) -> Figure | None:
     plt = _pyplot()
     columns = ["L2+L3", "all"]
     fig, axes = plt.subplots(1, len(columns), figsize=(11, 3.8), sharey=True)
@@ -86,7 +94,7 @@ def accuracy_plot(groups, colors, out: Path, stem: str) -> Figure | None:
             pairs = [(s, a) for s, a in pairs if a is not None]
             return np.array([s for s, _ in pairs], float), np.array([a for _, a in pairs], float)
 
-        drawn |= _lines(ax, groups, points, colors)
+        drawn |= _lines(ax, groups, points, styles)
         ax.set_title(f"held-out accuracy, {column} (with tools)")
         ax.set_ylabel("accuracy")
     if not drawn:
@@ -101,7 +109,7 @@ def accuracy_plot(groups, colors, out: Path, stem: str) -> Figure | None:
 
 
 def metric_plot(
-    groups, colors, out: Path, stem: str, key: str, title: str, ylabel: str, smooth: int
+    groups, styles, out: Path, stem: str, key: str, title: str, ylabel: str, smooth: int
 ) -> Figure | None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.8))
@@ -110,7 +118,7 @@ def metric_plot(
         steps, values = series(run.metrics, key)
         return steps, moving_average(values, smooth)
 
-    if not _lines(ax, groups, points, colors):
+    if not _lines(ax, groups, points, styles):
         plt.close(fig)
         return None
     ax.set_title(title)
@@ -123,7 +131,7 @@ def metric_plot(
     )
 
 
-def theorem1_plot(groups, colors, out: Path, stem: str, smooth: int) -> Figure | None:
+def theorem1_plot(groups, styles, out: Path, stem: str, smooth: int) -> Figure | None:
     runs = [r for rs in groups.values() for r in rs]
     keys = [k for k in THEOREM1 if any(k in m for r in runs for m in r.metrics)]
     if not keys:
@@ -136,7 +144,7 @@ def theorem1_plot(groups, colors, out: Path, stem: str, smooth: int) -> Figure |
             steps, values = series(run.metrics, key)
             return steps, moving_average(values, smooth)
 
-        _lines(ax, groups, points, colors)
+        _lines(ax, groups, points, styles)
         ax.set_title(THEOREM1[key], fontsize=9)
         ax.set_ylabel("per-trajectory variance")
     if "theorem1_cross_stratum" in keys and "theorem1_cross_stratum_chance" in keys:
@@ -196,12 +204,12 @@ def strata_plot(groups, out: Path, stem: str) -> Figure | None:
 def all_figures(
     groups: dict[str, list[RunData]], out: Path, stem: str, smooth: int
 ) -> list[Figure]:
-    colors = _colors(list(groups))
+    styles = _styles(list(groups))
     made = [
-        accuracy_plot(groups, colors, out, stem),
+        accuracy_plot(groups, styles, out, stem),
         metric_plot(
             groups,
-            colors,
+            styles,
             out,
             stem,
             "reward_mean",
@@ -211,7 +219,7 @@ def all_figures(
         ),
         metric_plot(
             groups,
-            colors,
+            styles,
             out,
             stem,
             "tool_calls_mean",
@@ -219,7 +227,7 @@ def all_figures(
             "tool calls",
             smooth,
         ),
-        theorem1_plot(groups, colors, out, stem, smooth),
+        theorem1_plot(groups, styles, out, stem, smooth),
         strata_plot(groups, out, stem),
     ]
     return [f for f in made if f is not None]
