@@ -103,7 +103,7 @@ class Case:
             f"learner.max_steps={self.steps}",
             "data.num_questions=100000",
             "eval.every_steps=0",
-            "metrics.enabled=false",
+            "metrics.loggers=[]",
         ]
 
 

@@ -28,7 +28,7 @@ WORKLOAD = [
     "actors.max_new_tokens_per_turn=32",
     "actors.max_response_tokens=192",
     "learner.micro_batch_size=8",
-    "metrics.enabled=false",
+    "metrics.loggers=[]",
 ]
 
 

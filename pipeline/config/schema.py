@@ -28,6 +28,7 @@ from pipeline.config.algorithm import (
     ToolCallsStrata,
 )
 from pipeline.config.base import Section, backend_union
+from pipeline.loggers import LOGGERS
 
 # ---------------------------------------------------------------------------------------- model
 
@@ -453,14 +454,43 @@ class RetrievalConfig(Section):
 
 
 class MetricsConfig(Section):
-    enabled: bool = True
-    """Serve Prometheus metrics."""
+    loggers: list[str] = Field(default_factory=lambda: ["prometheus"])
+    """Where the run's figures go besides metrics.jsonl and the progress lines: `prometheus` (live
+    series on host:port), `tensorboard` (event files in run_dir/tensorboard), `wandb` (a W&B run,
+    its mode from W&B's own variables, e.g. WANDB_MODE=offline); [] for none. One naming scheme
+    for all: docs/operations.md#experiment-tracking."""
     host: str = "127.0.0.1"
     """Bind address of the metrics endpoint."""
     port: int = Field(9400, ge=0, le=65535)
     """Port of the metrics endpoint (0: any free port)."""
     log_every: int = Field(1, ge=1)
     """Print a progress line every this many learner steps."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: object) -> object:
+        if isinstance(data, dict) and "enabled" in data:
+            raise ValueError(
+                "metrics.enabled was replaced by metrics.loggers: [prometheus] (the default) "
+                "serves Prometheus, [] serves nothing; use metrics.loggers"
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _known_loggers(self) -> MetricsConfig:
+        for name in self.loggers:
+            if name not in LOGGERS:
+                raise ValueError(
+                    f"metrics.loggers: no logger {name!r}; the loggers are {', '.join(LOGGERS)}"
+                )
+        if len(set(self.loggers)) < len(self.loggers):
+            raise ValueError(f"metrics.loggers names a logger twice: {self.loggers}")
+        return self
+
+    @property
+    def prometheus(self) -> bool:
+        """Whether the run serves Prometheus metrics (on host:port)."""
+        return "prometheus" in self.loggers
 
 
 # ----------------------------------------------------------------------------------------- eval
@@ -507,7 +537,7 @@ class StrataConfig(Section):
     runtime: RuntimeConfig = Field(default_factory=LocalRuntime)
     """Orchestration."""
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
-    """Prometheus endpoint and progress output."""
+    """Loggers (Prometheus, TensorBoard, W&B) and progress output."""
     eval: EvalConfig = Field(default_factory=EvalConfig)
     """Held-out evaluation."""
 

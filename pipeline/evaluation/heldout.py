@@ -366,7 +366,8 @@ class PeriodicEval:
     on: `snapshot()` is taken when the step comes due (between learner steps: the weights are not
     moving), `run(items, version, snapshot)` evaluates it (rows, trajectories) as a background task, so the actors never wait for it (they share the CPU with it). Results go to
     run_dir/eval/step-NNNNNN.{json,md,trajectories.parquet}, a line of run_dir/eval.jsonl, the
-    Prometheus gauge strata_eval_accuracy{source,tools} and, via eval.jsonl, report.md. A step
+    run's loggers (Prometheus' strata_eval_accuracy{source,tools}, TensorBoard's and W&B's
+    eval/*) and, via eval.jsonl, report.md. A step
     that comes due while an evaluation runs waits for it; only the newest waits (older ones are
     skipped, said each time), so the last step of a finished run is always evaluated."""
 
@@ -377,10 +378,10 @@ class PeriodicEval:
         snapshot,
         run,
         run_dir: Path,
-        run_metrics=None,
+        loggers=None,
     ) -> None:
         self.config, self.items, self.snapshot, self.run = config, list(items), snapshot, run
-        self.run_dir, self.run_metrics = run_dir, run_metrics
+        self.run_dir, self.loggers = run_dir, loggers
         self.samples = config.eval.samples
         self.task: asyncio.Task | None = None
         self.waiting: tuple | None = None  # (step, version, weights) due while one was running
@@ -435,8 +436,8 @@ class PeriodicEval:
         with (self.run_dir / "eval.jsonl").open("a") as fh:
             fh.write(json.dumps(record) + "\n")
         self.done.append(record)
-        if self.run_metrics is not None:
-            self.run_metrics.observe_eval(step, rows)
+        if self.loggers is not None:
+            self.loggers.log_eval(step, rows)
         overall = {r.tools: r.accuracy for r in rows if r.name == "all"}
         baseline = f", no tools {overall[False]:.3f}" if False in overall else ""
         trained = next(
@@ -461,14 +462,14 @@ class PeriodicEval:
 
 
 def periodic_eval(
-    config: StrataConfig, snapshot, run, run_dir: Path, run_metrics=None
+    config: StrataConfig, snapshot, run, run_dir: Path, loggers=None
 ) -> PeriodicEval | None:
     """The run's PeriodicEval when eval.every_steps is set (questions read now: a bad file stops
     the run before it trains), else None."""
     if not config.eval.every_steps:
         return None
     items = load_items(eval_files(config, ()), config.eval.max_questions) + training_items(config)
-    return PeriodicEval(config, items, snapshot, run, run_dir, run_metrics)
+    return PeriodicEval(config, items, snapshot, run, run_dir, loggers)
 
 
 # ------------------------------------------------------------------------------------ command

@@ -182,7 +182,7 @@ def plan(experiment: ExperimentConfig, source: str, only: list[str] | None = Non
 def parallel_problem(runs: list[Run]) -> str | None:
     """Why these runs cannot run side by side on one machine (the ray runner), in one line."""
     configs = [(r.name, r.config) for r in runs if r.action != "skip" and r.config is not None]
-    ports = [(n, c.metrics.port) for n, c in configs if c.metrics.enabled and c.metrics.port]
+    ports = [(n, c.metrics.port) for n, c in configs if c.metrics.prometheus and c.metrics.port]
     if len(configs) > 1 and ports:
         return (
             f"runner ray runs several of the {len(configs)} runs at once, and {ports[0][0]} serves metrics on the "

@@ -24,8 +24,8 @@ from learner.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.assets.cache import Assets
 from pipeline.config.schema import StrataConfig
 from pipeline.evaluation.heldout import eval_settings, with_and_without_tools
+from pipeline.loggers import Loggers
 from pipeline.runtime.allocator import trim
-from pipeline.runtime.metrics import start_metrics
 from pipeline.runtime.parts import (
     Acting,
     close_learner,
@@ -150,12 +150,14 @@ async def run_local(
     progress=None,
     summary: RunSummary | None = None,
     resume: bool = False,
+    loggers: Loggers | None = None,
 ) -> RunSummary:
     """Stream until learner.max_steps. `summary` (if given) is filled in place, so the caller
-    still has it when the run is interrupted. `resume`: go on from run_dir's latest checkpoint."""
+    still has it when the run is interrupted. `resume`: go on from run_dir's latest checkpoint.
+    `loggers`: where the steps' and evaluations' figures go (the caller opens and closes them)."""
     set_threads(config)
     summary = summary if summary is not None else RunSummary()
-    run_metrics = watching = learner = None
+    watching = learner = None
     acting = await open_acting(
         config, assets.policy_dir, index_dir=assets.index_dir, log_dir=run_dir / "logs"
     )
@@ -196,10 +198,8 @@ async def run_local(
             )
             for agent in agents
         ]
-        if config.metrics.enabled:
-            run_metrics = start_metrics(config, run_dir, list(acting.tools))
         started = lambda: skip + sum(p.stats.groups_started for p in pools)  # noqa: E731
-        evaluator = roles.evaluator(config, run_dir, run_metrics)
+        evaluator = roles.evaluator(config, run_dir, loggers)
         return await stream(
             config,
             roles,
@@ -208,7 +208,7 @@ async def run_local(
             run_dir,
             summary,
             progress,
-            run_metrics,
+            loggers,
             started,
             evaluator,
         )
@@ -219,5 +219,3 @@ async def run_local(
         await acting.close()
         if learner is not None:
             close_learner(learner)
-        if run_metrics is not None:
-            run_metrics.close()

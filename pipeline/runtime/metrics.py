@@ -8,11 +8,8 @@ the gauges and counters it reads off the buffer, the pools and the engines; ever
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-
-from pipeline.config.schema import StrataConfig
 
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16)
 TRAJECTORY_FATES = ("released", "filtered", "dropped_stale", "abandoned", "rejected")
@@ -254,13 +251,3 @@ class RunMetrics:
                 secs, errs = actor.tools.seconds[tool], actor.tools.errors[tool]
                 self._advance(self.tool_seconds, f"secs/{name}/{tool}", secs, tool=tool)
                 self._advance(self.tool_errors, f"errs/{name}/{tool}", errs, tool=tool)
-
-
-def start_metrics(config: StrataConfig, run_dir: Path, tools: list[str]) -> RunMetrics:
-    """The run's Prometheus endpoint; its URL is written to run_dir/metrics_url."""
-    run_metrics = RunMetrics()
-    run_metrics.declare_tools(tools)
-    port = run_metrics.serve(config.metrics.host, config.metrics.port)
-    (run_dir / "metrics_url").write_text(f"http://{config.metrics.host}:{port}/metrics\n")
-    print(f"strata: metrics on http://{config.metrics.host}:{port}/metrics", flush=True)
-    return run_metrics

@@ -51,7 +51,7 @@ from pipeline.assets.cache import Assets
 from pipeline.backends.ray import RayRuntime
 from pipeline.config.schema import StrataConfig
 from pipeline.evaluation.heldout import eval_settings, with_and_without_tools
-from pipeline.runtime.metrics import start_metrics
+from pipeline.loggers import Loggers
 from pipeline.runtime.parts import (
     make_buffer,
     make_engine,
@@ -354,6 +354,7 @@ async def run_ray(
     progress=None,
     summary: RunSummary | None = None,
     resume: bool = False,
+    loggers: Loggers | None = None,
 ) -> RunSummary:
     """Stream until learner.max_steps with every role in a Ray actor (see the module doc)."""
     runtime: RayRuntime = config.runtime  # RUNNERS["ray"]: runtime.type is ray
@@ -369,7 +370,7 @@ async def run_ray(
     }
     urls = pool_urls(config)
     start_ray(runtime, needed, reserved_gpus=config.actors.engine.started_gpus())
-    run_metrics = retrieval = retrieval_watch = servers = watching = learner = None
+    retrieval = retrieval_watch = servers = watching = learner = None
     workers: dict[str, Any] = {}
     try:
         servers, started = start_servers(config, assets.policy_dir, run_dir / "logs")  # main thread
@@ -461,10 +462,8 @@ async def run_ray(
             )
             for name, handle in workers.items()
         ]
-        if config.metrics.enabled:
-            run_metrics = start_metrics(config, run_dir, list(config.actors.tools))
         started = lambda: skip + sum(p.stats.groups_started for p in pools)  # noqa: E731
-        evaluator = roles.evaluator(config, run_dir, run_metrics)
+        evaluator = roles.evaluator(config, run_dir, loggers)
         try:
             return await stream(
                 config,
@@ -474,7 +473,7 @@ async def run_ray(
                 run_dir,
                 summary,
                 progress,
-                run_metrics,
+                loggers,
                 started,
                 evaluator,
             )
@@ -491,8 +490,6 @@ async def run_ray(
         if retrieval is not None:
             closing.append(retrieval.stop.remote())
         await asyncio.gather(*closing, return_exceptions=True)
-        if run_metrics is not None:
-            run_metrics.close()
         if servers is not None:
             servers.stop()
         ray.shutdown()

@@ -109,9 +109,7 @@ class Roles:
         self.watch = ServerWatch(servers, self.hold, self.readmit)
         return self.watch
 
-    def evaluator(self, config: StrataConfig, run_dir: Path, run_metrics: Any):
+    def evaluator(self, config: StrataConfig, run_dir: Path, loggers: Any):
         """The run's periodic evaluation (eval.every_steps), or None."""
-        self.periodic = periodic_eval(
-            config, self.eval_weights, self.evaluate, run_dir, run_metrics
-        )
+        self.periodic = periodic_eval(config, self.eval_weights, self.evaluate, run_dir, loggers)
         return self.periodic

@@ -21,11 +21,12 @@ from actors.pool import PoolFailure
 from actors.servers import ServerStartError
 from learner.checkpoint import CheckpointError
 from learner.ranks import RankError
-from pipeline.assets.cache import prepare_assets
+from pipeline.assets.cache import Assets, prepare_assets
 from pipeline.backends.runtime import RuntimeUnavailable
 from pipeline.config.schema import StrataConfig
 from pipeline.evaluation.heldout import EvalError
 from pipeline.evaluation.report import learning_signal, write_report
+from pipeline.loggers import PORT_REMEDY, LoggerError, Loggers, open_loggers
 from pipeline.runtime.local import run_local
 from pipeline.runtime.ray import run_ray
 from pipeline.runtime.simulated import run_simulated
@@ -47,11 +48,33 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
     signal.signal(signal.SIGTERM, terminate)
     if config.actors.engine.replaces_run:
         return WHOLE_RUNS[config.actors.engine.type](config, run_dir)
-    try:
-        assets = prepare_assets(config)
-    except (OSError, ValueError) as exc:
+    try:  # before anything is built: a taken port or a tracker that cannot start stops it here
+        loggers = open_loggers(config, run_dir)
+    except OSError as exc:
+        print(f"strata: error: {exc} ({PORT_REMEDY})", file=sys.stderr)
+        return 2
+    except LoggerError as exc:
         print(f"strata: error: {exc}", file=sys.stderr)
         return 2
+    try:
+        try:
+            assets = prepare_assets(config)
+        except (OSError, ValueError) as exc:
+            print(f"strata: error: {exc}", file=sys.stderr)
+            return 2
+        return _run(config, config_path, run_dir, resume, assets, loggers)
+    finally:
+        loggers.close()
+
+
+def _run(
+    config: StrataConfig,
+    config_path: str,
+    run_dir: Path,
+    resume: bool,
+    assets: Assets,
+    loggers: Loggers,
+) -> int:
     summary = RunSummary()
     progress = progress_printer(config, Console(soft_wrap=True, highlight=False))
 
@@ -76,7 +99,7 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
         loop.add_signal_handler(signal.SIGTERM, stop)
         try:
             await RUNNERS[config.runtime.type](
-                config, assets, run_dir, progress, summary, resume=resume
+                config, assets, run_dir, progress, summary, resume=resume, loggers=loggers
             )
         finally:  # closing, the loop would give SIGTERM back its default (die at once)
             loop.remove_signal_handler(signal.SIGTERM)
@@ -91,8 +114,8 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
                 raise
             print(line, file=sys.stderr)
             return 1
-    except OSError as exc:  # e.g. the metrics port is taken
-        print(f"strata: error: {exc} (set metrics.port, or metrics.enabled=false)", file=sys.stderr)
+    except OSError as exc:  # e.g. a server's port is taken
+        print(f"strata: error: {exc}", file=sys.stderr)
         return 2
     except (RuntimeUnavailable, ServerStartError) as exc:
         print(f"strata: error: {exc}", file=sys.stderr)
@@ -112,6 +135,7 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
     if not summary.steps and not interrupted:
         return 1
     report = write_report(run_dir, config_path, summary, assets.policy_dir)
+    loggers.log_report(summary.steps, sorted(run_dir.glob("*.png")))
     first, last = learning_signal(summary.metrics)
     resumed = f" (resumed at step {summary.resumed_from})" if summary.resumed_from else ""
     print(

@@ -21,7 +21,6 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from actors.agent import CORRECTION, PYTHON_INSTRUCTION, SEARCH_INSTRUCTION, AgentLoop
 from actors.pool import ActorPool
@@ -32,9 +31,9 @@ from pipeline.assets.datasets import Question
 from pipeline.assets.tiny_policy import train_tokenizer
 from pipeline.backends.simulated import SimulatedEngine as SimulatedConfig
 from pipeline.config.schema import StrataConfig
+from pipeline.loggers import PORT_REMEDY, LoggerError, Loggers, open_loggers
 from pipeline.runtime import virtual_time
 from pipeline.runtime.accounting import write_json
-from pipeline.runtime.metrics import start_metrics
 from pipeline.runtime.parts import agent_settings, make_buffer
 from pipeline.runtime.roles import Roles
 from pipeline.runtime.stream import ActorStats, RunSummary, stream, task_stream
@@ -163,7 +162,10 @@ def steady_throughput(metrics: list[dict]) -> float:
 
 
 async def _simulate(
-    config: StrataConfig, run_dir: Path, run_metrics: Any = None, stop_on_signal: bool = False
+    config: StrataConfig,
+    run_dir: Path,
+    loggers: Loggers | None = None,
+    stop_on_signal: bool = False,
 ) -> SimResult:
     sim: SimulatedConfig = config.actors.engine  # WHOLE_RUNS["simulated"]: the engine is simulated
     tokenizer = sim_tokenizer()
@@ -227,7 +229,7 @@ async def _simulate(
         loop.add_signal_handler(number, stop)
     try:
         await asyncio.wait_for(
-            stream(config, roles, buffer, pools, run_dir, summary, run_metrics=run_metrics),
+            stream(config, roles, buffer, pools, run_dir, summary, loggers=loggers),
             sim.time_limit_s,
         )
     except TimeoutError:
@@ -264,16 +266,16 @@ async def _simulate(
 def simulate(
     config: StrataConfig,
     run_dir: str | Path,
-    run_metrics: Any = None,
+    loggers: Loggers | None = None,
     stop_on_signal: bool = False,
 ) -> SimResult:
     """Run `config` (actors.engine.type simulated) to learner.max_steps on the virtual clock;
-    writes run_dir/simulation.json and returns its figures. `run_metrics` (a
-    pipeline.runtime.metrics.RunMetrics) is fed after every step, in simulated seconds; with
+    writes run_dir/simulation.json and returns its figures. `loggers` (pipeline.loggers) are fed
+    after every step, in simulated seconds; with
     `stop_on_signal` SIGTERM or Ctrl-C stops the run as it stops a real one (books, checkpoint)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    result = virtual_time.run(_simulate(config, run_dir, run_metrics, stop_on_signal))
+    result = virtual_time.run(_simulate(config, run_dir, loggers, stop_on_signal))
     write_json(run_dir / "simulation.json", asdict(result))
     return result
 
@@ -294,7 +296,7 @@ NOT_SIMULATED = (
 
 def run_simulated(config: StrataConfig, run_dir: Path) -> int:
     """`python -m pipeline.launch` with actors.engine.type simulated: one line on what does not
-    act, the simulation (Prometheus metrics as in a real run, when enabled; SIGTERM or Ctrl-C
+    act, the simulation (metrics.loggers as in a real run; SIGTERM or Ctrl-C
     stops it cleanly), one line of results."""
 
     print(
@@ -302,24 +304,21 @@ def run_simulated(config: StrataConfig, run_dir: Path) -> int:
         f"{', '.join(NOT_SIMULATED)} do not act; timings are simulated seconds",
         flush=True,
     )
-    run_metrics = None
-    if config.metrics.enabled:
-        try:
-            run_metrics = start_metrics(config, run_dir, list(config.actors.tools))
-        except OSError as exc:  # e.g. the metrics port is taken
-            print(
-                f"strata: error: {exc} (set metrics.port, or metrics.enabled=false)",
-                file=sys.stderr,
-            )
-            return 2
     try:
-        r = simulate(config, run_dir, run_metrics, stop_on_signal=True)
+        loggers = open_loggers(config, run_dir)
+    except OSError as exc:  # e.g. the metrics port is taken
+        print(f"strata: error: {exc} ({PORT_REMEDY})", file=sys.stderr)
+        return 2
+    except LoggerError as exc:
+        print(f"strata: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        r = simulate(config, run_dir, loggers, stop_on_signal=True)
     except KeyboardInterrupt:  # SIGTERM or Ctrl-C before the stream began: nothing to write
         print("strata: interrupted before the simulation began", file=sys.stderr)
         return 130
     finally:
-        if run_metrics is not None:
-            run_metrics.close()
+        loggers.close()
     stale = ", ".join(f"{k}: {v}" for k, v in r.staleness.items())
     print(
         f"strata: simulated {r.steps} steps, {r.trajectories} trajectories in {r.seconds:.0f} s "

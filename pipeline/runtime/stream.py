@@ -28,6 +28,7 @@ from buffers.group_buffer import BufferStats, GroupBuffer
 from pipeline.assets.datasets import DatasetError, drop_long_prompts, load_questions, load_world
 from pipeline.backends.runtime import RuntimeUnavailable
 from pipeline.config.schema import StrataConfig
+from pipeline.loggers import Loggers, StepRecord
 from pipeline.runtime.accounting import accounting, add_accounting, write_json
 from pipeline.runtime.recovery import save_run_checkpoint
 
@@ -157,7 +158,7 @@ async def stream(
     run_dir: Path,
     summary: RunSummary,
     progress: Callable[[dict], None] | None = None,
-    run_metrics: Any = None,
+    loggers: Loggers | None = None,
     tasks_started: Callable[[], int] = lambda: 0,
     evaluator: Any = None,
 ) -> RunSummary:
@@ -173,6 +174,8 @@ async def stream(
     trained = 0  # trajectories trained in this process (throughput counts only these)
     tokens_at_start = sum(s.generated_tokens for s in (await roles.actor_stats()).values())
     summary.steps = roles.version
+    if loggers is not None:
+        loggers.begin(roles.version)
     if evaluator is not None and roles.version == 0:  # the starting policy: what training adds
         evaluator.start(0, 0)
     finished = False
@@ -228,12 +231,11 @@ async def stream(
                 server_rejoins=sum(a.server_rejoins for a in actors.values()),
             )
             metrics.update(fairness_metrics(stats))
-            if run_metrics is not None:
-                members = [t for g in groups for t in g.members]
-                run_metrics.observe_step(metrics, members, busy - waited)
-                run_metrics.sample(stats, actors)
             metrics_file.write(json.dumps(metrics) + "\n")
             metrics_file.flush()
+            if loggers is not None:
+                members = [t for g in groups for t in g.members]
+                loggers.log_step(StepRecord(metrics, members, busy - waited, stats, actors))
             summary.metrics.append(metrics)
             if progress is not None:
                 progress(metrics)

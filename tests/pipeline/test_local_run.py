@@ -17,6 +17,7 @@ import torch
 
 from buffers.reader import read_trajectories
 from tests.conftest import assert_accounting, assert_no_secret, child_env
+from tests.pipeline.logged import assert_logged
 
 ROOT = Path(__file__).resolve().parents[2]
 # The shared warm start gets 12 epochs (~30 s): at 15 s (loss ~1.9) the policy sometimes never searched.
@@ -46,6 +47,8 @@ SHORT = [
     "--set",
     "eval.train_questions=0",
 ]
+# A periodic evaluation of two questions per file (at steps 0, 2, 4 ...).
+EVAL_EVERY_2 = ["--set", "eval.every_steps=2", "--set", "eval.max_questions=2"]
 REQUIRED_METRICS = [
     "strata_trajectories_total",
     "strata_groups_completed_total",
@@ -253,13 +256,20 @@ def test_gpu_recipes_say_what_they_need_on_cpu(tmp_path, config):
 
 
 def test_resume_goes_on_from_the_latest_checkpoint(tmp_path, cache):
+    """With every logger: TensorBoard and the W&B run (offline) go on where the first process
+    stopped, and hold each metrics.jsonl scalar at each step (tests/pipeline/logged.py reads them
+    back with each library's own reader)."""
     run_dir = tmp_path / "run"
-    first = launch(run_dir, cache, "--set", "learner.max_steps=2")
+    loggers = ["--set", "metrics.loggers=[prometheus,tensorboard,wandb]", *EVAL_EVERY_2]
+    wandb_env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_X_DISABLE_STATS": "true"}
+    first = launch(run_dir, cache, "--set", "learner.max_steps=2", *loggers, env=wandb_env)
     _, err = first.communicate(timeout=600)
     assert first.returncode == 0, err[-2000:]
     spilled = len(list((run_dir / "trajectories").glob("part-*.parquet")))
 
-    again = launch(run_dir, cache, "--set", "learner.max_steps=4", "--resume")
+    again = launch(
+        run_dir, cache, "--set", "learner.max_steps=4", *loggers, "--resume", env=wandb_env
+    )
     out, err = again.communicate(timeout=600)
     assert again.returncode == 0, err[-2000:]
     assert "step    3/4" in out and "step    1/4" not in out  # steps 1-2 are not redone
@@ -271,6 +281,7 @@ def test_resume_goes_on_from_the_latest_checkpoint(tmp_path, cache):
     consumed = table.filter(pc.equal(table["status"], "released"))["consumed_version"].to_pylist()
     assert not bad and set(consumed) == {0, 1, 2, 3}  # the resumed learner went on from version 2
     assert "| learner steps | 4 |" in (run_dir / "report.md").read_text()
+    assert_logged(run_dir, steps, eval_steps=[0, 2, 4])
     assert_accounting(run_dir)  # both processes' books against the whole spill
 
 

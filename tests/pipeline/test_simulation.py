@@ -91,11 +91,16 @@ def test_a_simulated_run_feeds_the_prometheus_metrics_in_simulated_seconds(tmp_p
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from pipeline.runtime.metrics import RunMetrics
+    from pipeline.loggers import open_loggers
 
-    metrics = RunMetrics()
-    config = load_config("configs/local.yaml", [*SIM, "learner.max_steps=5"])
-    result = simulate(config, tmp_path / "run", run_metrics=metrics)
+    config = load_config("configs/local.yaml", [*SIM, "learner.max_steps=5", "metrics.port=0"])
+    (tmp_path / "run").mkdir()
+    loggers = open_loggers(config, tmp_path / "run")
+    try:
+        result = simulate(config, tmp_path / "run", loggers)
+    finally:
+        loggers.close()
+    metrics = loggers.loggers[0].metrics
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(generate_latest(metrics.registry).decode())
@@ -131,7 +136,7 @@ def test_a_signal_stops_a_simulated_launch_with_its_books_and_a_checkpoint(tmp_p
         str(run_dir),
         *(
             a
-            for s in [*SIM, "learner.max_steps=1000000", "metrics.enabled=true"]
+            for s in [*SIM, "learner.max_steps=1000000", "metrics.loggers=[prometheus]"]
             for a in ("--set", s)
         ),
     ]
