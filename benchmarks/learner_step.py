@@ -16,7 +16,10 @@ hidden 64: the padded full-vocabulary float32 path against the trainer's (traine
 chunked), each in a process of its own. Its last line is the packed/padded ratio.
 
     python benchmarks/learner_step.py [--steps 5] [--hidden 128] [--layers 2] [--spill DIR]
-        [--packing-only]
+        [--packing-only] [--lora-only]
+
+LoRA against full fine-tuning (`--lora-only` for that alone): trained tokens/s, trainable
+parameters, Adam's state and the time to read the weights to publish (merged, with LoRA).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from learner.trainer import Learner
 from learner.weight_sync import InProcessSync
 from pipeline.assets.tiny_policy import build_tiny_policy
 from pipeline.config.loader import load_config
-from pipeline.config.schema import LearnerConfig
+from pipeline.config.schema import LearnerConfig, LoraSection
 
 TEXTS = [
     f"Question {i}: <search> Varno Telik </search> <answer> Quorvex {i} </answer>"
@@ -71,13 +74,21 @@ def batch(seed: int, vocab: int) -> list[Group]:
 
 
 def tokens_per_second(
-    path: str, stage: int, steps: int, vocab: int, ranks: int = 1, reuse: bool = True, **options
+    path: str,
+    stage: int,
+    steps: int,
+    vocab: int,
+    ranks: int = 1,
+    reuse: bool = True,
+    lora: LoraSection | None = None,
+    **options,
 ) -> float:
-    """Trained tokens/s; `reuse` False (one rank only) makes the proximal pass of its own."""
+    """Trained tokens/s; `reuse` False (one rank only) makes the proximal pass of its own;
+    `lora` (one rank only) trains adapters instead of every weight."""
     assert ranks == 1 or reuse, "the ranks' processes read their own Learner class"
     config = LearnerConfig(micro_batch_size=8, zero_stage=stage, max_steps=100, **options)
     if ranks == 1:
-        learner = Learner(path, config, group_size=8)
+        learner = Learner(path, config, group_size=8, lora=lora)
         learner.reuse_forward_for_proximal = reuse
     else:
         threads = max(1, torch.get_num_threads() // ranks)
@@ -131,6 +142,51 @@ def publish_times(path: str, repeats: int) -> tuple[float, float, int]:
         copies.append(time.perf_counter() - start)
     assert all(e.version == repeats for e in engines)
     return statistics.median(published), statistics.median(copies), size
+
+
+def lora_vs_full(path: str, steps: int, vocab: int, repeats: int, r: int = 8) -> dict:
+    """Per arm (full fine-tuning, LoRA of rank r on every linear layer): trained tokens/s
+    (alternating, best of two, configs/gaia.yaml's loss: the KL term needs a reference, a copy of
+    the policy or, with LoRA, the adapters off), trainable parameters, Adam's state in bytes, and
+    the median time to read the weights to publish (LoRA: merged)."""
+    gaia = {"importance": {"type": "tis"}, "kl_coef": 0.001}
+    arms = {"full": None, "lora": LoraSection(r=r, alpha=2.0 * r)}
+    found = {arm: {"tokens_per_s": 0.0} for arm in arms}
+    for _ in range(2):
+        for arm, lora in arms.items():
+            speed = tokens_per_second(path, 0, steps, vocab, lora=lora, **gaia)
+            found[arm]["tokens_per_s"] = max(found[arm]["tokens_per_s"], speed)
+    for arm, lora in arms.items():
+        learner = Learner(path, LearnerConfig(max_steps=100, **gaia), group_size=8, lora=lora)
+        trained = sum(p.numel() for p in learner.engine.module.parameters() if p.requires_grad)
+        reads = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            learner.state_dict()
+            reads.append(time.perf_counter() - start)
+        found[arm] |= {
+            "trainable": trained,
+            "adam_bytes": 2 * 4 * trained,  # two float32 moments a trained parameter
+            "reference": learner.reference is not None,
+            "publish_read_s": statistics.median(reads),
+        }
+    return found
+
+
+def report_lora(found: dict, r: int = 8) -> None:
+    full, lora = found["full"], found["lora"]
+    print(f"LoRA (rank {r}, every linear layer) against full fine-tuning, tis + KL:")
+    for name, arm in (("full", full), (f"LoRA r={r}", lora)):
+        reference = "a copy of the policy" if arm["reference"] else "the adapters off"
+        print(
+            f"  {name:9}: {arm['tokens_per_s']:8.0f} trained tokens/s, {arm['trainable']:>9,} "
+            f"trainable parameters, Adam state {arm['adam_bytes'] / 1e6:6.2f} MB, weights to "
+            f"publish read in {arm['publish_read_s'] * 1e3:6.2f} ms, reference: {reference}"
+        )
+    print(
+        f"  LoRA / full: {lora['tokens_per_s'] / full['tokens_per_s']:.2f}x tokens/s, "
+        f"{lora['trainable'] / full['trainable']:.3f}x trainable parameters and optimizer state"
+    )
 
 
 # ------------------------------------------------------------------ packed vs padded (issue 46)
@@ -252,6 +308,19 @@ def peak_memory(packed: bool, vocab: int, hidden: int, tokens: int, rows: int) -
     return result
 
 
+def policy(tmp: str, args) -> Path:
+    heads = max(2, args.hidden // 32)
+    return build_tiny_policy(
+        f"{tmp}/policy",
+        TEXTS,
+        layers=args.layers,
+        hidden_size=args.hidden,
+        heads=heads,
+        kv_heads=heads // 2,
+        intermediate_size=4 * args.hidden,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5)
@@ -262,8 +331,14 @@ def main() -> None:
     parser.add_argument(
         "--packing-only", action="store_true", help="only packed vs padded and the memory"
     )
+    parser.add_argument("--lora-only", action="store_true", help="only LoRA against full")
     args = parser.parse_args()
     spill = args.spill or newest_spill()
+    if args.lora_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = str(policy(tmp, args))
+            report_lora(lora_vs_full(path, args.steps, 1900, args.repeats))
+        return
     if spill is None or not any(spill.glob("*.parquet")):
         print(
             f"strata: error: no spill at {spill or 'runs/local-*/trajectories'}: run `make run` "
@@ -272,18 +347,7 @@ def main() -> None:
         )
         sys.exit(2)
     with tempfile.TemporaryDirectory() as tmp:
-        heads = max(2, args.hidden // 32)
-        path = str(
-            build_tiny_policy(
-                f"{tmp}/policy",
-                TEXTS,
-                layers=args.layers,
-                hidden_size=args.hidden,
-                heads=heads,
-                kv_heads=heads // 2,
-                intermediate_size=4 * args.hidden,
-            )
-        )
+        path = str(policy(tmp, args))
         vocab = 1900
         groups = spill_groups(spill, vocab)
         packing = packed_vs_padded(path, groups, args.steps, per_step=2)
@@ -304,6 +368,7 @@ def main() -> None:
                     tokens_per_second(path, 0, args.steps, vocab, reuse=reuse, **gaia),
                 )
         published, copied, size = publish_times(path, args.repeats)
+        lora = lora_vs_full(path, args.steps, vocab, args.repeats)
     print(
         f"learner on CPU, Qwen2 {args.layers} layers x hidden {args.hidden}, {torch.get_num_threads()} threads"
     )
@@ -324,6 +389,7 @@ def main() -> None:
     )
     print(f"  plain copy of the state dict  : {copied * 1e3:7.2f} ms")
     print(f"  ratio: {published / copied:.2f}x (target <= 2x)")
+    report_lora(lora)
     report_packing(args, spill, packing)
 
 

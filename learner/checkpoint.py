@@ -3,6 +3,7 @@
     ROOT/step-000012/deepspeed/   DeepSpeed state: weights, optimizer, scheduler
     ROOT/step-000012/critic/      the critic's, with GAE (learner/critic.py)
     ROOT/step-000012/hf/          HF model directory (AutoModelForCausalLM / SGLang load it)
+    ROOT/step-000012/adapter/     with LoRA, the adapters alone (peft's format); hf/ is merged
     ROOT/step-000012/learner.json version, model fingerprint, RNG states, caller's extra state
     ROOT/latest                   name of the newest complete checkpoint
 
@@ -25,6 +26,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from learner.lora import save_adapter
 
 STATE_FILE = "learner.json"
 
@@ -89,6 +92,8 @@ def save_checkpoint(
             peers.gather("save")
         learner.model.save_pretrained(tmp / "hf", state_dict=learner.state_dict())
         learner.tokenizer.save_pretrained(tmp / "hf")
+        if learner.lora is not None:  # the merged weights above; the adapters alone here
+            save_adapter(learner.engine.module, learner.adapter_state_dict(), tmp / "adapter")
         state = {
             "version": learner.version,
             "model": model_fingerprint(learner.model),

@@ -24,6 +24,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ from learner.batch import TrainBatch, build_batch
 from learner.corrections import Correction
 from learner.critic import Critic
 from learner.gae import explained, explained_variance, gae, outcome_rewards, whiten
+from learner.lora import adapter_weights, adapters_off, merged_state_dict, with_adapters
 from learner.losses import kept_by_importance, kl_penalty, policy_loss
 from learner.packing import plan_micro_batches, response_logprobs
 from learner.ranks import RankError, RankPeers, TcpRendezvous, init_rank_group, split_by_tokens
@@ -115,12 +117,15 @@ class Learner:
         version: int = 0,
         dtype: str | None = None,
         gradient_checkpointing: bool = False,
+        lora: Any = None,
         rank: tuple[int, int, str | TcpRendezvous] | None = None,
         peers: RankPeers | None = None,
         before_join: Callable[[], None] | None = None,
     ) -> None:
         """`dtype` (float32, bfloat16, float16): the parameters' dtype, None: bfloat16 on CUDA,
         else float32. `gradient_checkpointing`: recompute activations in the backward pass.
+        `lora`: the model.lora section (r > 0) to train LoRA adapters instead of every weight
+        (learner/lora.py), None: full fine-tuning.
         `rank`: (rank, world size, where they meet) of a learner of several ranks (learner/ranks.py);
         `peers`: on rank 0, the other ranks, told what to do at every step. `before_join`: called
         once the model is loaded, before the process group forms (the ranks report a failed load
@@ -147,13 +152,16 @@ class Learner:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
+        self.lora = lora
+        if lora is not None:
+            model = with_adapters(model, lora)
         # With dropout a training forward is one noisy sample of the policy: the proximal
         # log-probs then need an eval-mode pass of their own (see train_rows).
         self.dropout = any(
             isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()
         ) or any(float(getattr(model.config, key, 0) or 0) > 0 for key in DROPOUT_KEYS)
         self.reference = None
-        if config.kl_coef > 0:  # the initial policy, frozen; only loaded when the KL term is on
+        if config.kl_coef > 0 and lora is None:  # the initial policy, frozen (LoRA: adapters off)
             self.reference = AutoModelForCausalLM.from_pretrained(
                 model_path, local_files_only=True, dtype=dtype, **attention
             )
@@ -166,9 +174,8 @@ class Learner:
             init_rank_group(*rank)
         self.rank, self.world = (0, 1) if rank is None else rank[:2]
         self.peers = peers
-        optimizer = torch.optim.AdamW(
-            model.parameters(), lr=config.lr, weight_decay=config.weight_decay
-        )
+        trained = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters
+        optimizer = torch.optim.AdamW(trained, lr=config.lr, weight_decay=config.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, step_schedule(config.warmup_steps, config.max_steps, config.schedule)
         )
@@ -202,23 +209,50 @@ class Learner:
 
     @property
     def model(self) -> torch.nn.Module:
-        return self.engine.module
+        """The HF model (with LoRA, the base model its adapters sit in): its config, its
+        `save_pretrained`."""
+        return self.engine.module if self.lora is None else self.engine.module.get_base_model()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Full weights for publishing (gathered under ZeRO-3)."""
-        if self.config.zero_stage == 3:  # GPU-only: the gather is collective over the ranks
-            import deepspeed
+        """Full weights for publishing (gathered under ZeRO-3), under the HF model's names; with
+        LoRA, merged (the adapters' deltas added to the weights they adapt)."""
+        return self._gathered(self._weights)
 
-            if self.peers is not None:
-                self.peers.broadcast("state_dict")
-            with deepspeed.zero.GatheredParameters(
-                list(self.model.parameters()), modifier_rank=None
-            ):
-                weights = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-            if self.peers is not None:
-                self.peers.gather("state_dict")
-            return weights
+    def adapter_state_dict(self) -> dict[str, torch.Tensor]:
+        """With LoRA, the adapters' weights alone, in peft's format (learner/lora.py)."""
+        return self._gathered(lambda: adapter_weights(self.engine.module))
+
+    def _gathered(self, read: Callable[[], dict]) -> dict[str, torch.Tensor]:
+        """`read()` with every parameter whole on this rank: under ZeRO-3 a gather, collective
+        over the ranks (the others join it as they do for `state_dict`)."""
+        if self.config.zero_stage != 3:
+            return read()
+        import deepspeed  # GPU-only
+
+        if self.peers is not None:
+            self.peers.broadcast("state_dict")
+        with deepspeed.zero.GatheredParameters(
+            list(self.engine.module.parameters()), modifier_rank=None
+        ):
+            gathered = {k: v.clone() for k, v in read().items()}
+        if self.peers is not None:
+            self.peers.gather("state_dict")
+        return gathered
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        if self.lora is not None:
+            return merged_state_dict(self.engine.module)
         return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    @contextmanager
+    def _reference_policy(self):
+        """The KL term's reference, the initial policy: a frozen copy of it, or with LoRA the
+        policy itself with its adapters off."""
+        if self.lora is None:
+            yield self.reference
+        else:
+            with adapters_off(self.engine.module) as base:
+                yield base
 
     # --------------------------------------------------------------------------------- the step
 
@@ -477,7 +511,8 @@ class Learner:
         reference = torch.zeros_like(batch.behavior_logprobs)
         for indices in plan:
             rows = torch.tensor(indices, dtype=torch.int64)
-            logp, _, _ = self._logprobs(self.reference, batch.select(rows))
+            with self._reference_policy() as policy:
+                logp, _, _ = self._logprobs(policy, batch.select(rows))
             reference[rows, : logp.shape[1]] = logp.float().cpu()
         mask = batch.response_mask.to(torch.float32)
         return kl_penalty(batch.behavior_logprobs, reference, self.config.kl_kind) * mask
@@ -625,9 +660,9 @@ class Learner:
         )
         loss = loss * share
         kl_value = 0.0
-        if self.reference is not None and not self.config.kl_in_reward:
-            with torch.no_grad():
-                ref_logp, _, _ = self._logprobs(self.reference, micro)
+        if self.config.kl_coef > 0 and not self.config.kl_in_reward:
+            with torch.no_grad(), self._reference_policy() as policy:
+                ref_logp, _, _ = self._logprobs(policy, micro)
             kl = kl_penalty(logp, ref_logp, self.config.kl_kind)
             kl_mean = (kl * mask).sum() / mask.sum().clamp(min=1)
             loss = loss + self.config.kl_coef * kl_mean * (tokens / totals["response_tokens"])

@@ -33,6 +33,37 @@ from pipeline.loggers import LOGGERS
 # ---------------------------------------------------------------------------------------- model
 
 
+class LoraSection(Section):
+    """LoRA: the learner trains low-rank adapters on the frozen policy (peft) and publishes
+    merged weights, so the engines need nothing new (learner/lora.py)."""
+
+    r: int = Field(0, ge=0, le=4096)
+    """Rank of the adapters; 0: full fine-tuning (no adapters)."""
+    alpha: float = Field(16.0, gt=0)
+    """Scale: an adapter adds (alpha / r) B A to the weight it adapts."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapters' input while training (> 0: the learner computes the proximal
+    log-probs in an eval-mode pass of their own)."""
+    target_modules: list[str] = Field(
+        default_factory=lambda: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ],
+        min_length=1,
+    )
+    """Names of the linear layers that get adapters (default: every linear layer of a Qwen2 or
+    Llama block)."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.r > 0
+
+
 class TinyModel(Section):
     """A tiny Qwen2-architecture policy built from this config (the embedded CPU default)."""
 
@@ -61,6 +92,8 @@ class TinyModel(Section):
     warm_start_timeout_s: float = Field(3600.0, gt=0, le=604800)
     """A guard, not a budget: a warm start still training after this long stops the run with an
     error and caches nothing (it never yields a shorter-trained policy)."""
+    lora: LoraSection = Field(default_factory=LoraSection)
+    """RL with LoRA adapters instead of every weight (the warm start trains every weight)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -100,6 +133,8 @@ class PretrainedModel(Section):
     """Parameter dtype for training and generation."""
     gradient_checkpointing: bool = False
     """Trade compute for memory in the learner."""
+    lora: LoraSection = Field(default_factory=LoraSection)
+    """Train LoRA adapters instead of every weight: one GPU trains an 8B policy."""
 
     @property
     def param_dtype(self) -> str:

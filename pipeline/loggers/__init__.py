@@ -36,11 +36,13 @@ class Loggers:
 
     def __init__(self, loggers: list[Logger]) -> None:
         self.loggers = loggers
+        self.begun = False
 
     def __bool__(self) -> bool:
         return bool(self.loggers)
 
     def begin(self, step: int) -> None:
+        self.begun = True
         for logger in self.loggers:
             logger.begin(step)
 
@@ -57,8 +59,13 @@ class Loggers:
             logger.log_report(step, images)
 
     def close(self) -> None:
+        """Close each logger; when the run never began streaming (it stopped while being built),
+        also remove what opening them wrote, so a refused launch leaves its directory bare."""
         for logger in reversed(self.loggers):
             logger.close()
+        if not self.begun:
+            for logger in self.loggers:
+                logger.discard()
 
 
 def open_loggers(config: StrataConfig, run_dir: Path) -> Loggers:
@@ -76,8 +83,6 @@ def open_loggers(config: StrataConfig, run_dir: Path) -> Loggers:
                     f"installs it, or pip install {cls.needs}; or leave {name} out"
                 ) from exc
     except BaseException:
-        Loggers(opened).close()
-        for logger in opened:
-            logger.discard()
+        Loggers(opened).close()  # never begun: what they wrote goes too
         raise
     return Loggers(opened)

@@ -90,6 +90,7 @@ def make_learner(config: StrataConfig, policy_dir: str | os.PathLike[str]):
         temperature=config.actors.temperature,
         dtype=config.model.param_dtype if pretrained else None,
         gradient_checkpointing=pretrained and config.model.gradient_checkpointing,
+        lora=config.model.lora if config.model.lora.enabled else None,
     )
     if config.learner.num_ranks == 1:
         return Learner(policy_dir, config.learner, **kwargs)

@@ -20,6 +20,7 @@ from rich.console import Console
 from actors.pool import PoolFailure
 from actors.servers import ServerStartError
 from learner.checkpoint import CheckpointError
+from learner.lora import LoraError
 from learner.ranks import RankError
 from pipeline.assets.cache import Assets, prepare_assets
 from pipeline.backends.runtime import RuntimeUnavailable
@@ -122,6 +123,9 @@ def _run(
         return 2
     except CheckpointError as exc:
         print(f"strata: error: --resume: {exc}", file=sys.stderr)
+        return 2
+    except LoraError as exc:
+        print(f"strata: error: {exc}", file=sys.stderr)
         return 2
     except EvalError as exc:
         print(f"strata: error: eval: {exc}", file=sys.stderr)

@@ -17,7 +17,7 @@ from learner.ranked import ranked_learner
 from learner.ranks import split_by_tokens
 from learner.trainer import Learner
 from pipeline.assets.tiny_policy import build_tiny_policy
-from pipeline.config.schema import LearnerConfig
+from pipeline.config.schema import LearnerConfig, LoraSection
 
 TEXTS = [
     f"Question {i}: <search> Varno Telik </search> <answer> Quorvex {i} </answer>"
@@ -60,12 +60,20 @@ def options(**overrides) -> dict:
     return base
 
 
+def learner_args(opts: dict) -> tuple[LearnerConfig, dict]:
+    """The learner section and the Learner's keywords of `opts` (its `lora`: model.lora)."""
+    opts = dict(opts)
+    lora = opts.pop("lora", None)
+    return LearnerConfig(**opts), {"lora": LoraSection(**lora)} if lora else {}
+
+
 def _train_two_ranks(policy, opts, plan, out, queue) -> None:
     """Rank 0 of two, in a spawned process: carry out `plan` (("step", groups), ("save", dir),
     ("load", dir)), then save the step metrics and the weights to `out`."""
     try:
         torch.set_num_threads(1)
-        learner = ranked_learner(policy, LearnerConfig(**opts), 2, threads=1, group_size=4)
+        config, kwargs = learner_args(opts)
+        learner = ranked_learner(policy, config, 2, threads=1, group_size=4, **kwargs)
         try:
             metrics = []
             for op, arg in plan:
@@ -115,20 +123,27 @@ def test_groups_are_dealt_whole_by_tokens():
         dict(zero_stage=0),
         dict(zero_stage=1),
         dict(zero_stage=2),
-        dict(zero_stage=0, loss_agg="seq-mean-token-mean", importance={"type": "none"}),
+        dict(
+            zero_stage=0,
+            loss_agg="seq-mean-token-mean",
+            importance={"type": "none"},
+            lora={"r": 4, "alpha": 8.0},
+        ),
         dict(zero_stage=1, max_tokens_per_micro_batch=90, advantage={"type": "gae"}),
     ],
-    ids=["zero0", "zero1", "zero2-and-resume", "zero0-seq-mean", "zero1-token-budget-gae"],
+    ids=["zero0", "zero1", "zero2-and-resume", "zero0-seq-mean-lora", "zero1-token-budget-gae"],
 )
 def test_two_ranks_train_like_one(policy, tmp_path, overrides):
     """Loss, gradient norm and weights after two steps; under ZeRO 2 the two-rank checkpoint
     (each rank's optimizer shard) resumes on two ranks and a third step matches too. Packed
     micro-batches (the default) throughout; with a token budget the ranks make different
     numbers of micro-batches (tests/learner/test_packing.py holds packed to padded), there
-    with GAE's critic beside the policy on the same ranks."""
+    with GAE's critic beside the policy on the same ranks; with LoRA the ranks train the
+    adapters and publish the same merged weights."""
     opts = options(**overrides)
     batches = [groups(1), groups(2), groups(3)]
-    one = Learner(policy, LearnerConfig(**opts), group_size=4)
+    config, kwargs = learner_args(opts)
+    one = Learner(policy, config, group_size=4, **kwargs)
     reference = [one.step(b) for b in batches[:2]]
     weights = {k: v.clone() for k, v in one.state_dict().items()}
     root = str(tmp_path / "checkpoints")
@@ -144,7 +159,7 @@ def test_two_ranks_train_like_one(policy, tmp_path, overrides):
                 assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (step, key)
         assert b["rank_count"] == 2.0 and b["rank/0/tokens"] > 0 and b["rank/1/tokens"] > 0
     assert_same(result["weights"], weights)
-    start = Learner(policy, LearnerConfig(**opts), group_size=4).state_dict()
+    start = Learner(policy, config, group_size=4, **kwargs).state_dict()
     assert max(float((weights[k] - start[k]).abs().max()) for k in weights) > 1e-3  # they trained
     if opts["zero_stage"] != 2:
         return

@@ -256,11 +256,20 @@ def test_gpu_recipes_say_what_they_need_on_cpu(tmp_path, config):
 
 
 def test_resume_goes_on_from_the_latest_checkpoint(tmp_path, cache):
-    """With every logger: TensorBoard and the W&B run (offline) go on where the first process
-    stopped, and hold each metrics.jsonl scalar at each step (tests/pipeline/logged.py reads them
-    back with each library's own reader)."""
+    """With LoRA adapters and every logger: the adapters and their optimizer go on, the published
+    weights are the initial policy plus the merged adapters; TensorBoard and the W&B run
+    (offline) go on where the first process stopped and hold each metrics.jsonl scalar at each
+    step (tests/pipeline/logged.py reads them back with each library's own reader)."""
     run_dir = tmp_path / "run"
-    loggers = ["--set", "metrics.loggers=[prometheus,tensorboard,wandb]", *EVAL_EVERY_2]
+    loggers = [
+        "--set",
+        "metrics.loggers=[prometheus,tensorboard,wandb]",
+        *EVAL_EVERY_2,
+        "--set",
+        "model.lora.r=8",
+        "--set",  # a gradient at every step, whatever the rewards (the adapters must move)
+        "learner.entropy_coef=0.01",
+    ]
     wandb_env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_X_DISABLE_STATS": "true"}
     first = launch(run_dir, cache, "--set", "learner.max_steps=2", *loggers, env=wandb_env)
     _, err = first.communicate(timeout=600)
@@ -282,7 +291,41 @@ def test_resume_goes_on_from_the_latest_checkpoint(tmp_path, cache):
     assert not bad and set(consumed) == {0, 1, 2, 3}  # the resumed learner went on from version 2
     assert "| learner steps | 4 |" in (run_dir / "report.md").read_text()
     assert_logged(run_dir, steps, eval_steps=[0, 2, 4])
+    assert_merged_adapters(run_dir / "checkpoints" / "step-000004", initial_policy(run_dir))
     assert_accounting(run_dir)  # both processes' books against the whole spill
+
+
+def initial_policy(run_dir) -> Path:
+    """The warm start a run began from, as its report names it."""
+    report = (run_dir / "report.md").read_text()
+    line = next(x for x in report.splitlines() if x.startswith("| initial policy |"))
+    return Path(line.split("`")[1])
+
+
+def assert_merged_adapters(checkpoint: Path, initial: Path) -> None:
+    """The checkpoint's published weights (hf/, what the engines load) are the initial policy's
+    plus, for each adapted layer, B·A·(alpha / r) from its adapters (adapter/), and nothing else."""
+    from safetensors.torch import load_file
+
+    published, start = (
+        load_file(checkpoint / "hf" / "model.safetensors"),
+        load_file(initial / "model.safetensors"),
+    )
+    adapters = load_file(checkpoint / "adapter" / "adapter_model.safetensors")
+    settings = json.loads((checkpoint / "adapter" / "adapter_config.json").read_text())
+    scale = settings["lora_alpha"] / settings["r"]
+    assert published.keys() == start.keys()
+    adapted = 0
+    for key in published:
+        a_key = "base_model.model." + key.replace(".weight", ".lora_A.weight")
+        if a_key in adapters:
+            b = adapters[a_key.replace("lora_A", "lora_B")]
+            delta = b @ adapters[a_key] * scale
+            torch.testing.assert_close(published[key] - start[key], delta, atol=1e-6, rtol=1e-4)
+            adapted += int(delta.abs().max() > 0)
+        else:
+            assert torch.equal(published[key], start[key]), key
+    assert adapted == 2 * 7  # every linear layer of both blocks learnt
 
 
 def test_a_prompt_limit_no_question_fits_is_refused_in_one_line(tmp_path, cache):

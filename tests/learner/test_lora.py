@@ -1,0 +1,117 @@
+"""LoRA (model.lora) in the DeepSpeed learner: only the adapters train, what leaves the learner
+is the merged policy under the base model's names, the reference is the policy with its adapters
+off, and checkpoints resume the adapters and their optimizer."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from learner.checkpoint import load_checkpoint, save_checkpoint
+from learner.lora import LoraError, adapted_layers
+from learner.trainer import Learner
+from pipeline.assets.tiny_policy import build_tiny_policy
+from pipeline.config.schema import LearnerConfig, LoraSection
+from tests.learner.test_trainer import TEXTS, groups
+
+IDS = torch.tensor([[5, 17, 3, 99, 42, 7, 250, 11]])
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory):
+    return build_tiny_policy(tmp_path_factory.mktemp("policy") / "tiny", TEXTS, vocab_size=500)
+
+
+LORA = LoraSection(r=4, alpha=8.0)
+
+
+def lora_learner(policy, lora=LORA, **overrides) -> Learner:
+    options = dict(lr=5e-3, micro_batch_size=3, zero_stage=0, max_steps=50)
+    options.update(overrides)
+    return Learner(policy, LearnerConfig(**options), group_size=4, dtype="float32", lora=lora)
+
+
+def logits(model, ids=IDS) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def test_only_the_adapters_train_and_the_published_weights_are_the_merged_policy(policy):
+    initial = AutoModelForCausalLM.from_pretrained(policy).state_dict()
+    model = lora_learner(policy)
+    trained = {n for n, p in model.engine.module.named_parameters() if p.requires_grad}
+    assert trained and all(".lora_A." in n or ".lora_B." in n for n in trained)
+    assert model.state_dict().keys() == initial.keys()  # the base model's names: engines load them
+    for b in (groups(1), groups(2)):
+        model.step(b)
+    published = model.state_dict()
+    layers = adapted_layers(model.engine.module)
+    adapted = {f"{name}.weight" for name in layers}
+    assert len(adapted) == 2 * 7  # two blocks, every linear layer of each
+    for key, weight in published.items():
+        if key not in adapted:  # everything the adapters do not touch is the initial policy
+            assert torch.equal(weight, initial[key]), key
+    for name, layer in layers.items():  # the rest differs by B·A·(alpha / r), and only by that
+        a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+        delta = (b @ a) * (8.0 / 4)
+        assert delta.abs().max() > 0, name  # the adapters did learn
+        torch.testing.assert_close(published[f"{name}.weight"] - initial[f"{name}.weight"], delta)
+    # A plain model with the published weights computes what the adapted policy computes.
+    plain = AutoModelForCausalLM.from_pretrained(policy)
+    plain.load_state_dict(published)
+    torch.testing.assert_close(logits(plain), logits(model.engine.module), atol=1e-5, rtol=1e-4)
+
+
+def test_the_reference_is_the_policy_with_its_adapters_off(policy):
+    model = lora_learner(policy, kl_coef=0.05)
+    assert model.reference is None  # no second copy of the policy
+    initial = AutoModelForCausalLM.from_pretrained(policy)
+    first = model.step(groups(3))
+    assert first["kl"] == pytest.approx(0.0, abs=1e-7)  # B starts at 0: policy = reference
+    model.step(groups(4))
+    assert model.step(groups(5))["kl"] > 0  # the adapted policy moved away from it
+    with model._reference_policy() as reference:
+        torch.testing.assert_close(logits(reference), logits(initial), atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(logits(model.engine.module), logits(initial), atol=1e-4)
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing`:FutureWarning")  # peft's own
+def test_a_lora_checkpoint_resumes_like_straight_training(policy, tmp_path):
+    batches = [groups(30 + i) for i in range(4)]
+    straight = lora_learner(policy, kl_coef=0.01)
+    for b in batches:
+        straight.step(b)
+    first = lora_learner(policy, kl_coef=0.01)
+    for b in batches[:2]:
+        first.step(b)
+    saved = save_checkpoint(first, tmp_path)
+    resumed = lora_learner(policy, kl_coef=0.01)
+    load_checkpoint(resumed, tmp_path)
+    for b in batches[2:]:
+        resumed.step(b)
+    for (name, p), q in zip(
+        straight.state_dict().items(), resumed.state_dict().values(), strict=True
+    ):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=name)
+    # hf/ is the merged policy; adapter/ the adapters alone, as peft loads them onto the base.
+    from peft import PeftModel
+
+    merged = AutoModelForCausalLM.from_pretrained(saved / "hf")
+    adapters = load_file(saved / "adapter" / "adapter_model.safetensors")
+    assert adapters and all("lora_" in k for k in adapters)
+    onto_base = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(policy), saved / "adapter"
+    )
+    torch.testing.assert_close(logits(onto_base), logits(merged), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(logits(merged), logits(first.engine.module), atol=1e-5, rtol=1e-4)
+
+
+def test_a_layer_the_policy_does_not_have_is_refused_in_one_line(policy):
+    with pytest.raises(LoraError, match="no linear layer named nope; its linear layers are down"):
+        lora_learner(policy, lora=LoraSection(r=4, target_modules=["q_proj", "nope"]))
+
+
+def test_adapter_dropout_takes_the_proximal_log_probs_from_an_eval_pass(policy):
+    model = lora_learner(policy, lora=LoraSection(r=4, dropout=0.1))
+    assert model.dropout  # the proximal log-probs get a pass of their own (learner/trainer.py)
+    assert "loss" in model.step(groups(6))
