@@ -5,10 +5,11 @@ behaviour log-probs and versions) and tool observations appended as ids (loss_ma
 text is decoded to find the action but never re-tokenised: the ids stay the truth. How often
 decode-then-encode would have given other ids is measured (`retokenize_drift`).
 
-Each turn ends at `</search>`, `</python>` or `</answer>` (kept in the output). An answer ends the
-trajectory; a well-formed tool call gets its observation; anything else (no closed tag, an
-empty or unknown action, a tool not enabled) gets Search-R1's corrective observation, counted.
-The last turn may only answer.
+Each turn ends where the format's actions end (`actors.formats`: Search-R1's `</search>`,
+`</python>`, `</answer>`, or a chat model's `</tool_call>` and `</answer>`; kept in the output).
+An answer ends the trajectory; a well-formed tool call gets its observation; anything else (no
+closed call, an empty, unknown or malformed action, a tool not enabled) gets the format's
+corrective observation, counted. The last turn may only answer.
 """
 
 from __future__ import annotations
@@ -17,35 +18,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from actors.engine import Generation, GenerationAborted, RolloutEngine, SamplingParams
+from actors.engine import GenerationAborted, RolloutEngine, SamplingParams
+from actors.formats import ANSWER_CLOSE, FORMATS
 from actors.rewards import ANSWER_MATCHERS, score
 from actors.tools import Tool, ToolStats, call_tool
 from buffers.records import Trajectory
 from buffers.strata import Stratifier, ToolCallCount
-
-SEARCH_INSTRUCTION = (
-    "Answer the given question. You must conduct reasoning inside <think> and </think> first every "
-    "time you get new information. After reasoning, if you find you lack some knowledge, you can call "
-    "a search engine by <search> query </search> and it will return the top searched results between "
-    "<information> and </information>. You can search as many times as your want. If you find no "
-    "further external knowledge needed, you can directly provide the answer inside <answer> and "
-    "</answer>, without detailed illustrations. For example, <answer> Beijing </answer>."
-)
-PYTHON_INSTRUCTION = (
-    " You can also run Python code by <python> code </python>; what it prints is returned between "
-    "<output> and </output>."
-)
-DIRECT_INSTRUCTION = (
-    "Answer the given question. You must conduct reasoning inside <think> and </think> first. Then "
-    "provide the answer inside <answer> and </answer>, without detailed illustrations. For example, "
-    "<answer> Beijing </answer>."
-)
-CORRECTION = (
-    "\nMy previous action is invalid. If I want to search, I should put the query between <search> "
-    "and </search>. If I want to give the final answer, I should put the answer between <answer> and "
-    "</answer>. Let me try again.\n"
-)
-_ACTION_CLOSE = {"search": "</search>", "python": "</python>", "answer": "</answer>"}
 
 
 class TaskLike(Protocol):
@@ -77,6 +55,8 @@ class AgentSettings:
     """How a gold answer is found in an observation (a key of `rewards.ANSWER_MATCHERS`)."""
     stratifier: Stratifier = field(default_factory=ToolCallCount)
     """Assigns the stratum a trajectory is trained under, once, here (learner.stratifier)."""
+    format: str = "tags"
+    """How the agent and the model speak (a key of `actors.formats.FORMATS`)."""
 
 
 def overlong_penalty(length: int, s: AgentSettings) -> float:
@@ -99,43 +79,6 @@ class AgentStats:
     tools: ToolStats = field(default_factory=ToolStats)
 
 
-def instruction(tools) -> str:
-    """The task instruction: Search-R1's, plus python when enabled; without tools, answer directly
-    (the evaluation's no-tools baseline)."""
-    if not tools:
-        return DIRECT_INSTRUCTION
-    return SEARCH_INSTRUCTION + (PYTHON_INSTRUCTION if "python" in tools else "")
-
-
-def prompt_ids(tokenizer, tools, question: str) -> list[int]:
-    """The prompt of `question` as ids (chat template when the tokenizer has one); `tools` is
-    anything naming the enabled tools (their instruction differs)."""
-    messages = [{"role": "user", "content": f"{instruction(tools)} Question: {question}\n"}]
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    else:
-        text = messages[0]["content"]
-    return tokenizer.encode(text, add_special_tokens=False)
-
-
-def parse_action(text: str, generation: Generation) -> tuple[str, str] | None:
-    """(action, argument) of a turn that ended at a closing tag, else None (an invalid action).
-
-    The argument is what follows the last opening tag before the closing one, so nested or
-    repeated opening tags resolve to the innermost text.
-    """
-    if generation.finish_reason != "stop" or generation.stop is None:
-        return None
-    action = next((a for a, close in _ACTION_CLOSE.items() if close == generation.stop), None)
-    if action is None:
-        return None
-    end = text.rfind(generation.stop)
-    start = text.rfind(f"<{action}>", 0, end)
-    if start < 0:
-        return None
-    return action, text[start + len(action) + 2 : end].strip()
-
-
 class AgentLoop:
     def __init__(
         self,
@@ -151,8 +94,7 @@ class AgentLoop:
         self.settings = settings
         self.actor_id = actor_id
         self.stats = AgentStats()
-        # Stop on every action, enabled or not: a call to a missing tool is corrected at once.
-        self._stops = tuple(_ACTION_CLOSE.values())
+        self.format = FORMATS[settings.format]
         self._prompts: dict[str, list[int]] = {}
 
     def prompt_ids(self, task: TaskLike) -> list[int]:
@@ -162,22 +104,10 @@ class AgentLoop:
         if ids is None:
             if len(self._prompts) >= 1024:
                 self._prompts.clear()
-            ids = self._prompts[task.question] = prompt_ids(
+            ids = self._prompts[task.question] = self.format.prompt_ids(
                 self.tokenizer, self.tools, task.question
             )
         return list(ids)
-
-    def _observation_ids(self, open_tag: str, body: str, close_tag: str) -> list[int]:
-        """`\\n\\n<tag>body</tag>\\n\\n` as ids, the body cut to max_observation_tokens."""
-        body_ids = self.tokenizer.encode(body, add_special_tokens=False)[
-            : self.settings.max_observation_tokens
-        ]
-        encode = self.tokenizer.encode
-        return (
-            encode(f"\n\n{open_tag}", add_special_tokens=False)
-            + body_ids
-            + encode(f"{close_tag}\n\n", add_special_tokens=False)
-        )
 
     async def run(self, task: TaskLike, prompt_id: str, sample_index: int) -> Trajectory:
         """One trajectory; raises EngineError if the engine fails or aborts a generation (the
@@ -199,7 +129,7 @@ class AgentLoop:
                 break
             final = turn == s.max_turns
             params = SamplingParams(
-                s.temperature, s.top_p, budget, ("</answer>",) if final else self._stops
+                s.temperature, s.top_p, budget, (ANSWER_CLOSE,) if final else self.format.stops
             )
             generation = await self.engine.generate(prompt + ids, params)
             self.stats.turns += 1
@@ -215,7 +145,7 @@ class AgentLoop:
                     f"{prompt_id}#{sample_index}: the engine aborted turn {turn + 1} after "
                     f"{len(generation.token_ids)} tokens"
                 )
-            action = parse_action(text, generation)
+            action = self.format.parse(text, generation)
             if action is not None and action[0] == "answer":
                 finish = "answer"
                 break
@@ -226,13 +156,15 @@ class AgentLoop:
             if tool is not None:
                 tool_names.append(tool.name)
                 result = await call_tool(tool, action[1], self.stats.tools)
-                observation = self._observation_ids(tool.open_tag, result.text, tool.close_tag)
+                observation = self.format.observation_ids(
+                    self.tokenizer, tool, result.text, s.max_observation_tokens
+                )
                 found = ANSWER_MATCHERS[s.latent_match]
                 if first_turn < 0 and found(result.text, list(task.ground_truth)):
                     first_turn, first_token = len(tool_names) - 1, len(ids)
             else:
                 self.stats.invalid_actions += 1
-                observation = self.tokenizer.encode(CORRECTION, add_special_tokens=False)
+                observation = self.format.correction_ids(self.tokenizer)
             room = s.max_response_tokens - len(ids)
             observation = observation[:room]
             ids += observation

@@ -114,8 +114,9 @@ def prepare_policy(
     tools = tuple(config.actors.tools)
     training: Training = replace(DEFAULT_TRAINING, max_epochs=config.model.warm_start_epochs)
     # The directory is named by the key: two recipes never share (or replace) a cache entry.
+    settings = replace(LOCAL_AGENT, format=config.actors.format)  # demos in the run's format
     key = warm_start_key(
-        world_dir, config.model, tools, LOCAL_AGENT, training, index_dir, config.retrieval.topk
+        world_dir, config.model, tools, settings, training, index_dir, config.retrieval.topk
     )
     name = (
         f"policy-tiny-seed{config.model.seed}-{training.max_epochs}ep-{world_dir.name}-{key[:12]}"
@@ -127,6 +128,7 @@ def prepare_policy(
             target,
             config.model,
             tools=tools,
+            settings=settings,
             training=training,
             timeout_s=config.model.warm_start_timeout_s,
             progress=not quiet,

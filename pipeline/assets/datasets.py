@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from actors.agent import prompt_ids
+from actors.formats import prompt_ids
 from pipeline.assets.world import VERSION as WORLD_VERSION
 
 SEARCH_R1_COLUMNS = (

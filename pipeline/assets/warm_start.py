@@ -39,7 +39,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from types import SimpleNamespace
 
-from actors.agent import AgentLoop, AgentSettings, instruction
+from actors.agent import AgentLoop, AgentSettings
+from actors.formats import FORMATS
 from actors.tools import MAX_QUERY_CHARS, PythonTool, SearchTool
 from learner.sft import SftExample, SftTimeout, Training, train_sft
 from pipeline.assets.datasets import DatasetError
@@ -68,6 +69,7 @@ ARCHITECTURE = (
 )
 """The TinyModel fields that make the weights (and key the cache); the others are run settings."""
 _TOOL_TAGS = {"search": SearchTool, "python": PythonTool}  # the classes carry name and tags
+_BY_OBSERVATION = {tool.open_tag: tool for tool in _TOOL_TAGS.values()}
 _OBSERVATION = re.compile(r"(<information>|<output>)(.*?)(</information>|</output>)", re.S)
 _ACTION_ENDS = ("</search>", "</python>", "</answer>")
 _SEARCH_STEP = re.compile(r"<search>(.*?)</search>(\s*)<information>(.*?)</information>", re.S)
@@ -139,7 +141,9 @@ def demo_example(demo: Mapping, agent: AgentLoop) -> SftExample:
     mask: list[int] = []
     for part in split_demo(demo["response"]):
         if isinstance(part, tuple):
-            piece, value = agent._observation_ids(*part), 0
+            tool, body = _BY_OBSERVATION[part[0]], part[1]
+            limit = agent.settings.max_observation_tokens
+            piece, value = agent.format.observation_ids(agent.tokenizer, tool, body, limit), 0
         else:
             ends = [i + len(e) for e in _ACTION_ENDS if (i := part.find(e)) >= 0]
             if min(ends, default=-1) != len(part):  # the engine stops at the first action tag
@@ -147,7 +151,8 @@ def demo_example(demo: Mapping, agent: AgentLoop) -> SftExample:
                     f"demo {demo.get('id')}: a turn must end at its first </search>, </python> or "
                     f"</answer>, got {part[-40:]!r}; rebuild the world with python -m pipeline.assets.world"
                 )
-            piece, value = agent.tokenizer.encode(part, add_special_tokens=False), 1
+            text = agent.format.from_tags(part)  # demos are written in tags
+            piece, value = agent.tokenizer.encode(text, add_special_tokens=False), 1
         ids += piece
         mask += [value] * len(piece)
     return SftExample(prompt, ids, mask)
@@ -199,6 +204,8 @@ def cache_key(
         "threads": torch.get_num_threads(),
         "code_version": CODE_VERSION,
     }
+    if settings.format != "tags":  # keys of warm starts made before actors.format stay as they were
+        inputs["format"] = settings.format
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
 
@@ -311,13 +318,13 @@ def warm_start(
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
     try:
-        # The tokenizer sees every prompt as the agent writes it, so the instruction that opens
-        # each of them is learnt as whole words.
-        opening = instruction({t: _TOOL_TAGS[t] for t in tools})  # type: ignore[arg-type]
+        # The tokenizer sees every prompt and response as the agent writes them, so the
+        # instruction that opens each prompt, and the format's calls, are learnt as whole words.
+        speech = FORMATS[settings.format]
+        opening = speech.instruction({t: _TOOL_TAGS[t] for t in tools})  # type: ignore[arg-type]
         prompts = [f"{opening} Question: {d['question']}\n" for d in demos]
-        build_tiny_policy(
-            tmp / "init", corpus + prompts + [d["response"] for d in demos], **_architecture(spec)
-        )
+        responses = [speech.from_tags(d["response"]) for d in demos]  # tags: as written
+        build_tiny_policy(tmp / "init", corpus + prompts + responses, **_architecture(spec))
         tokenizer = AutoTokenizer.from_pretrained(tmp / "init", local_files_only=True)
         policy = AutoModelForCausalLM.from_pretrained(
             tmp / "init", local_files_only=True, dtype=torch.float32

@@ -12,6 +12,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from actors.formats import FORMATS
 from pipeline.backends import EngineConfig, RuntimeConfig
 from pipeline.backends.embedded import EmbeddedEngine
 from pipeline.backends.local import LocalRuntime
@@ -200,6 +201,11 @@ class DataConfig(Section):
 class ActorsConfig(Section):
     engine: EngineConfig = Field(default_factory=EmbeddedEngine)
     """The generation backend."""
+    format: str = "tags"
+    """How the agent and the model speak (actors/formats.py): `tags` (Search-R1's `<search>`,
+    `<information>`, `<answer>`) or `chat_tools` (tool schemas through the chat template,
+    `<tool_call>{json}</tool_call>` calls, results in the template's tool turn; the answer still
+    in `<answer>`)."""
     num_pools: int = Field(1, ge=1, le=4096)
     """Actor pools; each runs `concurrency` agent loops. Scales independently of the learner."""
     concurrency: int = Field(8, ge=1, le=65536)
@@ -249,6 +255,10 @@ class ActorsConfig(Section):
             raise ValueError(
                 f"overlong_buffer {self.overlong_buffer} must be below max_response_tokens "
                 f"{self.max_response_tokens} (the penalty ramps over the last overlong_buffer tokens)"
+            )
+        if self.format not in FORMATS:
+            raise ValueError(
+                f"format: no format {self.format!r}; the formats are {', '.join(FORMATS)}"
             )
         return self
 

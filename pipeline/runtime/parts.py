@@ -170,6 +170,7 @@ def agent_settings(config: ActorsConfig, strata: StratifierConfig | None = None)
         overlong_buffer=config.overlong_buffer,
         latent_match=config.latent_match,
         stratifier=stratifier,
+        format=config.format,
     )
 
 

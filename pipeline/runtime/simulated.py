@@ -22,7 +22,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from actors.agent import CORRECTION, PYTHON_INSTRUCTION, SEARCH_INSTRUCTION, AgentLoop
+from actors.agent import AgentLoop
+from actors.formats import CORRECTION, PYTHON_INSTRUCTION, SEARCH_INSTRUCTION
 from actors.pool import ActorPool
 from actors.simulated import GpuModel, SimulatedEngine, SimulatedServer, SimulatedTool, Workload
 from actors.tools import ToolStats

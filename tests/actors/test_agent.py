@@ -4,9 +4,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from actors.agent import CORRECTION, AgentLoop, AgentSettings, parse_action
+from actors.agent import AgentLoop, AgentSettings
 from actors.embedded import EmbeddedEngine
 from actors.engine import Generation
+from actors.formats import CORRECTION, parse_action
 from actors.tools import PythonTool, SearchTool
 from buffers.strata import RandomStrata, ToolSignature
 from retrieval.client import RetrievalClient

@@ -134,7 +134,7 @@ def test_without_partial_rollouts_the_update_waits_for_the_running_sequences():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from actors.agent import CORRECTION, SEARCH_INSTRUCTION
+    from actors.formats import CORRECTION, SEARCH_INSTRUCTION
     from pipeline.assets.tiny_policy import train_tokenizer
 
     return train_tokenizer(

@@ -227,7 +227,7 @@ def test_bad_files_fail_with_one_line_naming_file_place_and_field(tmp_path, make
 def test_prompts_longer_than_max_prompt_tokens_are_skipped_and_counted(tmp_path):
     from transformers import AutoTokenizer
 
-    from actors.agent import prompt_ids
+    from actors.formats import prompt_ids
     from pipeline.assets.datasets import Question, drop_long_prompts
     from pipeline.assets.tiny_policy import build_tiny_policy
 
