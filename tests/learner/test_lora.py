@@ -62,6 +62,17 @@ def test_only_the_adapters_train_and_the_published_weights_are_the_merged_policy
     torch.testing.assert_close(logits(plain), logits(model.engine.module), atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("stage", [1, 2])
+def test_zero_stages_train_the_adapters_like_stage_0(policy, stage):
+    batches = [groups(7), groups(8)]
+    plain, sharded = lora_learner(policy), lora_learner(policy, zero_stage=stage)
+    for b in batches:
+        plain.step(b)
+        sharded.step(b)
+    for (name, p), q in zip(plain.state_dict().items(), sharded.state_dict().values(), strict=True):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=name)
+
+
 def test_the_reference_is_the_policy_with_its_adapters_off(policy):
     model = lora_learner(policy, kl_coef=0.05)
     assert model.reference is None  # no second copy of the policy

@@ -79,7 +79,7 @@ def test_wandb_online_without_an_account_stops_the_launch_in_one_line(tmp_path):
     """W&B's own variables choose its mode; online with no key it refuses, and the launch says
     how to log offline, before anything is built or written."""
     env = {k: v for k, v in child_env().items() if not k.startswith("WANDB_")}
-    env |= {"WANDB_MODE": "online", "HOME": str(tmp_path)}  # no ~/.netrc, no key
+    env |= {"WANDB_MODE": "online", "HOME": str(tmp_path), "WANDB_ERROR_REPORTING": "false"}
     run_dir = tmp_path / "run"
     sets = ["--set", "metrics.loggers=[prometheus,wandb]", "--set", "metrics.port=0"]
     done = subprocess.run(
