@@ -69,8 +69,8 @@ class Loggers:
 
 
 def open_loggers(config: StrataConfig, run_dir: Path) -> Loggers:
-    """The loggers `config.metrics.loggers` names, open; LoggerError (with the ones already open
-    closed again) when one cannot open. OSError passes through (a taken metrics port)."""
+    """The loggers `config.metrics.loggers` names, open; LoggerError, one line, (with the ones
+    already open closed again) when one cannot open: a missing package, a taken metrics port."""
     opened: list[Logger] = []
     try:
         for name in config.metrics.loggers:
@@ -82,6 +82,8 @@ def open_loggers(config: StrataConfig, run_dir: Path) -> Loggers:
                     f"metrics.loggers {name} needs the {cls.needs} package ({exc}): `make setup` "
                     f"installs it, or pip install {cls.needs}; or leave {name} out"
                 ) from exc
+            except OSError as exc:  # e.g. the metrics port is taken
+                raise LoggerError(f"{exc} ({PORT_REMEDY})") from exc
     except BaseException:
         Loggers(opened).close()  # never begun: what they wrote goes too
         raise

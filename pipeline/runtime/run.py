@@ -27,7 +27,7 @@ from pipeline.backends.runtime import RuntimeUnavailable
 from pipeline.config.schema import StrataConfig
 from pipeline.evaluation.heldout import EvalError
 from pipeline.evaluation.report import learning_signal, write_report
-from pipeline.loggers import PORT_REMEDY, LoggerError, Loggers, open_loggers
+from pipeline.loggers import LoggerError, Loggers, open_loggers
 from pipeline.runtime.local import run_local
 from pipeline.runtime.ray import run_ray
 from pipeline.runtime.simulated import run_simulated
@@ -51,9 +51,6 @@ def run(config: StrataConfig, config_path: str, run_dir: Path, resume: bool = Fa
         return WHOLE_RUNS[config.actors.engine.type](config, run_dir)
     try:  # before anything is built: a taken port or a tracker that cannot start stops it here
         loggers = open_loggers(config, run_dir)
-    except OSError as exc:
-        print(f"strata: error: {exc} ({PORT_REMEDY})", file=sys.stderr)
-        return 2
     except LoggerError as exc:
         print(f"strata: error: {exc}", file=sys.stderr)
         return 2

@@ -32,7 +32,7 @@ from pipeline.assets.datasets import Question
 from pipeline.assets.tiny_policy import train_tokenizer
 from pipeline.backends.simulated import SimulatedEngine as SimulatedConfig
 from pipeline.config.schema import StrataConfig
-from pipeline.loggers import PORT_REMEDY, LoggerError, Loggers, open_loggers
+from pipeline.loggers import LoggerError, Loggers, open_loggers
 from pipeline.runtime import virtual_time
 from pipeline.runtime.accounting import write_json
 from pipeline.runtime.parts import agent_settings, make_buffer
@@ -307,10 +307,7 @@ def run_simulated(config: StrataConfig, run_dir: Path) -> int:
     )
     try:
         loggers = open_loggers(config, run_dir)
-    except OSError as exc:  # e.g. the metrics port is taken
-        print(f"strata: error: {exc} ({PORT_REMEDY})", file=sys.stderr)
-        return 2
-    except LoggerError as exc:
+    except LoggerError as exc:  # a taken metrics port, a missing package, ...
         print(f"strata: error: {exc}", file=sys.stderr)
         return 2
     try:
