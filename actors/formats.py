@@ -197,7 +197,7 @@ class ChatToolsFormat:
     _MARK = "\x00STRATA-BODY\x00"
 
     def __init__(self) -> None:
-        self._layouts: dict[tuple[int, str], tuple[str, str]] = {}
+        self._layouts: dict[tuple[str | None, str], tuple[str, str]] = {}
 
     def instruction(self, tools) -> str:
         return CHAT_INSTRUCTION if tools else DIRECT_INSTRUCTION
@@ -267,8 +267,8 @@ class ChatToolsFormat:
     def _layout(self, tokenizer, role: str) -> tuple[str, str]:
         """What the chat template writes around a `role` message that follows an assistant turn
         (the turn's end included), up to the next assistant turn's opening: (before, after) the
-        message's content. Rendered once per tokenizer and role."""
-        key = (id(tokenizer), role)
+        message's content. Rendered once per chat template and role."""
+        key = (getattr(tokenizer, "chat_template", None), role)  # the layout is the template's
         if key not in self._layouts:
             messages = [
                 {"role": "user", "content": "q"},
