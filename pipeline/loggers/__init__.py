@@ -38,9 +38,6 @@ class Loggers:
         self.loggers = loggers
         self.begun = False
 
-    def __bool__(self) -> bool:
-        return bool(self.loggers)
-
     def begin(self, step: int) -> None:
         self.begun = True
         for logger in self.loggers:

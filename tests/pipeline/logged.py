@@ -18,9 +18,7 @@ def expected_train(steps: list[dict]) -> dict[int, dict[str, float]]:
     """step -> train/<key> -> value: what every logger must hold (bools as 0/1, text left out)."""
     return {
         int(line["step"]): {
-            f"train/{k}": float(v)
-            for k, v in line.items()
-            if isinstance(v, int | float) and v is not None
+            f"train/{k}": float(v) for k, v in line.items() if isinstance(v, int | float)
         }
         for line in steps
     }
