@@ -71,7 +71,7 @@ test: setup
 # pipeline on CUDA with ZeRO-3, then the embedded engine's tokens/s against `model.generate`.
 test-gpu: setup
 	@$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make test-gpu: torch ' + torch.__version__ + ' sees no CUDA GPU here: run it on a GPU machine, after make setup CONSTRAINTS=')"
-	$(PY) -m pytest -q tests/gpu tests/learner/test_trainer.py tests/actors/test_embedded.py
+	$(PY) -m pytest -q tests/gpu tests/learner tests/actors/test_embedded.py
 	$(PY) benchmarks/engine_gpu.py
 
 # The config loader against 10,000 fuzzed configs and --set overrides: each loads or fails with one

@@ -27,6 +27,27 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def sharded_stages() -> list[int]:
+    """The ZeRO stages a learner test holds to stage 0: 1 and 2 everywhere, and 3 where torch sees
+    a CUDA GPU (DeepSpeed partitions parameters on GPUs only; the launcher refuses it on CPU)."""
+    import torch
+
+    return [1, 2, 3] if torch.cuda.is_available() else [1, 2]
+
+
+def gpu_per_rank(ranks: int) -> pytest.MarkDecorator:
+    """Skips a test of `ranks` learner ranks on a CUDA machine with fewer GPUs than ranks: there
+    the ranks train over NCCL, one GPU each, and the launcher refuses fewer GPUs
+    (pipeline/backends/local.py). On a machine without CUDA the ranks train over gloo."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return pytest.mark.skipif(
+        0 < gpus < ranks,
+        reason=f"{ranks} NCCL learner ranks need a GPU each; this machine has {gpus}",
+    )
+
+
 DISTRIBUTED_VARS = (
     "MASTER_ADDR",
     "MASTER_PORT",

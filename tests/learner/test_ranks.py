@@ -1,4 +1,4 @@
-"""The learner on 2 DeepSpeed ranks (gloo, CPU) trains exactly like 1 rank on the same groups.
+"""The learner on 2 DeepSpeed ranks (gloo on CPU, NCCL on two GPUs) trains exactly like 1 rank on the same groups.
 
 The one-rank reference runs in this process; the two-rank learner needs a process group of its
 own, so its rank 0 runs in a spawned process (`_train_two_ranks`) which starts rank 1 itself,
@@ -18,6 +18,7 @@ from learner.ranks import split_by_tokens
 from learner.trainer import Learner
 from pipeline.assets.tiny_policy import build_tiny_policy
 from pipeline.config.schema import LearnerConfig, LoraSection
+from tests.conftest import gpu_per_rank
 
 TEXTS = [
     f"Question {i}: <search> Varno Telik </search> <answer> Quorvex {i} </answer>"
@@ -117,6 +118,7 @@ def test_groups_are_dealt_whole_by_tokens():
     assert max(loads) - min(loads) <= 29
 
 
+@gpu_per_rank(2)
 @pytest.mark.parametrize(
     "overrides",
     [

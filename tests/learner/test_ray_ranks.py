@@ -16,7 +16,7 @@ from learner.trainer import Learner
 from pipeline.assets.tiny_policy import build_tiny_policy
 from pipeline.config.schema import LearnerConfig, StrataConfig
 from pipeline.runtime.ray_cluster import import_ray
-from tests.conftest import assert_loopback_listeners
+from tests.conftest import assert_loopback_listeners, gpu_per_rank
 from tests.learner.test_ranks import COMPARED, TEXTS, assert_same, groups, options
 
 
@@ -41,6 +41,7 @@ def two_nodes():
         cluster.shutdown()
 
 
+@gpu_per_rank(2)
 def test_two_ranks_on_two_ray_nodes_train_like_one(two_nodes, policy, tmp_path):
     import os
 

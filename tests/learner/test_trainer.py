@@ -24,6 +24,7 @@ from learner.trainer import Learner, kl_to_go
 from learner.weight_sync import CheckpointSync, InProcessSync
 from pipeline.assets.tiny_policy import build_tiny_policy
 from pipeline.config.schema import LearnerConfig
+from tests.conftest import sharded_stages
 
 TEXTS = [
     f"Question {i}: <search> Varno Telik </search> <answer> Quorvex {i} </answer>"
@@ -150,18 +151,25 @@ def test_a_group_older_than_eta_never_reaches_the_learner(policy):
     assert metrics["staleness_mean"] == 1.0
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", sharded_stages())
 def test_zero_stages_train_like_stage_0(policy, stage):
+    """Stage 3 (CUDA only) computes the same update with kernels of its own (flat fp32 partitions,
+    another order of sums): on an H100 (2026-11-27) its weights were within 2e-5 of stage 0's
+    after each of three steps, not growing, with losses and gradient norms equal to 7 digits.
+    Its weights' tolerance, 1e-4, is 2% of one Adam step (lr 5e-3); a gradient lost or counted
+    twice shows in the gradient norm. Stages 1 and 2 match stage 0 to 1e-5."""
     batch = groups(11)
     reference = learner(policy, zero_stage=0)
     sharded = learner(policy, zero_stage=stage)
     for _ in range(2):
         a, b = reference.step(batch), sharded.step(batch)
         assert b["loss"] == pytest.approx(a["loss"], abs=1e-5)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+    atol = 1e-4 if stage == 3 else 1e-5
     for (name, p), q in zip(
         reference.state_dict().items(), sharded.state_dict().values(), strict=True
     ):
-        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4, msg=name)
+        torch.testing.assert_close(p, q, atol=atol, rtol=1e-4, msg=name)
 
 
 def uneven_groups(seed: int) -> list[Group]:

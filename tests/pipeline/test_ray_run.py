@@ -19,7 +19,12 @@ from buffers.reader import read_trajectories
 from pipeline.backends.runtime import RuntimeUnavailable
 from pipeline.config.loader import load_config
 from pipeline.runtime.parts import pool_urls
-from tests.conftest import assert_accounting, assert_loopback_listeners, assert_no_secret
+from tests.conftest import (
+    assert_accounting,
+    assert_loopback_listeners,
+    assert_no_secret,
+    gpu_per_rank,
+)
 from tests.pipeline.test_local_run import REQUIRED_METRICS, ROOT, launch
 
 # The pools share (η + 1) * groups_per_step = 4 group places (concurrency 4 = one group a pool).
@@ -321,6 +326,7 @@ def test_ray_pools_on_vllm_servers_and_a_killed_server_comes_back_on_the_latest_
     assert_accounting(run_dir)
 
 
+@gpu_per_rank(2)
 def test_ray_runtime_with_two_learner_ranks_resumes_on_two(tmp_path, run_cache):
     """learner.num_ranks 2 under Ray: rank 1 is an actor on the learner's placement group, every
     step is trained by both ranks, the ranks end with the run, and `--resume` on two ranks
