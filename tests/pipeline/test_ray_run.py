@@ -1,8 +1,8 @@
 """`runtime.type: ray` end to end on CPU, as a user runs it: a private Ray cluster on 127.0.0.1,
-two generation actors, the learner and the retrieval server as Ray actors. One generation actor
-is killed mid-run (SIGKILL, like an OOM kill); the run goes on and evaluates itself periodically,
-then SIGTERM ends it cleanly. Then the same runtime on vLLM servers the launcher starts, one of
-them killed mid-run."""
+two generation actors, the learner on two ranks and the retrieval server as Ray actors. One
+generation actor is killed mid-run (SIGKILL, like an OOM kill); the run goes on and evaluates
+itself periodically, then SIGTERM ends it cleanly and `--resume` carries it on. Then the same
+runtime on vLLM servers the launcher starts, one of them killed mid-run."""
 
 import json
 import os
@@ -99,22 +99,30 @@ def wait_for_line(proc, pattern: str, seen: list[str]) -> None:
     raise AssertionError("the run ended early:\n" + "".join(seen[-20:]))
 
 
-def test_ray_runtime_survives_a_killed_actor_and_stops_cleanly(tmp_path, run_cache):
+@gpu_per_rank(2)
+def test_ray_runtime_survives_a_killed_actor_stops_cleanly_and_resumes_on_two_ranks(
+    tmp_path, run_cache
+):
+    """The learner on two ranks (rank 1 a Ray actor on the learner's placement group) while a
+    generation actor and the retrieval server are killed; SIGTERM ends the run with every Ray
+    process, and `--resume` on two ranks carries it on from the checkpoint both ranks took."""
     run_dir = tmp_path / "run"
-    proc = launch(
-        run_dir,
-        run_cache,
+    sets = [
         *RAY,
         "--set",
-        "learner.max_steps=10000",
+        "learner.num_ranks=2",
+        "--set",
+        "runtime.learner_num_cpus=0.25",
         "--set",
         "eval.every_steps=2",
         "--set",
         "eval.max_questions=6",
-    )
+    ]
+    proc = launch(run_dir, run_cache, *sets, "--set", "learner.max_steps=10000")
     seen: list[str] = []
     try:
         wait_for_step(proc, 1, seen)
+        assert len(generation_workers(proc.pid, "RankActor")) == 1, "rank 1 runs as a Ray actor"
         # pool-0 also runs the periodic evaluation: right after one ends, a busy worker is busy
         # generating (a kill during an evaluation had once found no training trajectory in flight)
         wait_for_line(proc, r"strata: eval at step \d+: accuracy", seen)
@@ -157,6 +165,7 @@ def test_ray_runtime_survives_a_killed_actor_and_stops_cleanly(tmp_path, run_cac
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [s["version"] for s in steps] == [float(i) for i in range(1, len(steps) + 1)]
     assert steps[-1]["aborted"] >= 1 and steps[-1]["abandoned_groups"] >= 1  # counted, not lost
+    assert all(s["rank_count"] == 2.0 and s["rank/1/tokens"] > 0 for s in steps)
     assert "actor restarts 1, retrieval restarts 1" in "".join(seen) + out
 
     table, bad = read_trajectories(
@@ -182,6 +191,16 @@ def test_ray_runtime_survives_a_killed_actor_and_stops_cleanly(tmp_path, run_cac
     assert len(listening) >= 3, listening  # the metrics endpoint, the retrieval server, Ray's GCS
     assert_no_secret(run_dir)
     assert_accounting(run_dir)  # the killed actor's trajectories are abandoned or aborted, not lost
+
+    last = int(latest.split("-")[1])  # the checkpoint SIGTERM took
+    again = launch(run_dir, run_cache, *sets, "--set", f"learner.max_steps={last + 1}", "--resume")
+    _, err = again.communicate(timeout=600)
+    assert again.returncode == 0, err[-3000:]
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    before = [float(i) for i in range(1, last + 1)]  # a step the stop let finish has no line
+    assert [s["version"] for s in steps] in ([*before, last + 1.0], [*before[:-1], last + 1.0])
+    assert steps[-1]["rank_count"] == 2.0 and steps[-1]["rank/1/tokens"] > 0
+    assert_accounting(run_dir)
 
 
 @pytest.mark.parametrize(
@@ -323,31 +342,4 @@ def test_ray_pools_on_vllm_servers_and_a_killed_server_comes_back_on_the_latest_
         assert first["served_versions"][-1] >= 1, first["served_versions"]
     held_out = [r for r in record["rows"] if r["name"] == "all" and r["tools"]]
     assert held_out[0]["questions"] == 4  # evaluated on the server
-    assert_accounting(run_dir)
-
-
-@gpu_per_rank(2)
-def test_ray_runtime_with_two_learner_ranks_resumes_on_two(tmp_path, run_cache):
-    """learner.num_ranks 2 under Ray: rank 1 is an actor on the learner's placement group, every
-    step is trained by both ranks, the ranks end with the run, and `--resume` on two ranks
-    carries the run on from the checkpoint both took."""
-    run_dir = tmp_path / "run"
-    sets = [*RAY, "--set", "learner.num_ranks=2", "--set", "runtime.learner_num_cpus=0.25"]
-    proc = launch(run_dir, run_cache, *sets, "--set", "learner.max_steps=2")
-    seen: list[str] = []
-    wait_for_step(proc, 1, seen)
-    ranks = generation_workers(proc.pid, "RankActor")
-    assert len(ranks) == 1, "rank 1 runs as a Ray actor"
-    assert_loopback_listeners(proc.pid)  # the ranks' rendezvous too
-    _, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err[-3000:]
-    time.sleep(1.0)
-    assert not ranks[0].is_running() or ranks[0].status() == psutil.STATUS_ZOMBIE
-
-    again = launch(run_dir, run_cache, *sets, "--set", "learner.max_steps=3", "--resume")
-    _, err = again.communicate(timeout=600)
-    assert again.returncode == 0, err[-3000:]
-    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [s["version"] for s in steps] == [1.0, 2.0, 3.0]
-    assert all(s["rank_count"] == 2.0 and s["rank/1/tokens"] > 0 for s in steps)
     assert_accounting(run_dir)
