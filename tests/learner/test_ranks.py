@@ -121,9 +121,7 @@ def test_groups_are_dealt_whole_by_tokens():
 @gpu_per_rank(2)
 @pytest.mark.parametrize(
     "overrides",
-    [
-        dict(zero_stage=0),
-        dict(zero_stage=1),
+    [  # each stage once, the defaults at 2; a case is a spawned pair of ranks (~20 s on 2 cores)
         dict(zero_stage=2),
         dict(
             zero_stage=0,
@@ -133,7 +131,7 @@ def test_groups_are_dealt_whole_by_tokens():
         ),
         dict(zero_stage=1, max_tokens_per_micro_batch=90, advantage={"type": "gae"}),
     ],
-    ids=["zero0", "zero1", "zero2-and-resume", "zero0-seq-mean-lora", "zero1-token-budget-gae"],
+    ids=["zero2-and-resume", "zero0-seq-mean-lora", "zero1-token-budget-gae"],
 )
 def test_two_ranks_train_like_one(policy, tmp_path, overrides):
     """Loss, gradient norm and weights after two steps; under ZeRO 2 the two-rank checkpoint
