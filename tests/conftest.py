@@ -16,7 +16,8 @@ if "PYTEST_XDIST_WORKER" in os.environ:
         os.environ.setdefault(name, "1")
 
 
-# The longest files, longest first (seconds of `make test` on 2 cores, 2026-11-27). The workers
+# The longest files, longest first (seconds each took in `make test` on 2 cores, 2026-11-27,
+# before the Ray, chat_tools and two-rank tests were slimmed that day). The workers
 # take files in collection order (--dist loadfile), so these go first and the short files fill
 # in at the end: the two workers finish together instead of one running a long file alone.
 # The second file needs no run assets: its worker does not wait while the first builds them.
