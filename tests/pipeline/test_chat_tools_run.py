@@ -17,7 +17,8 @@ def test_a_run_speaks_the_chat_templates_tool_calls(tmp_path, run_cache):
         "actors.max_response_tokens=320",
         "learner.max_steps=2",
         # half the other runs' 12: its own warm start builds in this test. At 6 epochs (loss
-        # 0.65) the agent made 0.50-0.75 tool calls per trajectory here (2026-11-27).
+        # 0.65) a configs/local.yaml run with these settings made 0.50-0.75 tool calls per trajectory
+        # in its first two steps (2-core machine, 2026-11-27).
         "model.warm_start_epochs=6",
     ]
     proc = launch(run_dir, run_cache, *(a for s in sets for a in ("--set", s)))
