@@ -57,12 +57,14 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 run: $(STAMP) system-deps
 	$(PY) -m pipeline.launch $(CONFIG)
 
-# Two pytest workers (pytest-xdist), a file each at a time: the end-to-end runs share one asset
-# cache (tests/conftest.py). The ten slowest are listed; the last line is the suite's wall time,
-# which must stay under ~10 minutes on 2 cores (a figure, not an assertion: machines are noisy).
+# Two pytest workers (pytest-xdist), a file each at a time, in the order tests/conftest.py gives
+# (longest first; xdist would otherwise reorder files by their number of tests): the end-to-end
+# runs share one asset cache (tests/conftest.py). The ten slowest are listed; the last line is the
+# suite's wall time, which must stay under ~10 minutes on 2 cores (a figure, not an assertion:
+# machines are noisy).
 test: setup
 	@start=$$(date +%s); \
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10; status=$$?; \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10; status=$$?; \
 	echo "make test: the tests took $$(( $$(date +%s) - start )) s of wall time ($(TEST_WORKERS) workers)"; \
 	exit $$status
 

@@ -16,32 +16,33 @@ if "PYTEST_XDIST_WORKER" in os.environ:
         os.environ.setdefault(name, "1")
 
 
-# The longest files, longest first (seconds each took in `make test` on 2 cores, 2026-11-27,
-# before the Ray, chat_tools and two-rank tests were slimmed that day). The workers
-# take files in collection order (--dist loadfile), so these go first and the short files fill
-# in at the end: the two workers finish together instead of one running a long file alone.
-# The second file needs no run assets: its worker does not wait while the first builds them.
-# A file missing here only runs later; nothing else depends on the list.
+# The longest files first (seconds each took in `make test` on 2 cores, 2026-11-27). The workers
+# take files in this order (make test passes --no-loadscope-reorder: xdist would otherwise order
+# files by their number of tests), each worker its next file when it is nearly done with its
+# last, so the short files fill in at the end and the two workers finish together. The first
+# file's run builds the shared run assets (world, index, warm start: ~100 s on one core); the
+# next four need none of them, so the other worker computes meanwhile instead of waiting on the
+# assets' lock. A file missing here only runs later; nothing else depends on the list.
 LONGEST_FILES = (
-    "tests/pipeline/test_ray_run.py",  # 270
-    "tests/learner/test_ranks.py",  # 132
-    "tests/pipeline/test_experiment.py",  # 204
-    "tests/pipeline/test_local_run.py",  # 160
-    "tests/pipeline/test_sglang_run.py",  # 135
-    "tests/pipeline/test_chat_tools_run.py",  # 118
-    "tests/pipeline/test_warm_start.py",  # 89
-    "tests/learner/test_trainer.py",  # 81
-    "tests/learner/test_ray_ranks.py",  # 56
-    "tests/faults/test_learner_ranks.py",  # 55
-    "tests/pipeline/test_evaluate.py",  # 51
-    "tests/pipeline/test_trap.py",  # 49
-    "tests/pipeline/test_simulation.py",  # 49
-    "tests/pipeline/test_gpu_benchmarks.py",  # 36
-    "tests/faults/test_soak.py",  # 33
-    "tests/actors/test_sglang_server.py",  # 29
-    "tests/faults/test_disk_full.py",  # 28
-    "tests/ops/test_dashboard.py",  # 24
-    "tests/faults/test_kill_resume.py",  # 24
+    "tests/pipeline/test_ray_run.py",  # 150, and the assets
+    "tests/learner/test_ranks.py",  # 77
+    "tests/pipeline/test_warm_start.py",  # 66 (its own small world and warm start)
+    "tests/pipeline/test_trap.py",  # 42
+    "tests/learner/test_ray_ranks.py",  # 35
+    "tests/pipeline/test_sglang_run.py",  # 123
+    "tests/pipeline/test_experiment.py",  # 90
+    "tests/pipeline/test_local_run.py",  # 100
+    "tests/pipeline/test_chat_tools_run.py",  # 62
+    "tests/faults/test_learner_ranks.py",  # 47
+    "tests/pipeline/test_simulation.py",  # 44
+    "tests/pipeline/test_gpu_benchmarks.py",  # 32
+    "tests/pipeline/test_evaluate.py",  # 31
+    "tests/faults/test_soak.py",  # 31
+    "tests/faults/test_kill_resume.py",  # 26
+    "tests/faults/test_disk_full.py",  # 26
+    "tests/ops/test_dashboard.py",  # 21
+    "tests/actors/test_sglang_server.py",  # 19
+    "tests/actors/test_vllm_engine.py",  # 72 where .venv-vllm exists (CI)
 )
 
 

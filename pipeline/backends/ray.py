@@ -4,6 +4,7 @@ in-process engines through Ray's object store, and learner ranks sit on a placem
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field
@@ -64,11 +65,34 @@ class RayRuntime(RuntimeBackend):
                 )
 
     def refused(self, config: StrataConfig, gpus: int) -> str | None:
-        try:
-            import ray  # noqa: F401
-        except ImportError:
+        """Checked before the assets are built: the ray package, and what Ray would otherwise
+        wait on (a private cluster smaller than the roles ask, an address where nothing listens)."""
+        import importlib.util
+
+        from pipeline.runtime.ray_cluster import missing_resources, unreachable
+
+        if importlib.util.find_spec("ray") is None:
             return "runtime.type ray needs the ray package: pip install 'ray>=2.30', or use --set runtime.type=local"
-        return None
+        if self.address:  # a joined cluster's resources are checked once it is joined
+            return unreachable(self.address)
+        have = {"CPU": float(os.cpu_count() or 1), "GPU": float(self.private_gpus(config, gpus))}
+        return missing_resources(self.needed(config), have)
+
+    def needed(self, config: StrataConfig) -> dict[str, float]:
+        """The CPUs and GPUs the run's Ray actors reserve."""
+        pools, ranks = config.actors.num_pools, config.learner.num_ranks
+        return {
+            "CPU": pools * self.actor_num_cpus
+            + ranks * self.learner_num_cpus
+            + self.retrieval_num_cpus,
+            "GPU": pools * self.actor_num_gpus + ranks * self.learner_num_gpus,
+        }
+
+    @staticmethod
+    def private_gpus(config: StrataConfig, gpus: int) -> int:
+        """The GPUs a private cluster gets: this machine's, less the last ones the SGLang servers
+        the launcher starts take (Ray hands out the first ones)."""
+        return max(0, gpus - config.actors.engine.started_gpus())
 
     def snapshot_publisher(self, targets: list) -> Publisher:
         from learner.weight_sync import RaySync

@@ -362,14 +362,9 @@ async def run_ray(
     summary = summary if summary is not None else RunSummary()
     pools_n = config.actors.num_pools
     ranks = config.learner.num_ranks
-    needed = {
-        "CPU": pools_n * runtime.actor_num_cpus
-        + ranks * runtime.learner_num_cpus
-        + runtime.retrieval_num_cpus,
-        "GPU": pools_n * runtime.actor_num_gpus + ranks * runtime.learner_num_gpus,
-    }
     urls = pool_urls(config)
-    start_ray(runtime, needed, reserved_gpus=config.actors.engine.started_gpus())
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    start_ray(runtime, runtime.needed(config), private_gpus=runtime.private_gpus(config, gpus))
     retrieval = retrieval_watch = servers = watching = learner = None
     workers: dict[str, Any] = {}
     try:

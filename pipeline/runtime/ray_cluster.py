@@ -37,22 +37,12 @@ def import_ray(node_ip: str = "127.0.0.1"):
     return ray
 
 
-def start_ray(runtime: RayRuntime, needed: dict[str, float], reserved_gpus: int = 0) -> None:
-    """Join `runtime.address` or start a private cluster bound to `runtime.node_ip`; check it has
-    the CPUs and GPUs the roles ask for (Ray would otherwise wait for them forever). A private
-    cluster leaves this machine's last `reserved_gpus` GPUs out (the SGLang servers the launcher
-    starts take them; Ray hands out the first ones)."""
+def start_ray(runtime: RayRuntime, needed: dict[str, float], private_gpus: int = 0) -> None:
+    """Join `runtime.address` or start a private cluster bound to `runtime.node_ip` with this
+    machine's CPUs and `private_gpus` GPUs. The launch checked a private cluster's size and a
+    joined one's address before the assets were built (`RayRuntime.refused`); a joined cluster
+    has what it has, checked here once joined (Ray would otherwise wait for it forever)."""
     ray = import_ray(runtime.node_ip)
-    if not runtime.address:  # a private cluster gets this machine's CPUs and GPUs: check first
-        import torch
-
-        gpus = max(0, torch.cuda.device_count() - reserved_gpus)
-        _check_resources(needed, {"CPU": float(os.cpu_count() or 1), "GPU": float(gpus)})
-    elif not _reachable(runtime.address):  # ray.init would retry for minutes
-        raise RuntimeUnavailable(
-            f"no Ray cluster answers at runtime.address {runtime.address}: start one there "
-            "(ray start --head --node-ip-address=127.0.0.1) or leave runtime.address null for a private one"
-        )
     handler = signal.getsignal(signal.SIGTERM)
     try:
         if runtime.address:
@@ -67,7 +57,7 @@ def start_ray(runtime: RayRuntime, needed: dict[str, float], reserved_gpus: int 
                 address="local",  # None would join the machine's latest cluster (ray_current_cluster)
                 _node_ip_address=runtime.node_ip,
                 num_cpus=os.cpu_count() or 1,
-                num_gpus=gpus,
+                num_gpus=private_gpus,
                 include_dashboard=False,
                 logging_level="WARNING",
                 log_to_driver=True,
@@ -80,34 +70,39 @@ def start_ray(runtime: RayRuntime, needed: dict[str, float], reserved_gpus: int 
     finally:
         signal.signal(signal.SIGTERM, handler)  # ours: checkpoint and flush on SIGTERM
     if runtime.address:  # a joined cluster has what it has: check it
-        try:
-            _check_resources(needed, ray.cluster_resources())
-        except RuntimeUnavailable:
+        problem = missing_resources(needed, ray.cluster_resources())
+        if problem:
             ray.shutdown()
-            raise
+            raise RuntimeUnavailable(problem)
 
 
-def _reachable(address: str, timeout_s: float = 5.0) -> bool:
-    """Whether host:port accepts a TCP connection (other address forms are left to Ray)."""
+def unreachable(address: str, timeout_s: float = 5.0) -> str | None:
+    """Why nothing would answer at the Ray cluster `address` (ray.init would retry for minutes),
+    or None: host:port accepts a TCP connection, or the address has another form (left to Ray)."""
     import socket
 
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or "://" in address:
-        return True
+        return None
     try:
         with socket.create_connection((host, int(port)), timeout=timeout_s):
-            return True
+            return None
     except OSError:
-        return False
+        return (
+            f"no Ray cluster answers at runtime.address {address}: start one there "
+            "(ray start --head --node-ip-address=127.0.0.1) or leave runtime.address null for a private one"
+        )
 
 
-def _check_resources(needed: dict[str, float], have: Mapping[str, float]) -> None:
+def missing_resources(needed: dict[str, float], have: Mapping[str, float]) -> str | None:
+    """What the roles ask for beyond what the cluster has, in one line, or None."""
     for resource, amount in needed.items():
         if amount > have.get(resource, 0.0) + 1e-9:
-            raise RuntimeUnavailable(
+            return (
                 f"the roles ask for {amount:g} {resource} but the Ray cluster has {have.get(resource, 0):g}: "
                 "lower runtime.actor_num_cpus / learner_num_cpus (fractions work) or actors.num_pools"
             )
+    return None
 
 
 def actor_gone_errors() -> tuple[type[BaseException], ...]:

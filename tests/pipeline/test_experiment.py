@@ -3,6 +3,7 @@ and `python -m pipeline.experiment_report` on run directories written here. The 
 subprocess is a fake (`run=`) except in the one end-to-end test at the end."""
 
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -501,9 +502,39 @@ def test_moving_average_is_trailing():
 # ------------------------------------------------------------------------------ end to end
 
 
-def test_two_variants_run_end_to_end_resume_as_done_and_are_reported(tmp_path, run_cache):
-    """As a user types it: the experiment launches each run, a second call skips both, and the
-    report reads them. Short runs as in test_local_run, evaluated at the start and the end."""
+# Two estimator variants far from the default, each a whole set of the options a user combines.
+ESTIMATORS = {
+    # MC-GRPO, a sequence mask, TSPO's latent reward; CISPO, an entropy bonus, DAPO's overlong
+    # treatments and dynamic sampling, REINFORCE++'s KL in the reward, GiGPO
+    "mc_cispo": {
+        "learner.advantage.type": "mc_grpo",
+        "learner.importance.type": "seq_mask",
+        "actors.latent_reward": 0.2,
+        "learner.surrogate.type": "cispo",
+        "learner.dual_clip": None,
+        "learner.entropy_coef": 0.01,
+        "learner.overlong_filter": True,
+        "actors.overlong_buffer": 64,
+        "learner.dynamic_sampling": True,
+        "learner.kl_coef": 0.01,
+        "learner.kl_in_reward": True,
+        "learner.step_credit.type": "gigpo",
+    },
+    # PPO's critic and GAE, two epochs, GSPO's sequence ratio
+    "ppo_gae": {
+        "learner.advantage.type": "gae",
+        "learner.ppo_epochs": 2,
+        "learner.ratio": "sequence",
+        "learner.loss_agg": "seq-mean-token-mean",
+        "learner.importance.type": "none",
+    },
+}
+
+
+def test_two_estimators_run_end_to_end_resume_as_done_and_are_reported(tmp_path, run_cache):
+    """As a user types it: the experiment launches each run (two estimators and corrections far
+    from the default, `ESTIMATORS`), a second call skips both, and the report reads them. Short
+    runs as in test_local_run, evaluated at the start and the end."""
     common = dict(parse_override(text) for text in SHORT[1::2])
     common |= {
         "runtime.cache_dir": str(run_cache),
@@ -511,14 +542,7 @@ def test_two_variants_run_end_to_end_resume_as_done_and_are_reported(tmp_path, r
         "eval.every_steps": 2,
         "eval.max_questions": 4,
     }
-    path = write_experiment(
-        tmp_path,
-        set=common,
-        variants={
-            "grpo": {"learner.advantage.alpha": 0.0},
-            "blend": {"learner.advantage.alpha": 0.6},
-        },
-    )
+    path = write_experiment(tmp_path, set=common, variants=ESTIMATORS)
     argv = [sys.executable, "-m", "pipeline.experiment", str(path)]
     done = subprocess.run(
         argv, cwd=ROOT, capture_output=True, text=True, timeout=900, env=child_env()
@@ -526,15 +550,30 @@ def test_two_variants_run_end_to_end_resume_as_done_and_are_reported(tmp_path, r
     out = tmp_path / "out"
     logs = "".join(p.read_text()[-2000:] for p in (out / "logs").glob("*.log"))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:] + logs
-    assert "end grpo-seed0 rc 0" in done.stdout and "end blend-seed0 rc 0" in done.stdout
+    assert "end mc_cispo-seed0 rc 0" in done.stdout and "end ppo_gae-seed0 rc 0" in done.stdout
     assert {n: r["status"] for n, r in records(tmp_path).items()} == {
-        "grpo-seed0": "done",
-        "blend-seed0": "done",
+        "mc_cispo-seed0": "done",
+        "ppo_gae-seed0": "done",
     }
-    for name in ("grpo-seed0", "blend-seed0"):
+    for name in ("mc_cispo-seed0", "ppo_gae-seed0"):
         run_dir = out / name
         assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step-000002"
         assert (run_dir / "report.md").is_file() and (out / "logs" / f"{name}.log").is_file()
+        steps = metrics(run_dir)
+        assert [s["version"] for s in steps] == [1.0, 2.0]
+        assert all(math.isfinite(s["loss"]) and "logprob_gap_abs_mean" in s for s in steps)
+        assert all(0 <= s["overlong_share"] <= 1 and s["entropy"] > 0 for s in steps)
+    mc_steps = metrics(out / "mc_cispo-seed0")
+    # dynamic sampling refilled every step: none empty, and the books count what it filtered
+    assert mc_steps[-1]["empty_steps"] == 0 and all(s["skipped_groups"] == 0 for s in mc_steps)
+    books = assert_accounting(out / "mc_cispo-seed0")
+    assert books["total"]["filtered"] == mc_steps[-1]["filtered"]
+    # the critic's figures, in the run's report.md too
+    assert all(
+        s["value_loss"] >= 0 and "explained_variance" in s for s in metrics(out / "ppo_gae-seed0")
+    )
+    report = (out / "ppo_gae-seed0" / "report.md").read_text()
+    assert "critic's value loss" in report and (out / "ppo_gae-seed0" / "critic.png").is_file()
 
     again = subprocess.run(
         argv, cwd=ROOT, capture_output=True, text=True, timeout=300, env=child_env()
@@ -546,10 +585,14 @@ def test_two_variants_run_end_to_end_resume_as_done_and_are_reported(tmp_path, r
     doc = tmp_path / "docs" / "ablation.md"
     assert report_main([str(out), "--doc", str(doc)]) == 0
     text = doc.read_text()
-    assert ("grpo", "yes") in table_rows(text, "Held-out accuracy, last evaluation")
+    assert ("ppo_gae", "yes") in table_rows(text, "Held-out accuracy, last evaluation")
     assert "trained 2 learner steps" in text and (doc.parent / "ablation-accuracy.png").is_file()
-    for name in ("grpo-seed0", "blend-seed0"):
+    for name in ("mc_cispo-seed0", "ppo_gae-seed0"):
         assert_accounting(out / name)
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_a_tie_at_the_top_is_said_as_a_tie(tmp_path):

@@ -211,10 +211,12 @@ def test_ray_runtime_survives_a_killed_actor_stops_cleanly_and_resumes_on_two_ra
     ],
 )
 def test_ray_runtime_says_what_is_missing(tmp_path, run_cache, setting, expected):
+    """Refused before the assets are built or a run directory is made (Ray would wait)."""
     proc = launch(tmp_path / "run", run_cache, "--set", "runtime.type=ray", "--set", setting)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 2 and expected in err
     assert err.strip().count("\n") == 0, err
+    assert not (tmp_path / "run").exists()
 
 
 def test_each_pool_owns_its_servers_and_fewer_servers_than_pools_is_refused():
