@@ -11,10 +11,13 @@ import os
 import signal
 import sys
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from learner.ranks import is_loopback
-from pipeline.backends.ray import RayRuntime
 from pipeline.backends.runtime import RuntimeUnavailable
+
+if TYPE_CHECKING:
+    from pipeline.backends.ray import RayRuntime
 
 LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 """Set to 0, Ray takes loopback as this node's address and every process of a cluster started

@@ -428,6 +428,7 @@ def test_weight_sync_nccl_is_refused_under_ray_in_one_line(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)  # a GPU machine's: gaia.yaml's roles ask for 6
     monkeypatch.setattr("actors.sglang_server.sglang_installed", lambda python: True)
     ray = load_config("configs/gaia.yaml", ["actors.engine.weight_sync=nccl"])
     problem = unavailable(ray)
