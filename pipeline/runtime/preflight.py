@@ -5,11 +5,13 @@ settings evaluation takes but training cannot. A refused launch leaves nothing b
 from __future__ import annotations
 
 from pipeline.config.schema import StrataConfig
+from pipeline.runtime.startup import uncollected
 
 
 def unavailable(config: StrataConfig) -> str | None:
     """Why this machine cannot run `config`, in one line, or None."""
-    import torch  # here, not at the top: --dry-run validates without importing torch
+    with uncollected():  # here, not at the top: --dry-run validates without importing torch
+        import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     problem = config.actors.engine.refused(config, gpus)
