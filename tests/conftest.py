@@ -20,14 +20,15 @@ if "PYTEST_XDIST_WORKER" in os.environ:
 # take files in this order (make test passes --no-loadscope-reorder: xdist would otherwise order
 # files by their number of tests), each worker its next file when it is nearly done with its
 # last, so the short files fill in at the end and the two workers finish together. The first
-# file's run builds the shared run assets (world, index, warm start: ~100 s on one core); the
-# next four need none of them, so the other worker computes meanwhile instead of waiting on the
-# assets' lock. A file missing here only runs later; nothing else depends on the list.
+# file's run builds the shared run assets (world and index in ~16 s, then the warm start: ~80 s on
+# one core); the next four need no warm start of the run (test_warm_start reads the world and
+# index only), so the other worker computes meanwhile instead of waiting on the assets' lock.
+# A file missing here only runs later; nothing else depends on the list.
 LONGEST_FILES = (
     "tests/pipeline/test_ray_run.py",  # 150, and the assets
     "tests/learner/test_ranks.py",  # 77
-    "tests/pipeline/test_warm_start.py",  # 66 (its own small world and warm start)
-    "tests/pipeline/test_trap.py",  # 42
+    "tests/pipeline/test_warm_start.py",  # 25 (a 2-epoch warm start of its own)
+    "tests/pipeline/test_trap.py",  # 15
     "tests/learner/test_ray_ranks.py",  # 35
     "tests/pipeline/test_sglang_run.py",  # 123
     "tests/pipeline/test_experiment.py",  # 90

@@ -1,5 +1,6 @@
 """The warm start: demos laid out as the agent loop lays out trajectories, a short real training
-run on the small world (cached on the second call), and the format measurement end to end."""
+run on the default run's world (the suite's shared assets; cached on the second call), and the
+format measurement end to end."""
 
 import asyncio
 import hashlib
@@ -15,6 +16,7 @@ from actors.agent import AgentLoop
 from actors.engine import Generation
 from actors.tools import PythonTool, SearchTool
 from learner.sft import SftTimeout, Training, learning_rate, sft_loss, shared_prefix, train_sft
+from pipeline.assets.cache import prepare_index, prepare_world
 from pipeline.assets.warm_start import (
     CACHE_FILE,
     DEFAULT_TRAINING,
@@ -28,21 +30,32 @@ from pipeline.assets.warm_start import (
     retrieved_observations,
     warm_start,
 )
-from pipeline.assets.world import build_world, write_world
+from pipeline.config.loader import load_config
 from pipeline.config.schema import TinyModel
 from retrieval.corpus import read_corpus
 
-EPOCHS = 4  # about 10 s here: enough for the loss to fall by more than 0.5
+EPOCHS = 2  # about 12 s here (one thread): enough for the loss to fall by more than 0.5
 TOOLS = ("search", "python")
 # The local agent with room for the longest demo: the layout is compared where nothing is cut.
 ROOMY = replace(LOCAL_AGENT, max_response_tokens=1024)
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    out = tmp_path_factory.mktemp("warm") / "world"
-    write_world(build_world(seed=0, size="small"), out)
-    return out
+def config(run_cache):
+    """The default run's config on the suite's shared asset cache (tests/conftest.py)."""
+    return load_config("configs/local.yaml", [f"runtime.cache_dir={run_cache}"])
+
+
+@pytest.fixture(scope="module")
+def world(config):
+    """The default run's world (small, seed 0), read only here."""
+    return prepare_world(config, quiet=True)
+
+
+@pytest.fixture(scope="module")
+def index(world, config):
+    """The default run's index of that world."""
+    return prepare_index(config, world / "corpus.jsonl", quiet=True)
 
 
 @pytest.fixture(scope="module")
@@ -305,13 +318,10 @@ def test_a_world_without_demos_is_refused_in_one_line(tmp_path):
         warm_start(tmp_path, tmp_path / "policy")
 
 
-def test_demo_searches_show_what_the_runs_index_returns(world, tmp_path):
-    from retrieval.build import build
+def test_demo_searches_show_what_the_runs_index_returns(world, index):
     from retrieval.corpus import format_passages
     from retrieval.server import load_search
 
-    index = tmp_path / "index"
-    build(str(world / "corpus.jsonl"), str(index), quiet=True)
     original = demos(world)[:40]
     swapped = retrieved_observations(original, index, topk=3)
     search = load_search(str(index))
@@ -332,8 +342,8 @@ def test_demo_searches_show_what_the_runs_index_returns(world, tmp_path):
 # ----------------------------------------------------------------------------- measurement
 
 
-def test_the_format_rate_runs_the_agent_end_to_end(world, warm):
-    reports = format_rate(warm[0], world, n=8, temperatures=(0.0, 1.0))
+def test_the_format_rate_runs_the_agent_end_to_end(world, warm, index):
+    reports = format_rate(warm[0], world, n=8, temperatures=(0.0, 1.0), index_dir=index)
     assert [r.temperature for r in reports] == [0.0, 1.0]
     for r in reports:
         assert r.trajectories == 8 and sum(r.finish.values()) == 8
