@@ -47,6 +47,16 @@ LONGEST_FILES = (
 )
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
+    """The test modules import torch, transformers and DeepSpeed as a launch does: with the
+    garbage collector paused (pipeline/runtime/startup.py), as there."""
+    from pipeline.runtime.startup import uncollected
+
+    with uncollected():
+        return (yield)
+
+
 def _file_rank(item) -> int:
     path = item.nodeid.split("::", 1)[0]
     return LONGEST_FILES.index(path) if path in LONGEST_FILES else len(LONGEST_FILES)

@@ -67,6 +67,7 @@ from aiohttp import web
 
 from actors.embedded import EmbeddedEngine
 from actors.engine import Generation, SamplingParams
+from pipeline.runtime.startup import uncollected
 from retrieval.server import serve
 
 PAUSE_MODES = ("abort", "retract", "in_place")
@@ -453,12 +454,13 @@ async def _serve_forever(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     dtype = "float32" if args.dtype in ("auto", "float", "float32") else args.dtype
-    engine = PausableEngine.from_pretrained(
-        args.model_path,
-        dtype=dtype,
-        max_batch_size=args.max_running_requests or 16,
-        seed=args.random_seed or 0,
-    )
+    with uncollected():  # transformers' model code imports here (pipeline/runtime/startup.py)
+        engine = PausableEngine.from_pretrained(
+            args.model_path,
+            dtype=dtype,
+            max_batch_size=args.max_running_requests or 16,
+            seed=args.random_seed or 0,
+        )
     server_args = {
         "tp_size": args.tp_size,
         "dp_size": 1,
