@@ -38,6 +38,7 @@ from pipeline.config.schema import (
     RetrievalConfig,
     StrataConfig,
 )
+from pipeline.runtime.startup import uncollected
 from retrieval.client import RetrievalClient
 from retrieval.server import load_app, serve
 
@@ -83,7 +84,13 @@ def make_learner(config: StrataConfig, policy_dir: str | os.PathLike[str]):
     """The DeepSpeed learner of `config`, starting from the HF model at `policy_dir`: rank 0 in
     this process and, with learner.num_ranks N > 1, ranks 1..N-1 as processes it starts, or
     under Ray as actors on bundles 1..N-1 of this actor's placement group (learner/ray_ranks.py;
-    `close_learner` stops them)."""
+    `close_learner` stops them). DeepSpeed and the model's code import here, the collector
+    paused (pipeline/runtime/startup.py)."""
+    with uncollected():
+        return _make_learner(config, policy_dir)
+
+
+def _make_learner(config: StrataConfig, policy_dir: str | os.PathLike[str]):
     pretrained = isinstance(config.model, PretrainedModel)
     kwargs = dict(
         group_size=config.buffer.group_size,
@@ -117,8 +124,10 @@ def make_engine(
 ) -> RolloutEngine:
     """The generation backend `actors.engine` names, serving the policy at `model_path`.
     `urls`: the servers to use instead of `actors.engine.urls` (those the runtime started, or a
-    pool's share of them)."""
-    return config.actors.engine.build(config, model_path, urls)
+    pool's share of them). An in-process engine's model code imports here, the collector paused
+    (pipeline/runtime/startup.py)."""
+    with uncollected():
+        return config.actors.engine.build(config, model_path, urls)
 
 
 def _search_tool(config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None) -> Tool:
