@@ -4,6 +4,8 @@ import os
 
 import pytest
 
+from pipeline.runtime.startup import uncollected
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -16,34 +18,35 @@ if "PYTEST_XDIST_WORKER" in os.environ:
         os.environ.setdefault(name, "1")
 
 
-# The longest files first (seconds each took in `make test` on 2 cores, 2026-11-27). The workers
-# take files in this order (make test passes --no-loadscope-reorder: xdist would otherwise order
-# files by their number of tests), each worker its next file when it is nearly done with its
-# last, so the short files fill in at the end and the two workers finish together. The first
-# file's run builds the shared run assets (world and index in ~16 s, then the warm start: ~80 s on
-# one core); the next four need no warm start of the run (test_warm_start reads the world and
-# index only), so the other worker computes meanwhile instead of waiting on the assets' lock.
-# A file missing here only runs later; nothing else depends on the list.
+# The longest files first (seconds each took on 2 cores, 2026-11-27, a clone of 75adb2c; the vLLM
+# file with .venv-vllm present, earlier that day). The workers take files in this order (make test
+# passes --no-loadscope-reorder: xdist would otherwise order files by their number of tests),
+# each worker its next file when it is nearly done with its last, so the short files fill in at
+# the end and the two workers finish together. The first file's run builds the shared run assets
+# (world and index in ~15 s, then the warm start: ~75 s on one core); the next four need no warm
+# start of the run (test_warm_start reads the world and index only), so the other worker
+# computes meanwhile instead of waiting on the assets' lock. A file missing here only runs
+# later; nothing else depends on the list.
 LONGEST_FILES = (
-    "tests/pipeline/test_ray_run.py",  # 150, and the assets
-    "tests/learner/test_ranks.py",  # 77
-    "tests/pipeline/test_warm_start.py",  # 25 (a 2-epoch warm start of its own)
-    "tests/pipeline/test_trap.py",  # 15
+    "tests/pipeline/test_ray_run.py",  # 246, the assets' build included
+    "tests/learner/test_ranks.py",  # 73
+    "tests/pipeline/test_warm_start.py",  # 28 (a 2-epoch warm start of its own)
+    "tests/pipeline/test_trap.py",  # 12
     "tests/learner/test_ray_ranks.py",  # 35
-    "tests/pipeline/test_sglang_run.py",  # 123
-    "tests/pipeline/test_experiment.py",  # 90
-    "tests/pipeline/test_local_run.py",  # 100
-    "tests/pipeline/test_chat_tools_run.py",  # 62
-    "tests/faults/test_learner_ranks.py",  # 47
-    "tests/pipeline/test_simulation.py",  # 44
-    "tests/pipeline/test_gpu_benchmarks.py",  # 32
-    "tests/pipeline/test_evaluate.py",  # 31
-    "tests/faults/test_soak.py",  # 31
-    "tests/faults/test_kill_resume.py",  # 26
-    "tests/faults/test_disk_full.py",  # 26
-    "tests/ops/test_dashboard.py",  # 21
-    "tests/actors/test_sglang_server.py",  # 19
+    "tests/pipeline/test_sglang_run.py",  # 101
+    "tests/pipeline/test_local_run.py",  # 86
     "tests/actors/test_vllm_engine.py",  # 72 where .venv-vllm exists (CI)
+    "tests/pipeline/test_chat_tools_run.py",  # 63
+    "tests/pipeline/test_experiment.py",  # 49
+    "tests/pipeline/test_simulation.py",  # 42
+    "tests/faults/test_learner_ranks.py",  # 38
+    "tests/faults/test_soak.py",  # 30
+    "tests/pipeline/test_gpu_benchmarks.py",  # 30
+    "tests/pipeline/test_evaluate.py",  # 28
+    "tests/faults/test_kill_resume.py",  # 24
+    "tests/faults/test_disk_full.py",  # 22
+    "tests/actors/test_sglang_server.py",  # 20
+    "tests/ops/test_dashboard.py",  # 18
 )
 
 
@@ -51,8 +54,6 @@ LONGEST_FILES = (
 def pytest_collection(session):
     """The test modules import torch, transformers and DeepSpeed as a launch does: with the
     garbage collector paused (pipeline/runtime/startup.py), as there."""
-    from pipeline.runtime.startup import uncollected
-
     with uncollected():
         return (yield)
 
