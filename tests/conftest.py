@@ -134,6 +134,31 @@ def assert_no_secret(run_dir) -> None:
     assert not leaked, f"{SECRET_NAME}'s value was written to {leaked}"
 
 
+MARK_NAME = "STRATA_TEST_MARK"
+
+
+def run_mark() -> dict[str, str]:
+    """An environment entry that marks one launched run's processes (its servers and their engine
+    cores inherit it): the other pytest worker may run servers of its own from the same cache."""
+    import time
+
+    return {MARK_NAME: f"{os.getpid()}-{time.time_ns()}"}
+
+
+def marked(mark: dict[str, str], command: str = ""):
+    """The live processes carrying `mark` whose command line holds `command`."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(MARK_NAME) == mark[MARK_NAME] and command in " ".join(p.cmdline()):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
 def _loopback(ip: str) -> bool:
     import ipaddress
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from buffers.reader import read_trajectories
-from tests.conftest import assert_accounting, assert_no_secret, child_env
+from tests.conftest import assert_accounting, assert_no_secret, child_env, marked, run_mark
 from tests.pipeline.logged import assert_logged
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -315,9 +315,7 @@ def test_resume_refuses_other_settings_and_runs_without_a_checkpoint(tmp_path, c
 )
 def test_a_short_run_on_vllm_servers_the_launcher_starts_and_stops(tmp_path, cache):
     run_dir = tmp_path / "run"
-    # Marks this run's processes (the servers and their engine cores inherit the environment):
-    # the other pytest worker may run vLLM servers of its own from the same cache meanwhile.
-    mark = f"{os.getpid()}-{time.time_ns()}"
+    mark = run_mark()
     proc = launch(
         run_dir,
         cache,
@@ -329,23 +327,12 @@ def test_a_short_run_on_vllm_servers_the_launcher_starts_and_stops(tmp_path, cac
         "actors.engine.max_model_len=512",
         "--set",
         "buffer.max_staleness=1",
-        env={"STRATA_TEST_MARK": mark},
+        env=mark,
     )
-    import psutil
-
-    def marked() -> list[str]:
-        found = []
-        for p in psutil.process_iter():
-            try:
-                if p.environ().get("STRATA_TEST_MARK") == mark:
-                    found.append(" ".join(p.cmdline()))
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-        return found
 
     deadline, seen = time.monotonic() + 600, False
     while not seen and proc.poll() is None and time.monotonic() < deadline:
-        seen = any("vllm" in line for line in marked())  # so the check below can fail
+        seen = bool(marked(mark, "vllm"))  # so the check below can fail
         time.sleep(1)
     assert seen, "no vLLM server carrying this run's mark was seen while it ran"
     out, err = proc.communicate(timeout=900)
@@ -366,5 +353,5 @@ def test_a_short_run_on_vllm_servers_the_launcher_starts_and_stops(tmp_path, cac
     ) == {4}
     assert max(released["policy_version"].to_pylist()) >= 1  # generated with reloaded weights
     assert (run_dir / "logs" / "vllm-server-0.log").is_file()
-    assert not marked()  # the server and its engine core are gone (the mark is this run's)
+    assert not marked(mark)  # the server and its engine core are gone (the mark is this run's)
     assert_accounting(run_dir)

@@ -24,6 +24,8 @@ from tests.conftest import (
     assert_loopback_listeners,
     assert_no_secret,
     gpu_per_rank,
+    marked,
+    run_mark,
 )
 from tests.pipeline.test_local_run import REQUIRED_METRICS, ROOT, launch
 
@@ -248,20 +250,12 @@ needs_vllm = pytest.mark.skipif(
 )
 
 
-def vllm_servers_of(cache) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        line = " ".join(p.info["cmdline"] or [])
-        if "vllm.entrypoints.openai.api_server" in line and str(cache) in line:
-            found.append(p)
-    return found
-
-
 # On an idle machine the tiny policy's steps take ~0.4 s: the server is killed as soon as step 1 is
 # printed (vLLM's num_requests_running gauge lags by seconds: waiting for it, the run could end
 # first), and with η = 1 at most two more steps' groups can exist then, so steps 4-6 must wait for
 # the restarted server.
 VLLM_STEPS = 6
+VLLM_SERVER = "vllm.entrypoints.openai.api_server"
 
 
 @needs_vllm
@@ -273,6 +267,7 @@ def test_ray_pools_on_vllm_servers_and_a_killed_server_comes_back_on_the_latest_
     requests are aborted and counted, the launcher restarts it, it loads the latest checkpoint
     before it serves again, and the run finishes."""
     run_dir = tmp_path / "run"
+    mark = run_mark()  # this run's servers (the other worker may run some of its own meanwhile)
     proc = launch(
         run_dir,
         run_cache,
@@ -296,11 +291,12 @@ def test_ray_pools_on_vllm_servers_and_a_killed_server_comes_back_on_the_latest_
         "eval.max_questions=4",
         "--set",
         "eval.train_questions=24",
+        env=mark,
     )
     seen: list[str] = []
     try:
         wait_for_step(proc, 1, seen)
-        (server,) = vllm_servers_of(run_cache)
+        (server,) = marked(mark, VLLM_SERVER)
         os.killpg(server.pid, signal.SIGKILL)  # the server and its engine core
         out, err = proc.communicate(timeout=900)
     finally:
@@ -332,7 +328,7 @@ def test_ray_pools_on_vllm_servers_and_a_killed_server_comes_back_on_the_latest_
         f"v{VLLM_STEPS - 1:06d}",
         f"v{VLLM_STEPS:06d}",
     ]
-    assert not vllm_servers_of(run_cache)  # stopped at the end
+    assert not marked(mark, VLLM_SERVER)  # stopped at the end
     # The starting policy's evaluation (24 training questions: it outlasts step 1) meets the kill:
     # what the kill cut off is run again on the restarted server, and the record says which
     # versions served it. It used to be lost ("eval at step 0 failed: cannot reach ...").
