@@ -6,6 +6,7 @@ told what to do by rank 0 through `RayPeers`, and the ranks meet through a `TCPS
 from __future__ import annotations
 
 import contextlib
+import gc
 import ipaddress
 import socket
 import sys
@@ -36,6 +37,10 @@ class RankActor:
     answers ("ok", result) or ("error", one line), as a rank process does over its pipe."""
 
     def __init__(self, rank: int, world: int, where: TcpRendezvous, spec: RankSpec) -> None:
+        # A run's workers import their actor's module with the collector paused (the runtime's
+        # worker_process_setup_hook): freeze what that made and collect from here on.
+        gc.freeze()
+        gc.enable()
         torch.set_num_threads(spec.threads)
         self.rank, self.learner = rank, None
         self.error: str | None = None

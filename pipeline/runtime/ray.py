@@ -65,6 +65,7 @@ from pipeline.runtime.ray_learner import LearnerWorker, learner_placement
 from pipeline.runtime.ray_retrieval import RetrievalWorker, watch_retrieval
 from pipeline.runtime.recovery import resume_run_dir
 from pipeline.runtime.roles import Roles
+from pipeline.runtime.startup import resumed
 from pipeline.runtime.stream import (
     CURSOR_KEY,
     ActorStats,
@@ -93,6 +94,7 @@ class GenerationWorker:
     ) -> None:
         """`urls`: the inference servers this pool owns (remote engines); no two pools share one,
         so each server is updated by exactly one client."""
+        resumed()  # the worker imported this module with the collector paused
         self.config = StrataConfig.model_validate(config)
         self.policy_dir, self.search_url, self.name, self.urls = policy_dir, search_url, name, urls
         torch.set_num_threads(threads)

@@ -25,6 +25,10 @@ here (GCS, raylet, workers, agents) listens on 127.0.0.1 only; left alone, they 
 interfaces (`::`, 0.0.0.0) and the runtime-env agent on the machine's address, whatever
 `_node_ip_address` says. Ray reads it once, when `ray` is first imported."""
 
+WORKERS = {"worker_process_setup_hook": "pipeline.runtime.startup.paused"}
+"""Every worker of a run imports its actor's module with the collector paused; the actors'
+constructors resume it (pipeline/runtime/startup.py)."""
+
 
 def import_ray(node_ip: str = "127.0.0.1"):
     """`import ray`, with Ray kept on loopback when `node_ip` is a loopback address: the only
@@ -54,6 +58,7 @@ def start_ray(runtime: RayRuntime, needed: dict[str, float], private_gpus: int =
                 _node_ip_address=runtime.node_ip,
                 logging_level="WARNING",
                 log_to_driver=True,
+                runtime_env=WORKERS,
             )
         else:
             ray.init(
@@ -64,6 +69,7 @@ def start_ray(runtime: RayRuntime, needed: dict[str, float], private_gpus: int =
                 include_dashboard=False,
                 logging_level="WARNING",
                 log_to_driver=True,
+                runtime_env=WORKERS,
             )
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = runtime.address or runtime.node_ip

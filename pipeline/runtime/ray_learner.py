@@ -14,12 +14,14 @@ from pipeline.backends.ray import RayRuntime
 from pipeline.backends.runtime import RuntimeUnavailable
 from pipeline.config.schema import StrataConfig
 from pipeline.runtime.parts import close_learner, make_learner
+from pipeline.runtime.startup import resumed
 
 
 class LearnerWorker:
     """The learner (DeepSpeed) in its own process; weights leave it as CPU tensors."""
 
     def __init__(self, config: dict, policy_dir: str, threads: int) -> None:
+        resumed()  # the worker imported this module with the collector paused
         torch.set_num_threads(threads)
         self.learner = make_learner(StrataConfig.model_validate(config), policy_dir)
 

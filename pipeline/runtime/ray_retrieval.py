@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from pipeline.runtime.ray_cluster import actor_gone_errors
+from pipeline.runtime.startup import resumed
 from pipeline.runtime.stream import RunSummary
 from retrieval.server import load_app, serve
 
@@ -14,6 +15,7 @@ class RetrievalWorker:
     when it dies (a fresh one serves nothing): `watch_retrieval` starts it again on its port."""
 
     def __init__(self) -> None:
+        resumed()  # the worker imported this module with the collector paused
         self.runner = None
 
     async def start(self, index_dir: str, host: str, port: int) -> int:

@@ -21,5 +21,14 @@ def test_a_private_cluster_ignores_ray_address_and_binds_loopback(monkeypatch):
         gcs = ray.get_runtime_context().gcs_address
         assert gcs.startswith("127.0.0.1:") and gcs != "127.0.0.1:9"
         assert ray.cluster_resources()["CPU"] >= 1
+
+        @ray.remote(num_cpus=0.5)
+        def collecting() -> bool:
+            import gc
+
+            return gc.isenabled()
+
+        # its workers start with the collector paused (an actor's constructor resumes it)
+        assert ray.get(collecting.remote(), timeout=120) is False
     finally:
         ray.shutdown()
