@@ -14,8 +14,9 @@ CPU paused against 8.6 s running (medians, 0.75x); a 2-step launch of configs/lo
 A Ray worker imports its actor's module before any code of ours runs in it: the cluster starts
 every worker with the collector paused (`paused`, its `worker_process_setup_hook`), and each of
 our actors' constructors freezes what the imports made and collects again (`resumed`). Importing
-a generation actor's module took 6.4 s of CPU paused against 7.2 s running, a learner rank's 4.3 s
-against 6.2 s (one process each, 2026-11-27).
+a generation actor's module took 5.8 s of CPU paused against 6.4 s running, a learner rank's 4.9 s
+against 5.5 s (medians of 4 fresh processes each, 2026-11-27; single processes vary by 1-2 s):
+about 10% less.
 """
 
 from __future__ import annotations
