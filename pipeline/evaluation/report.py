@@ -159,7 +159,14 @@ def initial_policy(policy_dir: Path | None) -> str:
     return line
 
 
-def write_report(run_dir: Path, config_path: str, summary, policy_dir: Path | None = None) -> Path:
+def write_report(
+    run_dir: Path,
+    config_path: str,
+    summary,
+    policy_dir: Path | None = None,
+    plots: bool = True,
+) -> Path:
+    """`run_dir/report.md`, with its plots beside it unless `plots` is false (metrics.plots)."""
     metrics = summary.metrics
     first, last = learning_signal(metrics)
     entropy = learning_signal(metrics, "entropy")
@@ -187,14 +194,14 @@ def write_report(run_dir: Path, config_path: str, summary, policy_dir: Path | No
         "",
     ]
     lines += learning_section(run_dir, metrics)
-    if metrics:
+    if metrics and plots:
         for name in _plots(metrics, run_dir):
             lines += [f"![{name}]({name})", ""]
         by_level = calls_by_level_plot(run_dir)
         if by_level is not None:
             lines += [f"![{by_level}]({by_level})", ""]
     lines += _accounting(summary.accounting)
-    lines += _evaluations(run_dir)
+    lines += _evaluations(run_dir, plots)
     target = run_dir / "report.md"
     target.write_text("\n".join(lines))
     return target
@@ -249,9 +256,10 @@ def _accounting(books: dict) -> list[str]:
     return lines
 
 
-def _evaluations(run_dir: Path) -> list[str]:
-    """The held-out evaluations of the run (run_dir/eval.jsonl): the last one's table and a
-    plot of accuracy by data source or level against learner step (dashed: without tools)."""
+def _evaluations(run_dir: Path, plot: bool) -> list[str]:
+    """The held-out evaluations of the run (run_dir/eval.jsonl): the last one's table and, with
+    `plot`, a plot of accuracy by data source or level against learner step (dashed: without
+    tools)."""
     import json
 
     source = run_dir / "eval.jsonl"
@@ -268,6 +276,8 @@ def _evaluations(run_dir: Path) -> list[str]:
         markdown([Row(**r) for r in last["rows"]], last["samples"]).rstrip(),
         "",
     ]
+    if not plot:
+        return lines
     import matplotlib
 
     matplotlib.use("Agg")

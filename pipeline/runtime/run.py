@@ -135,7 +135,7 @@ def _run(
         print("strata: interrupted: checkpointed and flushed what was running", file=sys.stderr)
     if not summary.steps and not interrupted:
         return 1
-    report = write_report(run_dir, config_path, summary, assets.policy_dir)
+    report = write_report(run_dir, config_path, summary, assets.policy_dir, config.metrics.plots)
     loggers.log_report(summary.steps, sorted(run_dir.glob("*.png")))
     first, last = learning_signal(summary.metrics)
     resumed = f" (resumed at step {summary.resumed_from})" if summary.resumed_from else ""

@@ -36,6 +36,8 @@ EVAL = [
     "eval.max_questions=12",
     "--set",
     "eval.train_questions=6",
+    "--set",
+    "metrics.plots=true",
 ]
 
 

@@ -527,6 +527,7 @@ ESTIMATORS = {
         "learner.ratio": "sequence",
         "learner.loss_agg": "seq-mean-token-mean",
         "learner.importance.type": "none",
+        "metrics.plots": True,  # critic.png, a panel only GAE has
     },
 }
 

@@ -45,6 +45,8 @@ SHORT = [
     "eval.every_steps=0",
     "--set",
     "eval.train_questions=0",
+    "--set",  # the report's tables without its plots (~2 s of CPU a run): the short run draws them
+    "metrics.plots=false",
 ]
 # A periodic evaluation of two questions per file (at steps 0, 2, 4 ...).
 EVAL_EVERY_2 = ["--set", "eval.every_steps=2", "--set", "eval.max_questions=2"]
@@ -111,6 +113,8 @@ def test_a_short_run_streams_trains_and_leaves_a_complete_run_dir(tmp_path, cach
         "buffer.max_staleness=0",
         "--set",
         "actors.num_pools=2",
+        "--set",
+        "metrics.plots=true",
     )
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-2000:]
@@ -178,6 +182,8 @@ def test_sigterm_checkpoints_and_leaves_nothing_running(tmp_path, cache):
     assert proc.returncode == 130
     assert "already stopping" in out
     assert (run_dir / "checkpoints" / "latest").is_file() and (run_dir / "report.md").is_file()
+    assert "![" not in (run_dir / "report.md").read_text()  # metrics.plots=false: tables only
+    assert not list(run_dir.glob("*.png"))
     time.sleep(0.5)
     for pid in map(int, children):
         with pytest.raises(ProcessLookupError):
@@ -216,6 +222,8 @@ def test_resume_goes_on_from_the_latest_checkpoint(tmp_path, cache):
     loggers = [
         "--set",
         "metrics.loggers=[prometheus,tensorboard,wandb]",
+        "--set",  # the report's plots, logged as images
+        "metrics.plots=true",
         *EVAL_EVERY_2,
         "--set",
         "model.lora.r=8",
