@@ -118,7 +118,7 @@ def test_ray_runtime_survives_a_killed_actor_stops_cleanly_and_resumes_on_two_ra
         "--set",
         "eval.every_steps=2",
         "--set",
-        "eval.max_questions=6",
+        "eval.max_questions=3",
     ]
     proc = launch(run_dir, run_cache, *sets, "--set", "learner.max_steps=10000")
     seen: list[str] = []
