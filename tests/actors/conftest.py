@@ -18,19 +18,17 @@ def tiny_policy_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def world_index(tmp_path_factory):
-    """The small mini-GAIA world, indexed with the real MiniLM encoder: (index, search function)."""
-    import os
-
-    from pipeline.assets.world import build_world, write_world
-    from retrieval.build import build
+def world_index(run_cache):
+    """The default run's world (small, seed 0) and its index with the real MiniLM encoder, from
+    the suite's shared asset cache (tests/conftest.py; built here if no run has built them yet):
+    (index, search function)."""
+    from pipeline.assets.cache import prepare_index, prepare_world
+    from pipeline.config.loader import load_config
     from retrieval.encoders import load_encoder
     from retrieval.index import PassageIndex
     from retrieval.server import index_search
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    root = tmp_path_factory.mktemp("world")
-    write_world(build_world(seed=0, size="small"), root / "world")
-    build(str(root / "world" / "corpus.jsonl"), str(root / "index"), quiet=True)
-    index = PassageIndex.load(root / "index")
+    config = load_config("configs/local.yaml", [f"runtime.cache_dir={run_cache}"])
+    world = prepare_world(config, quiet=True)
+    index = PassageIndex.load(prepare_index(config, world / "corpus.jsonl", quiet=True))
     return index, index_search(index, load_encoder(index.meta.encoder).encode_queries)
