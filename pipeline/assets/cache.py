@@ -58,12 +58,21 @@ def prepare_world(config: StrataConfig, quiet: bool = False) -> Path:
     skew = "" if data.world_skew == SKEW else f"-skew{data.world_skew!r}"  # exact: 1.3 vs 1.3000001
     if data.world_chains_astray is not None:
         skew += f"-astray{data.world_chains_astray!r}"
+    if data.world_chain_demos is not None:
+        skew += f"-chains{data.world_chain_demos!r}"
+    if data.world_guess_sharpness is not None:
+        skew += f"-sharp{data.world_guess_sharpness!r}"
     target = Path(config.runtime.cache_dir) / f"world-{data.world_size}-seed{data.seed}{skew}"
     with _building(target):
         if _world_version(target) != VERSION:  # none yet, or one an earlier Strata wrote
             _say(f"building the mini-GAIA world ({data.world_size}{skew}) in {target}", quiet)
             world = build_world(
-                data.seed, data.world_size, data.world_skew, data.world_chains_astray
+                data.seed,
+                data.world_size,
+                data.world_skew,
+                data.world_chains_astray,
+                data.world_chain_demos,
+                data.world_guess_sharpness,
             )
             write_world(world, target, force=target.exists())
     return target

@@ -18,6 +18,11 @@ What makes it a test bed for stratified advantages:
 - The trap knob, `chains_astray` (`data.world_chains_astray`, `--chains-astray`): the share of the
   two-search demonstrations whose second query goes astray. With it high, a warm-started policy's
   chains pay less than a guess at the start (docs/results/trap_gaia.md). Only the demos change.
+- Where the warm start starts: `chain_demos` (`data.world_chain_demos`, `--chain-demos`), the
+  share of two-hop and three-step demos that chain two searches, and `guess_sharpness`
+  (`data.world_guess_sharpness`, `--guess-sharpness`), how sharply a demo's guess favours the
+  commonest training answer (pipeline/assets/world_demos.py). Only the demos change; unset, the
+  world is the same byte for byte (tests/pipeline/test_world.py pins its digest).
 - Held-out questions are about new entities: the test split's subjects are never the subject or
   the bridge of a training question, so what transfers is how to search, not memorised answers.
   Their names are new combinations of words that training names use too (`NameMaker`), so a
@@ -138,6 +143,8 @@ class World:
     name_parts: dict[str, list[str]] | None = None  # NameMaker.parts()
     skew: float = SKEW  # exponent of the skewed attributes' frequencies
     chains_astray: float | None = None  # share of two-search demos astray (None: the default mix)
+    chain_demos: float | None = None  # share of L2/L3 demos that chain (None: as written)
+    guess_sharpness: float | None = None  # exponent on a guess's answer frequency (None: as drawn)
 
     def split(self, name: str) -> list[WorldQuestion]:
         return [q for q in self.questions if q.split == name]
@@ -277,16 +284,32 @@ def _expected_names(size: Size) -> dict[str, int]:
 
 
 def build_world(
-    seed: int, size: str = "small", skew: float = SKEW, chains_astray: float | None = None
+    seed: int,
+    size: str = "small",
+    skew: float = SKEW,
+    chains_astray: float | None = None,
+    chain_demos: float | None = None,
+    guess_sharpness: float | None = None,
 ) -> World:
     """The world for this seed, size, prior skew and demo mix, in memory; `write_world` puts it
-    on disk. `chains_astray` changes the demonstrations only: passages and questions stay."""
+    on disk. `chains_astray`, `chain_demos` and `guess_sharpness` change the demonstrations
+    only: passages and questions stay."""
     if not 0 <= skew <= 4:
         raise WorldError(f"the world's skew must lie in [0, 4] (got {skew}); the default is {SKEW}")
     if chains_astray is not None and not 0 <= chains_astray <= 1:
         raise WorldError(
             f"the share of chain demos astray must lie in [0, 1] (got {chains_astray}); "
             "leave it unset for the default mix"
+        )
+    if chain_demos is not None and not 0 <= chain_demos <= 1:
+        raise WorldError(
+            f"the share of two-hop demos that chain must lie in [0, 1] (got {chain_demos}); "
+            "leave it unset for the default mix"
+        )
+    if guess_sharpness is not None and not 0 <= guess_sharpness <= 64:
+        raise WorldError(
+            f"the guess sharpness must lie in [0, 64] (got {guess_sharpness}); "
+            "leave it unset for guesses drawn by answer frequency"
         )
     if size not in SIZES:
         raise WorldError(f"unknown world size {size!r}; choose one of: {', '.join(SIZES)}")
@@ -307,7 +330,15 @@ def build_world(
     for q in train:
         guesses.setdefault(q.answer_kind, []).append(q.answer[0])
     demos = make_demos(
-        train, passages, kinds, guesses, _rng(seed, "demos"), spec.max_demos, chains_astray
+        train,
+        passages,
+        kinds,
+        guesses,
+        _rng(seed, "demos"),
+        spec.max_demos,
+        chains_astray,
+        chain_demos,
+        guess_sharpness,
     )
     return World(
         seed,
@@ -319,6 +350,8 @@ def build_world(
         names.parts(),
         skew,
         chains_astray,
+        chain_demos,
+        guess_sharpness,
     )
 
 
@@ -376,6 +409,9 @@ def _write_files(world: World, out: Path) -> None:
         "size": world.size,
         "skew": world.skew,
         "chains_astray": world.chains_astray,
+        # Written only when set: the default world's manifest stays as it was, byte for byte.
+        **({"chain_demos": world.chain_demos} if world.chain_demos is not None else {}),
+        **({"guess_sharpness": world.guess_sharpness} if world.guess_sharpness is not None else {}),
         "counts": world.counts,
         "version": VERSION,
         "name_parts": world.name_parts,
@@ -456,6 +492,20 @@ def _parser() -> argparse.ArgumentParser:
         help="share of the two-search demos whose second query goes astray (the trap knob; "
         "default: the world's own mix, 0.5 of two-hop and 0.4 of three-step chains)",
     )
+    p.add_argument(
+        "--chain-demos",
+        type=float,
+        default=None,
+        help="share of the two-hop and three-step demos that chain two searches "
+        "(default: the world's own mix, 0.2 of two-hop and 0.25 of three-step ones)",
+    )
+    p.add_argument(
+        "--guess-sharpness",
+        type=float,
+        default=None,
+        help="a demo's guess is drawn with weight frequency ** this over the training answers "
+        "(1: by frequency, large: the commonest; default: drawn by frequency as written)",
+    )
     p.add_argument("--force", action="store_true", help="replace an earlier world in --out")
     return p
 
@@ -464,7 +514,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
         start = time.perf_counter()
-        world = build_world(args.seed, args.size, args.skew, args.chains_astray)
+        world = build_world(
+            args.seed,
+            args.size,
+            args.skew,
+            args.chains_astray,
+            args.chain_demos,
+            args.guess_sharpness,
+        )
         write_world(world, args.out, force=args.force)
     except WorldError as exc:
         print(f"strata world: error: {exc}", file=sys.stderr)

@@ -15,11 +15,21 @@ wrong answer: it stopped a hop short) instead of guessing, so that, as in the tr
 warm-started policy chains about as often but its chains pay less than a guess at the start,
 so a group-wide baseline pushes it away from chaining before it learns the second query
 (docs/results/trap_gaia.md).
+
+Two more knobs shape where a warm-started policy starts (issue 59's window world), each off by
+default (None: the demos as written, byte for byte):
+- `chain_demos` (`data.world_chain_demos`): the share of L2 and L3 demos that chain two searches
+  (as written: 0.2 of L2, 0.25 of L3); the other strategies share the rest in their proportions.
+- `guess_sharpness` (`data.world_guess_sharpness`): a guess of a named answer (city, person,
+  country, profession) is drawn with weight frequency ** sharpness over the distinct training
+  answers: 1 is the frequencies as today (drawn another way), 0 uniform, and large values tend
+  to always the commonest answer. Years and numbers are guessed as before.
 """
 
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -45,10 +55,23 @@ STRATEGIES = {
 ASTRAY = "two_searches_astray"
 
 
-def strategy_weights(level: int, chains_astray: float | None = None) -> dict[str, float]:
+def strategy_weights(
+    level: int, chains_astray: float | None = None, chain_demos: float | None = None
+) -> dict[str, float]:
     """`STRATEGIES[level]`, or with `chains_astray` set the same total weight of two-search
-    strategies split so that this share of it goes astray (the rest keeps its proportions)."""
+    strategies split so that this share of it goes astray (the rest keeps its proportions);
+    with `chain_demos` set, the two-search strategies together take this share of the level's
+    weight and the others the rest, each group in its own proportions (levels without chains:
+    unchanged)."""
     weights = {k: float(v) for k, v in STRATEGIES[level].items()}
+    if chain_demos is not None and ASTRAY in weights:
+        if not 0 <= chain_demos <= 1:
+            raise ValueError(f"chain_demos must lie in [0, 1] (got {chain_demos})")
+        chains = [k for k in weights if k.startswith("two_searches")]
+        whole, chained = sum(weights.values()), sum(weights[k] for k in chains)
+        for k in weights:
+            share = chain_demos / chained if k in chains else (1 - chain_demos) / (whole - chained)
+            weights[k] *= share * whole
     if chains_astray is None or ASTRAY not in weights:
         return weights
     if not 0 <= chains_astray <= 1:
@@ -56,6 +79,8 @@ def strategy_weights(level: int, chains_astray: float | None = None) -> dict[str
     right = [k for k in weights if k.startswith("two_searches") and k != ASTRAY]
     total = weights[ASTRAY] + sum(weights[k] for k in right)
     right_total = sum(weights[k] for k in right)
+    if total == 0:  # chain_demos 0: no chain left to split
+        return weights
     for k in right:
         weights[k] *= (1 - chains_astray) * total / right_total
     weights[ASTRAY] = chains_astray * total
@@ -74,10 +99,21 @@ class _Demos:
         guesses: Mapping[str, Sequence[str]],
         rng: random.Random,
         astray_answers_bridge: bool = False,
+        guess_sharpness: float | None = None,
     ) -> None:
         self.passage = {p.id: p for p in passages}
         self.astray_answers_bridge = astray_answers_bridge
         self.kinds, self.guesses, self.rng = kinds, guesses, rng
+        # Sharpened: distinct answers, weight frequency ** sharpness, taken relative to the
+        # commonest so that a large sharpness stays finite (it tends to the commonest answer).
+        self.sharpened: dict[str, tuple[list[str], list[float]]] = {}
+        if guess_sharpness is not None:
+            for kind, answers in guesses.items():
+                counts = Counter(answers)
+                values = sorted(counts, key=lambda a: (-counts[a], a))
+                top = counts[values[0]]
+                weights = [(counts[a] / top) ** guess_sharpness for a in values]
+                self.sharpened[kind] = (values, weights)
         self.same_kind: dict[str, list[str]] = {}
         for p in passages:
             self.same_kind.setdefault(kinds[p.id], []).append(p.id)
@@ -104,6 +140,9 @@ class _Demos:
         if q.answer_kind == "number":
             value = int(q.answer[0])
             return str(self.rng.randint(max(1, value // 2), value * 2))
+        if q.answer_kind in self.sharpened:
+            values, weights = self.sharpened[q.answer_kind]
+            return self.rng.choices(values, weights)[0]
         return self.rng.choice(self.guesses[q.answer_kind])
 
     def _plan(self, q: WorldQuestion) -> str:
@@ -173,20 +212,33 @@ def make_demos(
     rng: random.Random,
     limit: int,
     chains_astray: float | None = None,
+    chain_demos: float | None = None,
+    guess_sharpness: float | None = None,
 ) -> list[dict]:
     """One demonstration per question (a seeded sample of `limit` of them when there are more).
 
     `guesses` holds, by answer kind (city, person, country, profession), the answers a guess is
-    drawn from: the training answers, repeated as often as they occur. `chains_astray`: see
-    `strategy_weights` (None: `STRATEGIES` as written).
+    drawn from: the training answers, repeated as often as they occur. `chains_astray`,
+    `chain_demos`: see `strategy_weights` (None: `STRATEGIES` as written); `guess_sharpness`:
+    see the module's docstring (None: a guess is a uniform draw from `guesses`).
     """
+    if guess_sharpness is not None and not 0 <= guess_sharpness <= 64:
+        raise ValueError(f"guess_sharpness must lie in [0, 64] (got {guess_sharpness})")
     chosen = list(questions)
     if len(chosen) > limit:
         chosen = sorted(rng.sample(chosen, limit), key=lambda q: q.id)
-    demos = _Demos(passages, kinds, guesses, rng, astray_answers_bridge=chains_astray is not None)
+    demos = _Demos(
+        passages,
+        kinds,
+        guesses,
+        rng,
+        astray_answers_bridge=chains_astray is not None,
+        guess_sharpness=guess_sharpness,
+    )
     rows = []
     for q in chosen:
-        names, weights = zip(*strategy_weights(q.level, chains_astray).items(), strict=True)
+        weights_by_name = strategy_weights(q.level, chains_astray, chain_demos)
+        names, weights = zip(*weights_by_name.items(), strict=True)
         strategy = rng.choices(names, weights)[0]
         response, answer = demos.respond(q, strategy)
         rows.append(

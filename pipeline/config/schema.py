@@ -175,6 +175,16 @@ class DataConfig(Section):
     also answers with the bridge entity (a hop short), so a chain pays only when both hops are
     right. Raised, chains pay less than a guess at the start (docs/results/trap_gaia.md). Its
     own world and warm start."""
+    world_chain_demos: float | None = Field(None, ge=0, le=1)
+    """mini_gaia: the share of the warm start's two-hop and three-step demonstrations that
+    chain two searches (null: the world's mix, 0.2 of two-hop and 0.25 of three-step ones); the
+    other strategies share the rest in their proportions. Raised, a warm-started policy starts
+    chaining more often (the trap's starting share p0). Its own world and warm start."""
+    world_guess_sharpness: float | None = Field(None, ge=0, le=64)
+    """mini_gaia: a demonstration's guess of a named answer is drawn with weight
+    frequency ** this over the distinct training answers (null: by frequency, as written; 1 the
+    same law; 0 uniform; large values tend to always the commonest answer). Its own world and
+    warm start."""
 
     @model_validator(mode="after")
     def _files_when_needed(self) -> DataConfig:
@@ -184,7 +194,13 @@ class DataConfig(Section):
         fields = type(self).model_fields
         worldly = [
             k
-            for k in ("world_size", "world_skew", "world_chains_astray")
+            for k in (
+                "world_size",
+                "world_skew",
+                "world_chains_astray",
+                "world_chain_demos",
+                "world_guess_sharpness",
+            )
             if getattr(self, k) != fields[k].default
         ]
         if self.type != "mini_gaia" and worldly:

@@ -82,3 +82,34 @@ def test_the_trap_knob_is_its_own_cached_world_and_mini_gaia_only(tmp_path):
         StrataConfig.model_validate(
             {"data": {"type": "search_r1", "train_files": ["t.parquet"], "world_chains_astray": 1}}
         )
+
+
+def test_the_start_knobs_are_each_their_own_cached_world_and_mini_gaia_only(tmp_path):
+    from pipeline.assets.cache import prepare_world
+    from pipeline.config.schema import StrataConfig
+
+    def world(**data):
+        config = StrataConfig.model_validate(
+            {"data": {"seed": 3, **data}, "runtime": {"cache_dir": str(tmp_path)}}
+        )
+        return prepare_world(config, quiet=True)
+
+    chains, sharp = world(world_chain_demos=0.5), world(world_guess_sharpness=2.0)
+    assert (chains.name, sharp.name) == (
+        "world-small-seed3-chains0.5",
+        "world-small-seed3-sharp2.0",
+    )
+    assert json.loads((chains / "world.json").read_text())["chain_demos"] == 0.5
+    assert json.loads((sharp / "world.json").read_text())["guess_sharpness"] == 2.0
+    both = world(
+        world_skew=1.3, world_chains_astray=1.0, world_chain_demos=0.5, world_guess_sharpness=2.0
+    )
+    assert both.name == "world-small-seed3-skew1.3-astray1.0-chains0.5-sharp2.0"
+    for key, value in (("world_chain_demos", 0.5), ("world_guess_sharpness", 2.0)):
+        with pytest.raises(ValueError, match=rf"data\.{key} shapes the mini_gaia world"):
+            StrataConfig.model_validate(
+                {"data": {"type": "search_r1", "train_files": ["t.parquet"], key: value}}
+            )
+    for key, value in (("world_chain_demos", 1.2), ("world_guess_sharpness", -0.5)):
+        with pytest.raises(ValueError, match=key):
+            StrataConfig.model_validate({"data": {key: value}})

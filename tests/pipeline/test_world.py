@@ -1,6 +1,7 @@
 """The mini-GAIA world: same seed same bytes, questions answerable only through their gold passages,
 well-formed files in the formats the pipeline reads."""
 
+import hashlib
 import json
 import re
 import subprocess
@@ -13,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.assets.world import SEARCH_R1_SCHEMA, VERSION, build_world, main, write_world
+from pipeline.assets.world_demos import strategy_weights
 from retrieval.corpus import format_passages, read_corpus
 
 FILES = [
@@ -242,6 +244,91 @@ def test_the_trap_knob_is_written_to_the_manifest_and_refused_out_of_range(tmp_p
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "must lie in [0, 1] (got 1.5)" in err
     assert not (tmp_path / "v").exists()
+
+
+def _digest(out: Path) -> str:
+    h = hashlib.sha256()
+    for name in ("corpus.jsonl", "demos.jsonl", "metadata.jsonl", "world.json"):
+        h.update((out / name).read_bytes())
+    return h.hexdigest()
+
+
+def test_the_start_knobs_unset_leave_the_worlds_byte_for_byte(tmp_path):
+    # Digests of the text files written before data.world_chain_demos and
+    # data.world_guess_sharpness existed (issue 59): unset, the knobs change nothing.
+    write_world(build_world(0, "small"), tmp_path / "default")
+    assert _digest(tmp_path / "default") == (
+        "5079a9b33aa94798f92a62b37be7fe6ef2d2ec466b025289d7089d2202a33c7e"
+    )
+    write_world(build_world(3, "small", 1.3, 0.9), tmp_path / "trap")
+    assert _digest(tmp_path / "trap") == (
+        "b712693c79fb542192334a5068d3b5013860b835bbcf878f4480c4a1bd79aa30"
+    )
+
+
+def test_chain_demos_sets_the_share_of_multi_hop_demos_that_chain():
+    default = build_world(7, "small")
+    multi = [d for d in default.demos if d["level"] > 1]
+    base = sum(d["strategy"].startswith("two_") for d in multi) / len(multi)
+    assert 0.15 < base < 0.3  # as written: 0.2 of L2, 0.25 of L3
+    half = build_world(7, "small", chain_demos=0.5)
+    assert half.passages == default.passages and half.questions == default.questions
+    multi = [d for d in half.demos if d["level"] > 1]
+    assert 0.42 < sum(d["strategy"].startswith("two_") for d in multi) / len(multi) < 0.58
+    assert not any(d["strategy"].startswith("two_") for d in half.demos if d["level"] == 1)
+    assert all(not d["strategy"].startswith("two_") for d in build_world(7, chain_demos=0).demos)
+    assert all(
+        d["strategy"].startswith("two_")
+        for d in build_world(7, "small", chains_astray=1.0, chain_demos=1).demos
+        if d["level"] > 1
+    )
+
+
+def test_strategy_weights_keep_the_total_and_the_other_proportions():
+    weights = strategy_weights(2, chains_astray=0.75, chain_demos=0.6)
+    assert sum(weights.values()) == pytest.approx(100)
+    assert weights["two_searches_astray"] == pytest.approx(45)  # 0.75 of the 60 that chain
+    assert weights["two_searches"] == pytest.approx(15)
+    assert weights["no_search"] / weights["one_search"] == pytest.approx(35 / 45)
+    assert weights["no_search"] + weights["one_search"] == pytest.approx(40)
+    assert strategy_weights(1, chain_demos=0.6) == strategy_weights(1)  # L1 has no chains
+
+
+def _guess_pay(world) -> float:
+    """Share of the L2 demos that answer without chaining and are right."""
+    l2 = [d for d in world.demos if d["level"] == 2 and not d["strategy"].startswith("two_")]
+    return sum(d["correct"] for d in l2) / len(l2)
+
+
+def test_guess_sharpness_moves_guesses_towards_the_commonest_answer():
+    flat = build_world(7, "small", 1.3, guess_sharpness=0.0)
+    sharp = build_world(7, "small", 1.3, guess_sharpness=64.0)
+    assert sharp.passages == flat.passages and sharp.questions == flat.questions
+    assert _guess_pay(sharp) > _guess_pay(flat) + 0.1
+    commonest = Counter(q.answer[0] for q in sharp.split("train") if q.answer_kind == "country")
+    top = commonest.most_common(1)[0][0]
+    train = {q.id: q for q in sharp.split("train")}
+    guessed = [
+        d["response"].rsplit("<answer> ", 1)[1].removesuffix("</answer>")
+        for d in sharp.demos
+        if d["strategy"] == "no_search" and train[d["id"]].answer_kind == "country"
+    ]
+    assert guessed and all(g == top for g in guessed)  # sharpness 64: always the commonest
+
+
+def test_the_start_knobs_are_written_to_the_manifest_and_refused_out_of_range(tmp_path, capsys):
+    argv = ["--out", str(tmp_path / "w"), "--chain-demos", "0.5", "--guess-sharpness", "2"]
+    assert main(argv) == 0
+    manifest = json.loads((tmp_path / "w" / "world.json").read_text())
+    assert (manifest["chain_demos"], manifest["guess_sharpness"]) == (0.5, 2.0)
+    for flag, value, says in (
+        ("--chain-demos", "1.5", "chain must lie in [0, 1] (got 1.5)"),
+        ("--guess-sharpness", "-1", "sharpness must lie in [0, 64] (got -1.0)"),
+    ):
+        assert main(["--out", str(tmp_path / "v"), flag, value]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err
+        assert not (tmp_path / "v").exists()
 
 
 def test_parquet_indexes_count_rows_within_the_split(world_dir):
