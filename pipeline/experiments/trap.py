@@ -1,7 +1,8 @@
 """`python -m pipeline.trap`: the trap bandit, a controlled model of when stratified advantages
 help, trained with the project's own registered estimators.
 
-The model. A policy first picks a stratum, "guess" or "chain", from logits theta = (0, 0). A guess
+The model. A policy first picks a stratum, "guess" or "chain", from logits theta = (0, 0) (or
+theta = (0, logit p0) with `--start-chain p0`: P(chain) starts at p0 instead of 0.5). A guess
 pays Bernoulli(p_guess). A chain makes two M-way choices a1 ~ softmax(h1), a2 ~ softmax(h2)
 (hop logits of length M, zeros at the start) and pays 1 only if both are 0, so it starts paying
 1 / M^2 with a ceiling of 1: the deeper the trap (larger M), the longer guessing looks better. Each
@@ -12,13 +13,17 @@ REINFORCE then moves
     theta += lr * sum_i A_i (onehot(S_i) - softmax(theta)) / K
     h_j   += lr * sum_{i chain} A_i (onehot(a_ij) - softmax(h_j)) / K     (j = 1, 2)
 
-with K all trajectories of the step. A seed "escapes" when its final P(chain) > 0.9. Seeds run
+with K all trajectories of the step (`--hop-speed k` multiplies the hops' step by k: hops that
+learn k times faster than the stratum logits). A seed "escapes" when its final P(chain) > 0.9. Seeds run
 side by side (one estimator call per step for all of them), each with its own groups.
 
     python -m pipeline.trap --alphas 0,0.8,1 --chain-choices 4,6 --p-guess 0.3 --group-size 8 \\
-        --groups 4 --steps 300 --lr 1.0 --seeds 60 [--estimator stratified] [--json FILE]
+        --groups 4 --steps 300 --lr 1.0 --seeds 60 [--start-chain 0.1,0.5] [--hop-speed 1] \
+        [--estimator stratified] [--json FILE]
+    python -m pipeline.trap --exact --start-chain 0.1,0.5 --alphas 0,0.6,0.8 --chain-choices 5
 
-The JSON holds `cells`, one per (alpha, chain_choices): the escape fraction over seeds with its
+`--exact` prints the expected update at the start instead of sampling (trap_exact.start_table).
+The JSON holds `cells`, one per (p_guess, group size, start share, hop speed, M, alpha): the escape fraction over seeds with its
 Wilson 95% interval, and the final expected reward's mean and standard deviation over seeds.
 """
 
@@ -36,7 +41,7 @@ import numpy as np
 import torch
 
 from learner.estimators import ESTIMATORS, estimate, section_params
-from pipeline.experiments.trap_exact import expected_path, plot_path
+from pipeline.experiments.trap_exact import expected_path, plot_path, start_table
 
 GUESS, CHAIN = 0, 1
 
@@ -54,6 +59,8 @@ class Trap:
     estimator: str = "stratified"
     alpha: float = 0.6
     eps: float = 1e-6
+    start_chain: float = 0.5
+    hop_speed: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,10 @@ class Cell:
     escape_high: float
     final_reward_mean: float
     final_reward_std: float
+    start_chain: float = 0.5
+    """P(chain) at the start (the stratum logits (0, logit p0))."""
+    hop_speed: float = 1.0
+    """How many times faster the hop logits learn than the stratum logits."""
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -90,6 +101,7 @@ def run(trap: Trap, seeds: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     m, per_seed = trap.chain_choices, trap.groups * trap.group_size
     theta = np.zeros((seeds, 2))
+    theta[:, CHAIN] = math.log(trap.start_chain / (1 - trap.start_chain))
     h1, h2 = np.zeros((seeds, m)), np.zeros((seeds, m))
     # every trajectory's seed and group: groups are numbered across seeds, so one call does all
     owner = np.repeat(np.arange(seeds), per_seed)
@@ -116,8 +128,9 @@ def run(trap: Trap, seeds: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
             / per_seed
         )
         chain = (stratum == CHAIN).astype(np.float64)[:, None] * advantages[:, None]
-        h1 += trap.lr * _summed(chain * (_onehot(a1, m) - p1), owner, seeds) / per_seed
-        h2 += trap.lr * _summed(chain * (_onehot(a2, m) - p2), owner, seeds) / per_seed
+        hop_lr = trap.lr * trap.hop_speed
+        h1 += hop_lr * _summed(chain * (_onehot(a1, m) - p1), owner, seeds) / per_seed
+        h2 += hop_lr * _summed(chain * (_onehot(a2, m) - p2), owner, seeds) / per_seed
     return softmax(theta)[:, CHAIN], expected_reward(theta, h1, h2, trap.p_guess)
 
 
@@ -161,6 +174,8 @@ def cell(trap: Trap, seeds: int, seed: int = 0) -> Cell:
         high,
         float(reward.mean()),
         float(reward.std()),
+        trap.start_chain,
+        trap.hop_speed,
     )
 
 
@@ -171,14 +186,15 @@ def plot(cells: list[Cell], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = sorted({(c.p_guess, c.group_size) for c in cells})
+    panels = sorted({(c.p_guess, c.group_size, c.start_chain, c.hop_speed) for c in cells})
     alphas = sorted({c.alpha if c.alpha is not None else -1.0 for c in cells})
     depths = sorted({c.chain_choices for c in cells})
     fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels) + 1, 3.2), squeeze=False)
-    for ax, (p_guess, size) in zip(axes[0], panels, strict=True):
+    for ax, panel in zip(axes[0], panels, strict=True):
+        p_guess, size, start, speed = panel
         grid = np.full((len(depths), len(alphas)), np.nan)
         for c in cells:
-            if (c.p_guess, c.group_size) == (p_guess, size):
+            if (c.p_guess, c.group_size, c.start_chain, c.hop_speed) == panel:
                 a = c.alpha if c.alpha is not None else -1.0
                 grid[depths.index(c.chain_choices), alphas.index(a)] = c.escape
         image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", origin="lower", aspect="auto")
@@ -197,7 +213,10 @@ def plot(cells: list[Cell], path: str) -> None:
         ax.set_xlabel("alpha")
         if ax is axes[0][0]:
             ax.set_ylabel("trap depth M (a chain pays 1/M² at first)")
-        ax.set_title(f"p_guess {p_guess:g}, groups of {size}", fontsize=9)
+        title = f"p_guess {p_guess:g}, groups of {size}"
+        title += f", p0 {start:g}" if start != 0.5 else ""
+        title += f", hops x{speed:g}" if speed != 1 else ""
+        ax.set_title(title, fontsize=9)
     fig.colorbar(image, ax=axes[0].tolist(), label="P(escape): final P(chain) > 0.9")
     fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
@@ -218,6 +237,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--chain-choices", type=_ints, default=[4, 6], help="M: the trap's depth")
     p.add_argument("--p-guess", type=_floats, default=[0.3], help="what a guess pays, each")
     p.add_argument("--group-size", type=_ints, default=[8], help="trajectories per group, each")
+    p.add_argument(
+        "--start-chain", type=_floats, default=[0.5], help="P(chain) at the start, each (p0)"
+    )
+    p.add_argument(
+        "--hop-speed",
+        type=_floats,
+        default=[1.0],
+        help="hops learn this many times faster than the stratum logits, each",
+    )
     p.add_argument("--groups", type=int, default=4)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--lr", type=float, default=1.0)
@@ -228,16 +256,26 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--path",
         help="instead of sampling: the mean-field path of exact expected updates of each alpha "
-        "(stratified; the first --chain-choices, --p-guess and --group-size) to this JSON",
+        "(stratified; the first --chain-choices, --p-guess, --group-size, --start-chain and "
+        "--hop-speed) to this JSON",
     )
     p.add_argument("--path-plot", help="with --path: plot P(chain), reward and cosine (PNG)")
+    p.add_argument(
+        "--exact",
+        action="store_true",
+        help="instead of sampling: the exact expected update at the start of each --start-chain, "
+        "--chain-choices and --group-size, by alpha, against GRPO's and the true gradient",
+    )
     return p
 
 
 def mean_field(args: argparse.Namespace) -> int:
     """`--path`: trap_exact.expected_path for each alpha, written and summarised."""
     m, p_guess, size = args.chain_choices[0], args.p_guess[0], args.group_size[0]
-    paths = [expected_path(a, m, p_guess, size, args.steps, args.lr) for a in args.alphas]
+    start, speed = args.start_chain[0], args.hop_speed[0]
+    paths = [
+        expected_path(a, m, p_guess, size, args.steps, args.lr, start, speed) for a in args.alphas
+    ]
     for rows in paths:
         end = rows[-1]
         print(
@@ -247,10 +285,32 @@ def mean_field(args: argparse.Namespace) -> int:
             flush=True,
         )
     settings = {"chain_choices": m, "p_guess": p_guess, "group_size": size}
+    settings |= {"start_chain": start, "hop_speed": speed}
     settings |= {"steps": args.steps, "lr": args.lr}
     Path(args.path).write_text(json.dumps({"settings": settings, "paths": paths}))
     if args.path_plot:
         plot_path(paths, args.path_plot)
+    return 0
+
+
+def exact_start(args: argparse.Namespace) -> int:
+    """`--exact`: trap_exact.start_table for each group size, printed (and written with --json)."""
+    rows = []
+    for p_guess, size in product(args.p_guess, args.group_size):
+        found = start_table(args.alphas, args.chain_choices, args.start_chain, p_guess, size)
+        for r in found:
+            print(
+                f"p_guess {p_guess:g}  group {size}  p0 {r['start_chain']:g}  "
+                f"M {r['chain_choices']}  alpha {r['alpha']:g}: stratum {r['stratum']:+.4f} "
+                f"(x{r['stratum_over_grpo']:.2f} GRPO's, true {r['true_stratum']:+.4f})  "
+                f"hop {r['hop']:+.4f} (x{r['hop_over_grpo']:.2f} GRPO's, true "
+                f"{r['true_hop']:+.4f})  a chain alone {r['alone']:.3f}, a paid chain's SAN 0 "
+                f"{r['paid_silent']:.3f}",
+                flush=True,
+            )
+        rows += [{"p_guess": p_guess, **r} for r in found]
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))
     return 0
 
 
@@ -266,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
             ("seeds", args.seeds < 1, ">= 1"),
             ("chain-choices", any(m < 1 for m in args.chain_choices), ">= 1 each"),
             ("alphas", any(not 0 <= a <= 1 for a in args.alphas), "in [0, 1] each"),
+            ("start-chain", any(not 0 < p < 1 for p in args.start_chain), "in (0, 1) each"),
+            ("hop-speed", any(not k > 0 for k in args.hop_speed), "> 0 each"),
         )
         if bad
     ]
@@ -273,22 +335,38 @@ def main(argv: list[str] | None = None) -> int:
         problems.append("--path-plot needs --path (the JSON the paths are written to)")
     if args.path and args.estimator != "stratified":
         problems.append("--path follows the stratified blend's alphas: leave --estimator out")
+    if args.exact and args.estimator != "stratified":
+        problems.append("--exact compares the stratified blend's alphas: leave --estimator out")
     if problems:
         print(f"strata: error: {problems[0]}", file=sys.stderr)
         return 2
+    if args.exact:
+        return exact_start(args)
     if args.path:
         return mean_field(args)
     alphas = args.alphas if "alpha" in ESTIMATORS[args.estimator].params else [0.0]
     cells = []
-    for p_guess, size, m, alpha in product(
-        args.p_guess, args.group_size, args.chain_choices, alphas
+    for p_guess, size, start, speed, m, alpha in product(
+        args.p_guess, args.group_size, args.start_chain, args.hop_speed, args.chain_choices, alphas
     ):
-        trap = Trap(m, p_guess, size, args.groups, args.steps, args.lr, args.estimator, alpha)
+        trap = Trap(
+            m,
+            p_guess,
+            size,
+            args.groups,
+            args.steps,
+            args.lr,
+            args.estimator,
+            alpha,
+            start_chain=start,
+            hop_speed=speed,
+        )
         found = cell(trap, args.seeds, args.seed)
         cells.append(found)
         shown = f"alpha {alpha:g}" if found.alpha is not None else args.estimator
         print(
-            f"p_guess {p_guess:g}  group {size}  M {m}  {shown:>12}  escape {found.escape:.2f} "
+            f"p_guess {p_guess:g}  group {size}  p0 {start:g}  hops x{speed:g}  M {m}  "
+            f"{shown:>12}  escape {found.escape:.2f} "
             f"[{found.escape_low:.2f}, {found.escape_high:.2f}]  final E[reward] "
             f"{found.final_reward_mean:.3f} (sd {found.final_reward_std:.3f}) over {args.seeds} seeds",
             flush=True,

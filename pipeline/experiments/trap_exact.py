@@ -114,12 +114,21 @@ def _cosine(found: Expected, choices: int) -> float:
 
 
 def expected_path(
-    alpha: float, choices: int, p_guess: float, group_size: int, steps: int, lr: float = 1.0
+    alpha: float,
+    choices: int,
+    p_guess: float,
+    group_size: int,
+    steps: int,
+    lr: float = 1.0,
+    start_chain: float = 0.5,
+    hop_speed: float = 1.0,
 ) -> list[dict]:
-    """The trap's mean-field run under the blend with `alpha`: from logits 0, each step adds
-    lr times the expected update (the chain logit +s, the guess logit -s; a hop's right entry
-    +u, each other entry -u / (M - 1)). One row per step, before its update."""
-    stratum_gap, hop_gap = 0.0, 0.0  # chain minus guess logit; right minus any wrong hop logit
+    """The trap's mean-field run under the blend with `alpha`: from hop logits 0 and P(chain)
+    `start_chain`, each step adds lr times the expected update (the chain logit +s, the guess
+    logit -s; a hop's right entry +u times `hop_speed`, each other entry -u / (M - 1) times it).
+    One row per step, before its update."""
+    # chain minus guess logit; right minus any wrong hop logit
+    stratum_gap, hop_gap = math.log(start_chain / (1 - start_chain)), 0.0
     rows = []
     for step in range(steps):
         chain = 1 / (1 + math.exp(-stratum_gap))
@@ -141,7 +150,7 @@ def expected_path(
             }
         )
         stratum_gap += 2 * lr * found.stratum
-        hop_gap += lr * found.hop * (1 + 1 / (choices - 1))
+        hop_gap += lr * hop_speed * found.hop * (1 + 1 / (choices - 1))
     return rows
 
 
@@ -180,6 +189,55 @@ def bias_table(
                 chain, 1 / m, p_guess, group_size, "stratified", alpha=alpha, eps=1e-6
             )
             rows.append({"chain_choices": m, "alpha": alpha, **found.__dict__})
+    return rows
+
+
+def silent_shares(chain: float, hop: float, group_size: int) -> dict[str, float]:
+    """How often SAN gives a chain trajectory exactly 0 (its (group, stratum) cell has one
+    reward only), at P(chain) `chain`, P(right hop) `hop` for both hops, groups of `group_size`:
+
+    - `alone`: no other chain in its group, (1 - c)^(G - 1);
+    - `paid_silent`: a chain that paid has no failed chain beside it, (1 - c (1 - q))^(G - 1);
+    - `failed_silent`: a chain that failed has no paid chain beside it, (1 - c q)^(G - 1).
+
+    Such a chain gets only the (1 - alpha) A_GN part of the blend."""
+    q, others = hop * hop, group_size - 1
+    return {
+        "alone": (1 - chain) ** others,
+        "paid_silent": (1 - chain * (1 - q)) ** others,
+        "failed_silent": (1 - chain * q) ** others,
+    }
+
+
+def start_table(
+    alphas: list[float],
+    depths: list[int],
+    starts: list[float],
+    p_guess: float,
+    group_size: int,
+) -> list[dict]:
+    """At the trap's start with P(chain) each of `starts` (hop = 1 / M): each alpha's expected
+    stratum and hop updates, the same over GRPO's (alpha 0) and over the true gradient's, and
+    how often SAN is silent on a chain (`silent_shares`)."""
+    rows = []
+    for start, m in product(starts, depths):
+        grpo = expected_update(start, 1 / m, p_guess, group_size, "grpo", eps=1e-6)
+        for alpha in alphas:
+            found = expected_update(
+                start, 1 / m, p_guess, group_size, "stratified", alpha=alpha, eps=1e-6
+            )
+            rows.append(
+                {
+                    "start_chain": start,
+                    "chain_choices": m,
+                    "group_size": group_size,
+                    "alpha": alpha,
+                    **found.__dict__,
+                    "stratum_over_grpo": found.stratum / grpo.stratum,
+                    "hop_over_grpo": found.hop / grpo.hop,
+                    **silent_shares(start, 1 / m, group_size),
+                }
+            )
     return rows
 
 

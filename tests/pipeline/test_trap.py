@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from pipeline.experiments.trap import Trap, cell, main, wilson
+from pipeline.experiments.trap import Trap, cell, main, run, wilson
 
 
 def mean(xs: list[float]) -> float:
@@ -111,6 +111,34 @@ def test_the_command_writes_its_cells_and_refuses_bad_flags(tmp_path, capsys):
     assert "grpo" in capsys.readouterr().out
     assert main(["--p-guess", "1.5"]) == 2
     assert capsys.readouterr().err.strip() == "strata: error: --p-guess must be in [0, 1] each"
+
+
+def test_the_start_share_and_the_hop_speed_act_and_travel_in_the_cells(tmp_path, capsys):
+    still = run(Trap(chain_choices=5, start_chain=0.1, steps=0), seeds=4)[0]
+    assert still == pytest.approx([0.1] * 4)  # P(chain) starts at p0
+    # alpha 1 never moves P(chain) (Theorem 3): only the hops learn, faster at hop speed 4
+    slow = cell(Trap(chain_choices=3, alpha=1.0, steps=40, start_chain=0.3), seeds=40)
+    fast = cell(Trap(chain_choices=3, alpha=1.0, steps=40, start_chain=0.3, hop_speed=4), seeds=40)
+    assert fast.final_reward_mean > slow.final_reward_mean + 0.05
+    out = tmp_path / "trap.json"
+    argv = ["--alphas", "0", "--chain-choices", "3", "--steps", "5", "--seeds", "4"]
+    assert main([*argv, "--start-chain", "0.1,0.5", "--hop-speed", "2", "--json", str(out)]) == 0
+    cells = json.loads(out.read_text())["cells"]
+    assert [(c["start_chain"], c["hop_speed"]) for c in cells] == [(0.1, 2.0), (0.5, 2.0)]
+    assert "p0 0.1  hops x2" in capsys.readouterr().out
+    for flag, value in (("--start-chain", "1"), ("--hop-speed", "0")):
+        assert main([*argv, flag, value]) == 2
+        assert capsys.readouterr().err.strip().startswith(f"strata: error: {flag} must be")
+
+
+def test_the_exact_start_prints_each_alpha_against_grpo(tmp_path, capsys):
+    argv = ["--exact", "--start-chain", "0.1", "--alphas", "0,0.8", "--chain-choices", "5"]
+    assert main([*argv, "--json", str(tmp_path / "x.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "p0 0.1  M 5  alpha 0.8" in printed and "x0.44 GRPO's" in printed
+    rows = json.loads((tmp_path / "x.json").read_text())["rows"]
+    assert [r["alpha"] for r in rows] == [0.0, 0.8]
+    assert main([*argv, "--estimator", "grpo"]) == 2
 
 
 def test_wilson_interval():

@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from learner.estimators import estimate
-from pipeline.experiments.trap_exact import compositions, expected_path, expected_update
+from pipeline.experiments.trap_exact import (
+    compositions,
+    expected_path,
+    expected_update,
+    silent_shares,
+    start_table,
+)
 
 
 def sampled(chain, hop, p_guess, size, groups, alpha, seed=0):
@@ -91,3 +97,44 @@ def test_the_path_is_written_by_the_trap_command(tmp_path, capsys):
     assert main(["--path-plot", str(tmp_path / "q.png")]) == 2
     assert main(["--path", str(out), "--estimator", "grpo"]) == 2
     assert "leave --estimator out" in capsys.readouterr().err
+
+
+def test_san_is_silent_on_a_rare_chain_as_often_as_the_shares_say():
+    """A chain alone in its stratum, or in a cell of one reward, gets A_SAN = 0: sampled groups
+    of 8 at P(chain) 0.1 (the pipeline's start) against `silent_shares`' closed forms."""
+    shares = silent_shares(0.1, 0.2, 8)
+    assert shares["alone"] == pytest.approx(0.9**7)  # 0.478: half the chains are alone
+    assert silent_shares(0.5, 0.2, 8)["alone"] == pytest.approx(0.5**7)  # 0.008
+    q = 0.2 * 0.2
+    silent = q * shares["paid_silent"] + (1 - q) * shares["failed_silent"]
+    rng = np.random.default_rng(3)
+    groups, size = 40_000, 8
+    is_chain = rng.random(groups * size) < 0.1
+    paid = (rng.random(groups * size) < q) & is_chain
+    san = estimate(
+        "stratified",
+        torch.from_numpy(paid.astype(np.float64)),
+        torch.from_numpy(np.repeat(np.arange(groups), size)),
+        torch.from_numpy(is_chain.astype(np.int64)),
+        alpha=1.0,
+        eps=1e-6,
+    ).advantages.numpy()
+    zero = (san[is_chain] == 0).mean()
+    assert abs(zero - silent) < 4 * np.sqrt(silent * (1 - silent) / is_chain.sum())
+
+
+def test_the_start_table_compares_each_alpha_with_grpo_at_each_start():
+    rows = start_table([0.0, 0.8], [5], [0.1, 0.5], 0.3, 8)
+    by = {(r["start_chain"], r["alpha"]): r for r in rows}
+    assert by[0.1, 0.0]["hop_over_grpo"] == pytest.approx(1.0)
+    assert by[0.5, 0.8]["stratum_over_grpo"] == pytest.approx(0.2, rel=1e-9)
+    # a rare chain keeps less of its hop update under the blend (issue 59: 0.44 against 0.86)
+    assert by[0.1, 0.8]["hop_over_grpo"] < 0.5 < 0.8 < by[0.5, 0.8]["hop_over_grpo"]
+
+
+def test_the_path_starts_at_the_start_share_and_hops_learn_at_their_speed():
+    slow = expected_path(1.0, 5, 0.3, 8, steps=12, start_chain=0.2)
+    fast = expected_path(1.0, 5, 0.3, 8, steps=12, start_chain=0.2, hop_speed=3.0)
+    assert all(r["chain"] == pytest.approx(0.2, abs=1e-12) for r in slow + fast)  # Theorem 3
+    assert slow[1]["hop"] - 0.2 == pytest.approx((fast[1]["hop"] - 0.2) / 3, rel=0.05)
+    assert fast[-1]["hop"] > slow[-1]["hop"] + 0.03
