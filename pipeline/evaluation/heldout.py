@@ -49,6 +49,7 @@ from pipeline.assets.datasets import DatasetError, Question, load_questions
 from pipeline.backends.local import LocalRuntime
 from pipeline.config.loader import ConfigError, load_config
 from pipeline.config.schema import StrataConfig
+from pipeline.evaluation.paper_table import paper_table
 from pipeline.evaluation.report_learning import BASELINE_ACTOR, TOOLS_ACTOR, TRAIN_ACTOR, TRAIN_ROW
 from pipeline.runtime.parts import agent_settings, open_acting
 from pipeline.runtime.preflight import unavailable
@@ -273,17 +274,17 @@ def markdown(rows: Sequence[Row], samples: int) -> str:
 
 
 def write_outputs(
-    out: Path, result: dict, rows: Sequence[Row], trajectories: Sequence
+    out: Path, result: dict, rows: Sequence[Row], trajectories: Sequence, extra_md: str = ""
 ) -> list[Path]:
-    """FILE.trajectories.parquet, FILE.md, then FILE.json (last: its presence means complete),
-    each written to a temporary name first."""
+    """FILE.trajectories.parquet, FILE.md (the table, then `extra_md`), then FILE.json (last: its
+    presence means complete), each written to a temporary name first."""
     out.parent.mkdir(parents=True, exist_ok=True)
     stem = out.with_suffix("")
     paths = [stem.with_name(stem.name + ".trajectories.parquet"), out.with_suffix(".md"), out]
     table = pa.Table.from_batches([to_arrow(list(trajectories))])
     writers = [
         lambda tmp: pq.write_table(table, tmp, compression="zstd"),
-        lambda tmp: tmp.write_text(markdown(rows, result["samples"])),
+        lambda tmp: tmp.write_text(markdown(rows, result["samples"]) + extra_md),
         lambda tmp: tmp.write_text(json.dumps(result, indent=1) + "\n"),
     ]
     for path, write in zip(paths, writers, strict=True):
@@ -556,8 +557,12 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(time.perf_counter() - started, 1),
         "rows": [dataclasses.asdict(r) for r in rows],
     }
-    paths = write_outputs(out, result, rows, trajectories)
-    print(markdown(rows, samples), end="")
+    # Table 1's or Table 2's layout when the data is theirs; the tiny policy has no path
+    paper = paper_table(rows, getattr(config.model, "path", None) or f"{config.model.type} policy")
+    result["paper_table"] = paper.record() if paper else None
+    extra = f"\n{paper.markdown()}" if paper else ""
+    paths = write_outputs(out, result, rows, trajectories, extra)
+    print(markdown(rows, samples) + extra, end="")
     print(f"strata: wrote {', '.join(str(p) for p in paths)}", flush=True)
     return 0
 
