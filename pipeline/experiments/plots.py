@@ -159,7 +159,9 @@ def theorem1_plot(groups, styles, out: Path, stem: str, smooth: int) -> Figure |
     _save(fig, list(axes[0]), out / name)
     return name, (
         "Theorem 1 per learner step (" + ", ".join(f"`{k}`" for k in keys) + " in metrics.jsonl): "
-        "Var[A_G] − Var[A_S] is the cross-stratum term, the variance the group-wide baseline adds; "
+        "Var[A_G] − Var[A_S] is the cross-stratum term: the part of GRPO's advantage that compares "
+        "a trajectory with other strata, carrying the between-strata part of ∇J (not noise: the "
+        "identity of docs/results/trap.md), which the blend damps by (1 − α); "
         "by chance is its expectation with each group's stratum labels shuffled (same cell sizes). "
         f"Trailing moving average over {smooth} steps; line = seed mean, band = lowest to highest seed."
     )

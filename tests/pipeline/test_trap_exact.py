@@ -138,3 +138,41 @@ def test_the_path_starts_at_the_start_share_and_hops_learn_at_their_speed():
     assert all(r["chain"] == pytest.approx(0.2, abs=1e-12) for r in slow + fast)  # Theorem 3
     assert slow[1]["hop"] - 0.2 == pytest.approx((fast[1]["hop"] - 0.2) / 3, rel=0.05)
     assert fast[-1]["hop"] > slow[-1]["hop"] + 0.03
+
+
+@pytest.mark.parametrize(
+    ("estimator", "params", "step"),
+    [("grpo", {"eps": 1e-6}, None), ("rloo", {}, 1.0), ("dr_grpo", {}, 7 / 8)],
+)
+def test_a_group_only_estimator_is_exact_gradient_ascent(estimator, params, step):
+    """docs/results/trap.md's identity: with a binary reward and independent group members, an
+    advantage that is a function of the group's rewards alone has expected update
+    (g(1) - g(0)) grad J, g(r) its mean given reward r: the stratum and hop components are the
+    same multiple of the true gradient's, at any policy (RLOO's multiple is 1, Dr. GRPO's
+    (G - 1) / G, GRPO's depends on the policy)."""
+    for chain, hop in ((0.5, 0.2), (0.1, 0.25), (0.8, 0.6)):
+        found = expected_update(chain, hop, 0.3, 8, estimator, **params)
+        ratio = found.stratum / found.true_stratum
+        assert found.hop / found.true_hop == pytest.approx(ratio, rel=1e-9)
+        if step is not None:
+            assert ratio == pytest.approx(step, rel=1e-9)
+    blend = expected_update(0.5, 0.2, 0.3, 8, alpha=0.8, eps=1e-6)  # SAN is not group-only
+    assert blend.hop / blend.true_hop > 4 * blend.stratum / blend.true_stratum
+
+
+def test_the_blend_damps_the_move_between_strata_by_one_minus_alpha_in_every_sample():
+    """SAN sums to 0 in every (group, stratum) cell, so on any draw the blend's stratum update
+    is exactly (1 - alpha) times GRPO's on the same draw, not only in expectation."""
+    rng = np.random.default_rng(5)
+    n, size = 64 * 8, 8
+    chain = rng.random(n) < 0.3
+    reward = np.where(chain, rng.random(n) < 0.1, rng.random(n) < 0.3).astype(np.float64)
+    ids = torch.from_numpy(np.repeat(np.arange(n // size), size))
+    strata = torch.from_numpy(chain.astype(np.int64))
+
+    def stratum_update(alpha):
+        adv = estimate("stratified", torch.from_numpy(reward), ids, strata, alpha=alpha, eps=1e-6)
+        return float((adv.advantages.numpy() * (chain - 0.3)).sum())
+
+    assert stratum_update(0.8) == pytest.approx(0.2 * stratum_update(0.0), rel=1e-9)
+    assert stratum_update(1.0) == pytest.approx(0.0, abs=1e-9)
