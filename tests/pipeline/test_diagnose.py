@@ -1,0 +1,67 @@
+"""`python -m pipeline.diagnose` (pipeline/experiments/diagnose.py): who is alone in their
+stratum, the matched trap depth, the reading's branches, and the command on a spilled run."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from pipeline.experiments.diagnose import (
+    Prediction,
+    alone_shares,
+    main,
+    matched_depth,
+    reading_line,
+    strata_table,
+)
+from tests.pipeline.test_start import write_run
+
+
+def test_alone_means_no_other_member_of_the_group_in_the_stratum():
+    group = np.array(["a", "a", "a", "b", "c", "c"])
+    stratum = np.array([0, 0, 2, 1, 2, 2])
+    assert alone_shares(group, stratum).tolist() == [False, False, True, True, False, False]
+    rows = {r.stratum: r for r in strata_table(group, stratum, np.array([1, 0, 1, 0, 0, 1.0]))}
+    assert (rows[2].share, rows[2].alone, rows[2].pays) == (pytest.approx(0.5), 1 / 3, 2 / 3)
+    assert (rows[0].alone, rows[1].alone, rows[1].count) == (0.0, 1.0, 1)
+
+
+def test_the_matched_depth_is_the_nearest_start_of_a_chain():
+    assert matched_depth(1 / 25) == 5 and matched_depth(0.07) == 4  # 1/16 = 0.0625
+    assert matched_depth(0.0) == 12 and matched_depth(0.9) == 2
+
+
+def test_the_reading_follows_the_predictions():
+    def predicted(grpo, blend):
+        return [Prediction(0.0, *grpo), Prediction(0.6, *blend), Prediction(0.8, *blend)]
+
+    stratify = reading_line("m", predicted((0.0, 0.0, 0.04), (0.8, 0.7, 0.9)), -0.2, (-0.3, -0.1))
+    assert stratify.startswith("stratify: the trap model predicts escape 0.80 at alpha 0.6")
+    harm = reading_line("m", predicted((0.86, 0.8, 0.9), (0.5, 0.4, 0.6)), -0.2, (-0.3, -0.1))
+    assert harm.startswith("do not stratify")
+    level = reading_line("m", predicted((0.0, 0.0, 0.04), (0.01, 0.0, 0.05)), -0.2, (-0.3, -0.1))
+    assert level.startswith("no window")
+    assert reading_line("m", predicted((1, 1, 1), (1, 1, 1)), 0.2, (0.1, 0.3)).startswith(
+        "chains already pay more"
+    )
+    assert reading_line("m", [], None, None).startswith("no chains and non-chains")
+
+
+def test_the_command_diagnoses_a_spilled_run(tmp_path, capsys):
+    run = tmp_path / "frozen"
+    write_run(run, 1e-12)
+    config = {"learner": {"lr": 1e-12, "groups_per_step": 1}, "buffer": {"group_size": 4}}
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    out = tmp_path / "d.json"
+    assert main([str(run), "--seeds", "10", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "13 trajectories (all (a frozen run)), groups of 4" in printed
+    assert "trap model, alpha 0.8: escape" in printed and "reading: " in printed
+    found = json.loads(out.read_text())
+    assert found["p0"] == pytest.approx(6 / 12) and found["depth"] == 2  # chains pay 0.667
+    assert [p["alpha"] for p in found["predictions"]] == [0.0, 0.6, 0.8]
+    assert main([str(tmp_path / "none")]) == 2
+    assert "holds no config.yaml" in capsys.readouterr().err
