@@ -21,7 +21,7 @@ from typing import Protocol
 from actors.engine import GenerationAborted, RolloutEngine, SamplingParams
 from actors.formats import ANSWER_CLOSE, FORMATS
 from actors.rewards import ANSWER_MATCHERS, score
-from actors.tools import Tool, ToolStats, call_tool
+from actors.tools import CURRENT_TRAJECTORY, Tool, ToolStats, TrajectoryContext, call_tool
 from buffers.records import Trajectory
 from buffers.strata import Stratifier, ToolCallCount
 
@@ -112,6 +112,15 @@ class AgentLoop:
     async def run(self, task: TaskLike, prompt_id: str, sample_index: int) -> Trajectory:
         """One trajectory; raises EngineError if the engine fails or aborts a generation (the
         caller counts an abort and abandons the group)."""
+        extra = getattr(task, "extra", None) or {}
+        context = TrajectoryContext(files=tuple(extra.get("attachments", ())))
+        token = CURRENT_TRAJECTORY.set(context)  # the tools' view of this trajectory
+        try:
+            return await self._run(task, prompt_id, sample_index)
+        finally:
+            CURRENT_TRAJECTORY.reset(token)
+
+    async def _run(self, task: TaskLike, prompt_id: str, sample_index: int) -> Trajectory:
         s = self.settings
         prompt = self.prompt_ids(task)
         ids: list[int] = []

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
@@ -127,11 +128,15 @@ async def run_python(
     memory_mb: int = 512,
     max_output_chars: int = 4096,
     isolation: str = "bwrap",
+    files: Sequence[str] = (),
 ) -> PythonResult:
     """Runs `code` as a script in a fresh sandbox. Whatever the code does comes back as a result
     (ok=False with the reason in `output`); only a host that cannot start processes raises OSError.
     `isolation` "bwrap" (the default) refuses to run anything where bubblewrap cannot run; "none"
-    runs with rlimits, a timeout, a temp dir and a clean environment only."""
+    runs with rlimits, a timeout, a temp dir and a clean environment only. `files` (a question's
+    attachments) are copied into the code's working directory under their own names, read-only
+    (a read-only mount under bwrap; with isolation "none" a 0444 copy, which root may still
+    change: the original never)."""
     start = time.monotonic()
     mode = await asyncio.to_thread(sandbox_mode, isolation)  # the first call probes bwrap
     if mode == "refused":
@@ -148,7 +153,12 @@ async def run_python(
     proc = reader = None
     try:
         _prepare(workdir, uid, code, isolation)
-        argv, env = _command(isolation, workdir, uid, timeout_s, memory_mb)
+        try:
+            names = _attach(workdir, files)
+        except OSError as exc:  # an attachment gone since the questions were loaded
+            output = f"An attached file cannot be read: {exc.filename or exc}"
+            return PythonResult(False, output, None, False, time.monotonic() - start, isolation)
+        argv, env = _command(isolation, workdir, uid, timeout_s, memory_mb, names)
         proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=subprocess.DEVNULL,
@@ -186,8 +196,27 @@ async def run_python(
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _attach(workdir: str, files: Sequence[str]) -> list[str]:
+    """Copies of `files` in `workdir`, read-only to everyone; their names."""
+    names = []
+    for path in files:
+        name = os.path.basename(path)
+        if name in ("main.py", *names):  # the script's own name, or two files of one name
+            continue
+        copy = os.path.join(workdir, name)
+        shutil.copyfile(path, copy)
+        os.chmod(copy, 0o444)
+        names.append(name)
+    return names
+
+
 def _command(
-    isolation: str, workdir: str, uid: int, timeout_s: float, memory_mb: int
+    isolation: str,
+    workdir: str,
+    uid: int,
+    timeout_s: float,
+    memory_mb: int,
+    attached: Sequence[str] = (),
 ) -> tuple[list[str], dict[str, str]]:
     """argv and environment that run `workdir/main.py` under the launcher, inside bwrap or not."""
     inner_dir = SANDBOX_DIR if isolation == "bwrap" else workdir
@@ -214,7 +243,8 @@ def _command(
                 args += ["--perms", "0755", "--dir", "/" + "/".join(parts[:depth])]
             args += ["--ro-bind", path, path]
     args += ["--perms", "0777", "--size", str(_SCRATCH_MB * 2**20), "--tmpfs", SANDBOX_DIR]
-    args += ["--ro-bind", os.path.join(workdir, "main.py"), f"{SANDBOX_DIR}/main.py"]
+    for name in ("main.py", *attached):
+        args += ["--ro-bind", os.path.join(workdir, name), f"{SANDBOX_DIR}/{name}"]
     args += ["--dev", "/dev", "--proc", "/proc", "--unshare-net", "--unshare-pid"]
     args += ["--unshare-ipc", "--unshare-uts", "--hostname", "sandbox", "--unshare-cgroup-try"]
     args += ["--die-with-parent", "--new-session", "--clearenv"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -30,6 +31,27 @@ class Tool(Protocol):
     close_tag: str
 
     async def __call__(self, argument: str) -> ToolResult: ...
+
+
+@dataclass
+class TrajectoryContext:
+    """What the tools know of the trajectory calling them: its question's attached files (copied
+    into the python sandbox's working directory) and its calls so far, per tool (budgets)."""
+
+    files: tuple[str, ...] = ()
+    calls: Counter = field(default_factory=Counter)
+
+
+CURRENT_TRAJECTORY: ContextVar[TrajectoryContext | None] = ContextVar(
+    "strata_trajectory", default=None
+)
+"""Set by the agent loop for the trajectory it runs: a tool is shared by every trajectory, and
+asyncio gives each task its own value."""
+
+
+def trajectory() -> TrajectoryContext:
+    """The calling trajectory's context (an empty one outside an agent loop)."""
+    return CURRENT_TRAJECTORY.get() or TrajectoryContext()
 
 
 @dataclass
@@ -88,6 +110,7 @@ class PythonTool:
             memory_mb=self.memory_mb,
             max_output_chars=self.max_output_chars,
             isolation=self.isolation,
+            files=trajectory().files,
         )
         return ToolResult(result.ok, result.output)
 

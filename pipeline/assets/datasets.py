@@ -31,6 +31,11 @@ SEARCH_R1_COLUMNS = (
     "extra_info",
 )
 GAIA_FIELDS = ("task_id", "Question", "Level", "Final answer")
+ATTACHMENT_NOTE = (
+    "\n\nThe question comes with a file, {name}: it is in the python tool's working directory "
+    "(open('{name}'))."
+)
+"""How a GAIA question's attached file is mentioned in its prompt, after the question."""
 
 
 class DatasetError(ValueError):
@@ -227,14 +232,40 @@ def _gaia_row(row: object, number: int, path: Path) -> Question:
             "Final answer",
             "is missing: a question without a gold answer cannot be scored",
         )
+    question = _text(row.get("Question"), path, where, "Question")
+    extra = {k: v for k, v in row.items() if k not in GAIA_FIELDS}
+    attached = _attachment(row.get("file_name"), path, where)
+    if attached is not None:
+        extra["attachments"] = (str(attached),)
+        question += ATTACHMENT_NOTE.format(name=attached.name)
     return Question(
         id=task_id,
-        question=_text(row.get("Question"), path, where, "Question"),
+        question=question,
         ground_truth=(_text(answer, path, where, "Final answer"),),
         data_source=f"gaia_l{level}",
         level=level,
-        extra={k: v for k, v in row.items() if k not in GAIA_FIELDS},
+        extra=extra,
     )
+
+
+def _attachment(name: object, path: Path, where: str) -> Path | None:
+    """The file a GAIA question names (`file_name`, beside metadata.jsonl as GAIA ships it), or
+    None when it names none; a named file that is not there is refused now, not mid-run."""
+    if name is None or (isinstance(name, str) and not name.strip()):
+        return None
+    if not isinstance(name, str):
+        raise _field_error(path, where, "file_name", "must be a string")
+    file = path.parent / name
+    if Path(name).is_absolute() or ".." in Path(name).parts:
+        raise _field_error(path, where, "file_name", f"{name!r} must name a file beside it")
+    if not file.is_file():
+        raise _field_error(
+            path,
+            where,
+            "file_name",
+            f"names {file}, which is missing: copy the question's attachments beside {path.name}",
+        )
+    return file.resolve()
 
 
 def load_gaia(path: str | os.PathLike[str]) -> list[Question]:
