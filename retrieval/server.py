@@ -29,7 +29,9 @@ from aiohttp import web
 
 from retrieval.corpus import Passage
 from retrieval.encoders import EncoderError, load_encoder
-from retrieval.index import IndexLoadError, PassageIndex
+from retrieval.gpu import GpuOptions
+from retrieval.index import DEFAULT_GPU, IndexLoadError, PassageIndex
+from retrieval.kinds import IndexSpec
 
 BATCHER: web.AppKey[MicroBatcher] = web.AppKey("batcher")
 SearchFn = Callable[[list[str], int], list[list[tuple[Passage, float]]]]
@@ -192,23 +194,33 @@ def load_search(index_dir: str) -> SearchFn:
     return _load(index_dir)[0]
 
 
-def _load(index_dir: str) -> tuple[SearchFn, dict]:
+def _load(
+    index_dir: str, search: IndexSpec | None = None, gpu: GpuOptions = DEFAULT_GPU
+) -> tuple[SearchFn, dict]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    index = PassageIndex.load(index_dir)
+    index = PassageIndex.load(index_dir, search, gpu)
     encoder = load_encoder(index.meta.encoder, style=index.meta.encoder_style)
     info = {
         "passages": len(index),
         "encoder": index.meta.encoder,
         "dim": index.meta.dim,
         "index": index.meta.kind,
+        "placement": index.placement.note,
     }
     return index_search(index, encoder.encode_queries), info
 
 
-def load_app(index_dir: str, max_batch: int = 64, max_wait_ms: float = 2.0) -> web.Application:
-    """The server for an index directory, with the encoder its meta.json names."""
-    search, info = _load(index_dir)
-    return create_app(search, info, max_batch, max_wait_ms)
+def load_app(
+    index_dir: str,
+    max_batch: int = 64,
+    max_wait_ms: float = 2.0,
+    search: IndexSpec | None = None,
+    gpu: GpuOptions = DEFAULT_GPU,
+) -> web.Application:
+    """The server for an index directory, with the encoder its meta.json names; `search` sets
+    nprobe / efSearch, `gpu` where the index searches (retrieval/gpu.py)."""
+    search_fn, info = _load(index_dir, search, gpu)
+    return create_app(search_fn, info, max_batch, max_wait_ms)
 
 
 async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
@@ -236,9 +248,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--max-wait-ms", type=float, default=2.0, help="how long a batch waits to fill"
     )
+    parser.add_argument("--nprobe", type=int, default=None, help="IVF lists searched (ivf kinds)")
+    parser.add_argument("--ef-search", type=int, default=None, help="HNSW candidates (hnsw)")
+    parser.add_argument(
+        "--gpu", default="shard", choices=["shard", "replicate", "off"], help="with faiss-gpu"
+    )
+    parser.add_argument("--gpu-fp32", action="store_true", help="float32 vectors on the GPUs")
     args = parser.parse_args(argv)
     try:
-        app = load_app(args.index, args.max_batch, args.max_wait_ms)
+        search = IndexSpec(nprobe=args.nprobe, ef_search=args.ef_search)
+        gpu = GpuOptions(mode=args.gpu, fp16=not args.gpu_fp32)
+        app = load_app(args.index, args.max_batch, args.max_wait_ms, search, gpu)
     except (IndexLoadError, EncoderError) as exc:
         print(f"strata retrieval: error: {exc}", file=sys.stderr)
         return 2

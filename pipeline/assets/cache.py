@@ -22,6 +22,8 @@ from pipeline.assets.world import SKEW, VERSION, build_world, write_world
 from pipeline.config.schema import PretrainedModel, StrataConfig, TinyModel
 from retrieval.build import build
 from retrieval.corpus import corpus_hash
+from retrieval.index import FORMAT_VERSION, build_settings
+from retrieval.kinds import IndexSpec
 
 
 @dataclass(frozen=True)
@@ -84,19 +86,23 @@ def prepare_index(config: StrataConfig, corpus: Path, quiet: bool = False) -> Pa
         return Path(config.retrieval.index_dir)
     digest = corpus_hash(corpus)[:12]
     encoder = config.retrieval.encoder.replace("/", "_")
-    target = Path(config.runtime.cache_dir) / f"index-{digest}-{encoder}-{config.retrieval.index}"
+    r = config.retrieval
+    spec = IndexSpec(r.index, nlist=r.nlist, hnsw_m=r.hnsw_m, pq_m=r.pq_m)
+    settings = "".join(f"-{k}{v}" for k, v in build_settings(spec).items())
+    target = Path(config.runtime.cache_dir) / f"index-{digest}-{encoder}-{r.index}{settings}"
     meta = target / "meta.json"
     with _building(target):
+        described = json.loads(meta.read_text()) if meta.is_file() else {}
         if not (
-            meta.is_file()
-            and json.loads(meta.read_text()).get("corpus_sha256", "").startswith(digest)
+            described.get("corpus_sha256", "").startswith(digest)
+            and described.get("format") == FORMAT_VERSION  # an older format is rebuilt
         ):
             _say(f"indexing {corpus} with {config.retrieval.encoder} into {target}", quiet)
             build(
                 str(corpus),
                 str(target),
                 config.retrieval.encoder,
-                config.retrieval.index,
+                spec,
                 force=True,
                 quiet=quiet,
             )

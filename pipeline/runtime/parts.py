@@ -40,6 +40,8 @@ from pipeline.config.schema import (
 )
 from pipeline.runtime.startup import uncollected
 from retrieval.client import RetrievalClient
+from retrieval.gpu import GpuOptions
+from retrieval.kinds import IndexSpec
 from retrieval.server import load_app, serve
 
 
@@ -152,6 +154,14 @@ TOOLS: dict[str, Callable[[ActorsConfig, RetrievalConfig, str | None], Tool]] = 
 """Tool name (an `actors.tools` entry) -> how it is built from config."""
 
 
+def retrieval_load_options(retrieval: RetrievalConfig) -> dict:
+    """How the server Strata starts loads its index: search-time settings and GPU placement."""
+    return {
+        "search": IndexSpec(nprobe=retrieval.nprobe, ef_search=retrieval.ef_search),
+        "gpu": GpuOptions(mode=retrieval.gpu, fp16=retrieval.gpu_fp16),
+    }
+
+
 def make_tools(
     config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None
 ) -> dict[str, Tool]:
@@ -253,7 +263,9 @@ async def open_acting(
             if index_dir is None:
                 raise ValueError("the search tool is enabled but there is no index to serve")
             retrieval, port = await serve(
-                load_app(str(index_dir)), config.retrieval.host, config.retrieval.port
+                load_app(str(index_dir), **retrieval_load_options(config.retrieval)),
+                config.retrieval.host,
+                config.retrieval.port,
             )
             search_url = f"http://{config.retrieval.host}:{port}"
         tools = make_tools(config.actors, config.retrieval, search_url)

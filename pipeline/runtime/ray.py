@@ -58,6 +58,7 @@ from pipeline.runtime.parts import (
     make_publisher,
     open_acting,
     pool_urls,
+    retrieval_load_options,
     start_servers,
 )
 from pipeline.runtime.ray_cluster import actor_gone_errors, import_ray, start_ray
@@ -388,10 +389,11 @@ async def run_ray(
                 .remote()
             )
             index_dir, host = str(Path(assets.index_dir).resolve()), config.retrieval.host
-            port = await retrieval.start.remote(index_dir, host, config.retrieval.port)
+            options = retrieval_load_options(config.retrieval)
+            port = await retrieval.start.remote(index_dir, host, config.retrieval.port, options)
             search_url = f"http://{host}:{port}"
             retrieval_watch = asyncio.create_task(
-                watch_retrieval(retrieval, index_dir, host, port, summary)
+                watch_retrieval(retrieval, index_dir, host, port, summary, options=options)
             )
         placement = await learner_placement(runtime, ranks)
         learner = (

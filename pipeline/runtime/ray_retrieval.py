@@ -18,8 +18,9 @@ class RetrievalWorker:
         resumed()  # the worker imported this module with the collector paused
         self.runner = None
 
-    async def start(self, index_dir: str, host: str, port: int) -> int:
-        self.runner, bound = await serve(load_app(index_dir), host, port)
+    async def start(self, index_dir: str, host: str, port: int, options: dict | None = None) -> int:
+        """`options`: `parts.retrieval_load_options` of the run's config."""
+        self.runner, bound = await serve(load_app(index_dir, **(options or {})), host, port)
         return bound
 
     def serving(self) -> bool:
@@ -31,7 +32,13 @@ class RetrievalWorker:
 
 
 async def watch_retrieval(
-    worker, index_dir: str, host: str, port: int, summary: RunSummary, poll_s: float = 1.0
+    worker,
+    index_dir: str,
+    host: str,
+    port: int,
+    summary: RunSummary,
+    poll_s: float = 1.0,
+    options: dict | None = None,
 ) -> None:
     """Keeps the retrieval actor serving on `port` (the URL every pool's search tool has): when
     Ray has restarted it after a death, starts its server again there. Meanwhile searches fail
@@ -42,7 +49,7 @@ async def watch_retrieval(
         try:
             if await worker.serving.remote():
                 continue
-            await worker.start.remote(index_dir, host, port)
+            await worker.start.remote(index_dir, host, port, options)
         except errors:  # dead, or being restarted by Ray: look again later
             continue
         summary.retrieval_restarts += 1

@@ -17,7 +17,7 @@ def test_index_directory_describes_itself(index_dir, corpus_file):
     assert sorted(p.name for p in index_dir.iterdir()) == [
         "index.faiss",
         "meta.json",
-        "passages.parquet",
+        "passages.arrow",
     ]
 
 
@@ -56,7 +56,7 @@ def test_load_rejects_what_is_not_an_index(tmp_path, index_dir):
         PassageIndex.load(tmp_path)
     broken = tmp_path / "broken"
     broken.mkdir()
-    for name in ("meta.json", "passages.parquet"):
+    for name in ("meta.json", "passages.arrow"):
         (broken / name).write_bytes((index_dir / name).read_bytes())
     (broken / "index.faiss").write_bytes(b"garbage")
     with pytest.raises(IndexLoadError, match="cannot read the index"):
