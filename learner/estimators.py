@@ -50,6 +50,7 @@ import torch
 from learner.advantages import (
     _check_inputs,
     _dense_ids,
+    _working,
     affine_rows,
     segment_stats,
     stratified_advantages,
@@ -197,7 +198,10 @@ def _step_scaled(centred: torch.Tensor, eps: float) -> torch.Tensor:
 def reinforce_pp(rewards, group_ids, strata, *, eps: float = 1e-6) -> Estimate:
     """(r - mean_step) / (std_step + eps): REINFORCE++ with an outcome reward, no group baseline."""
     _check_inputs(rewards, group_ids, strata)
-    centred = rewards - rewards.mean() if len(rewards) else rewards
+    # the step as one segment: its mean summed in float64 is a flat step's value exactly (a
+    # float32 mean of seven 0.7s is not, and the difference, divided by its own tiny std, is not 0)
+    _, mean, _ = segment_stats(rewards, torch.zeros_like(rewards, dtype=torch.int64), 1)
+    centred = rewards - mean
     return Estimate(_step_scaled(centred, eps), _all(rewards))
 
 
@@ -213,8 +217,9 @@ def reinforce_pp_baseline(rewards, group_ids, strata, *, eps: float = 1e-6) -> E
 def estimate(
     name: str, rewards: torch.Tensor, group_ids: torch.Tensor, strata: torch.Tensor, **params: Any
 ) -> Estimate:
-    """The advantages of estimator `name` (a key of `ESTIMATORS`) with its keyword `params`.
-    Rewards must be finite: the buffer refuses a trajectory whose reward is not."""
+    """The advantages of estimator `name` (a key of `ESTIMATORS`) with its keyword `params`,
+    in the rewards' dtype (16-bit rewards computed in float32). Rewards must be finite: the buffer
+    refuses a trajectory whose reward is not."""
     if name not in ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {name!r}: use {', '.join(ESTIMATORS)}")
     chosen = ESTIMATORS[name]
@@ -222,7 +227,9 @@ def estimate(
     if unknown:
         takes = ", ".join(chosen.params) or "no parameters"
         raise ValueError(f"estimator {name} takes {takes}, not {', '.join(unknown)}")
-    return chosen.fn(rewards, group_ids, strata, **params)
+    # 16-bit rewards in float32: in float16 a flat group's 1 / (0 + eps) is inf, and 0 * inf NaN
+    out = chosen.fn(_working(rewards), group_ids, strata, **params)
+    return Estimate(out.advantages.to(rewards.dtype), out.keep)
 
 
 def section_params(name: str, section: Any) -> dict[str, Any]:

@@ -103,7 +103,7 @@ def policy_loss(
 
     Per token (`surrogate` ppo_clip): `max(-A*r, -A*clip(r, 1-clip_low, 1+clip_high))`, capped at
     `-A*dual_clip` when A < 0; cispo, clip_cov and kl_cov with `surrogate_params` (their
-    sections' fields): learner/surrogates.py;
+    sections' fields; no dual clip: pass None): learner/surrogates.py;
     with `r = exp(logprobs - base)` and base = proximal if given, else behaviour log-probs.
     `correction` weighs or drops tokens by their weight exp(proximal - behaviour) (e.g. tis
     multiplies by min(w, cap), mask drops tokens with w > cap). Weights carry no gradient.

@@ -7,9 +7,9 @@ policy to the proximal (or behaviour) policy, the advantage A and the token's lo
               arXiv 2506.13585): the clipped ratio is a weight without gradient, so every
               token keeps its gradient; PPO's clip instead zeroes the gradient of a token whose
               ratio has left the range in the direction A pushes it
-    clip_cov  ppo_clip, and a random `share` of the trained tokens whose covariance
-              (A - mean A)(log pi - mean log pi) lies in (low_cov, high_cov), PPO's clip aside,
-              carry no loss (Clip-Cov, arXiv 2505.22617, eq. 10)
+    clip_cov  ppo_clip without dual clip, and a random `share` of the trained tokens whose
+              covariance (A - mean A)(log pi - mean log pi) lies in (low_cov, high_cov), PPO's
+              clip aside, carry no loss (Clip-Cov, arXiv 2505.22617, eq. 10)
     kl_cov    -A r, plus coef |log r| on the top `share` of the trained tokens by that
               covariance (KL-Cov, the same paper, eq. 11; no clip, as the paper has none)
 
@@ -20,9 +20,10 @@ implementation in verl does over its micro-batch), so the tokens chosen, and the
 depend on how the step is cut into micro-batches (learner.micro_batch_size,
 max_tokens_per_micro_batch), unlike every other surrogate here; at least one token is chosen, and
 the random choice draws from a generator seeded by the candidates' positions (the same step chosen
-alike on a rerun, other steps differently). Only ppo_clip and clip_cov have a dual clip to apply,
-and only ppo_clip takes GSPO's sequence ratio (the others weigh or choose tokens):
-pipeline/config/schema.py refuses the other combinations in one line.
+alike on a rerun, other steps differently). Only ppo_clip has a dual clip: Clip-Cov's paper and
+its implementation in verl clip as PPO without one (with one, a token of A < 0 and r > dual_clip
+would lose less than theirs), and only ppo_clip takes GSPO's sequence ratio (the others weigh or
+choose tokens): pipeline/config/schema.py refuses the other combinations in one line.
 
 Each registers itself with `@register_surrogate(name, *params)`: a function
 `(ratio, log_ratio, advantages, logprobs, mask, clip_low, clip_high, dual_clip, **params)
@@ -111,7 +112,8 @@ def _share(mask, share: float) -> int:
 def clip_cov(
     ratio, log_ratio, advantages, logprobs, mask, clip_low, clip_high, dual_clip, **params
 ):
-    ppo = ppo_clip(ratio, log_ratio, advantages, logprobs, mask, clip_low, clip_high, dual_clip)
+    _no_dual_clip("clip_cov", dual_clip, "Clip-Cov's paper and verl clip as PPO without one")
+    ppo = ppo_clip(ratio, log_ratio, advantages, logprobs, mask, clip_low, clip_high, None)
     cov = covariance(advantages, logprobs, mask)
     eligible = (mask > 0) & ~ppo.clipped & (cov > params["low_cov"]) & (cov < params["high_cov"])
     candidates = eligible.flatten().nonzero().squeeze(-1)

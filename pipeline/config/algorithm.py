@@ -100,10 +100,11 @@ class ClipCovSurrogate(Section):
     """Clip-Cov (arXiv 2505.22617): ppo_clip, and a random share of the tokens of high
     covariance between advantage and log-prob carry no loss."""
 
-    no_dual_clip: ClassVar[str] = ""
+    no_dual_clip: ClassVar[str] = "Clip-Cov's paper and verl clip as PPO without one"
     sequence_ratio: ClassVar[bool] = False
     type: Literal["clip_cov"] = "clip_cov"
-    """ppo_clip with covariance-chosen tokens left out; needs learner.ratio token."""
+    """ppo_clip without dual clip, covariance-chosen tokens left out; needs learner.dual_clip
+    null and learner.ratio token."""
     share: float = Field(2e-4, gt=0, le=1)
     """Share of the trained tokens left out (at least one), chosen at random among the eligible."""
     low_cov: float = 1.0

@@ -7,6 +7,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from learner.batch import build_batch, response_logprobs
 from learner.checkpoint import load_checkpoint, save_checkpoint
 from learner.lora import LoraError, adapted_layers
 from learner.trainer import Learner
@@ -129,6 +130,44 @@ def test_a_layer_the_policy_does_not_have_is_refused_in_one_line(policy):
 
 
 def test_adapter_dropout_takes_the_proximal_log_probs_from_an_eval_pass(policy):
-    model = lora_learner(policy, lora=LoraSection(r=4, dropout=0.1))
+    """With adapter dropout a training forward is a noisy sample, so the proximal log-probs every
+    micro-batch's loss receives (a correction reads them: tis) are those of an eval pass (no
+    dropout) before the update, not the training forward's own."""
+    model = lora_learner(policy, lora=LoraSection(r=4, dropout=0.1), importance={"type": "tis"})
     assert model.dropout  # the proximal log-probs get a pass of their own (learner/trainer.py)
-    assert "loss" in model.step(groups(6))
+    draw = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # B starts at 0, and with it the adapters' output and their dropout
+        for name, p in model.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(0.5 * torch.randn(p.shape, generator=draw).to(p))
+    batch = groups(6)
+    members = [t for g in batch for t in g.members]
+    padded = build_batch(members, torch.zeros(len(members)), model.pad_id)
+    on = next(model.model.parameters()).device
+    ids, attention = padded.input_ids.to(on), padded.attention_mask.to(on)
+
+    def logprobs(training: bool) -> torch.Tensor:
+        model.model.train(training)
+        with torch.no_grad():
+            out = model.model(input_ids=ids, attention_mask=attention).logits
+        return response_logprobs(out, padded, model.temperature)[0].cpu()
+
+    want = logprobs(False)
+    trained = padded.response_mask > 0
+    assert (logprobs(True) - want)[trained].abs().max() > 1e-3  # dropout acts in training
+    seen = []
+    original = model._micro_step
+
+    def recording(micro, proximal, *args, **kwargs):
+        seen.append(proximal)
+        return original(micro, proximal, *args, **kwargs)
+
+    model._micro_step = recording
+    assert "loss" in model.step(batch)
+    plan = model._micro_batches(members)
+    assert len(seen) == len(plan) and all(p is not None for p in seen)
+    for rows, proximal in zip(plan, seen, strict=True):
+        mask = trained[rows, : proximal.shape[1]]
+        torch.testing.assert_close(
+            proximal.cpu()[mask], want[rows, : proximal.shape[1]][mask], atol=1e-5, rtol=1e-5
+        )

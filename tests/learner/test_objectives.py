@@ -70,6 +70,7 @@ def test_cispo_refuses_what_it_has_no_use_for():
     for bad, match in [
         ({"surrogate": {"type": "cispo"}}, r"no dual clip \(its weight is capped"),
         ({"surrogate": {"type": "kl_cov"}}, r"no dual clip \(it does not clip\)"),
+        ({"surrogate": {"type": "clip_cov"}}, r"surrogate clip_cov has no dual clip \(Clip-Cov"),
         (
             {"surrogate": {"type": "cispo"}, "dual_clip": None, "ratio": "sequence"},
             "surrogate cispo weighs or chooses tokens",
@@ -79,7 +80,7 @@ def test_cispo_refuses_what_it_has_no_use_for():
         with pytest.raises(ValueError, match=match):
             LearnerConfig(**bad)
     LearnerConfig(surrogate={"type": "cispo"}, dual_clip=None)
-    LearnerConfig(surrogate={"type": "clip_cov"})  # PPO's clip underneath: the dual clip acts
+    LearnerConfig(surrogate={"type": "clip_cov"}, dual_clip=None)
     with pytest.raises(ValueError, match="overlong_buffer 512 must be below max_response_tokens"):
         StrataConfig.model_validate({"actors": {"overlong_buffer": 512}})
 
@@ -192,7 +193,10 @@ def test_clip_cov_leaves_out_a_random_share_of_the_eligible_tokens_only():
     adv = torch.tensor([2.0, -2.0], dtype=torch.float64)
     args = (logp, logp.detach().clone(), adv, torch.ones(2, 4))  # r = 1: PPO clips nothing
     params = {"share": 0.25, "low_cov": 0.5, "high_cov": 5.0}
-    loss, metrics = policy_loss(*args, surrogate="clip_cov", surrogate_params=params)
+    no_dual = {"dual_clip": None}
+    with pytest.raises(ValueError, match="surrogate clip_cov has no dual clip"):
+        policy_loss(*args, surrogate="clip_cov", surrogate_params=params)  # dual_clip 3.0
+    loss, metrics = policy_loss(*args, surrogate="clip_cov", surrogate_params=params, **no_dual)
     loss.backward()
     cov = covariances(adv.tolist(), logp.detach().tolist())
     eligible = {(i, t) for i in range(2) for t in range(4) if 0.5 < cov[i][t] < 5.0}
@@ -201,5 +205,21 @@ def test_clip_cov_leaves_out_a_random_share_of_the_eligible_tokens_only():
     assert metrics["cov_selected_fraction"] == pytest.approx(2 / 8)
     plain = sum(-float(adv[i]) for i in range(2) for t in range(4) if (i, t) not in silenced)
     assert float(loss) == pytest.approx(plain / 8)
-    again, _ = policy_loss(*args, surrogate="clip_cov", surrogate_params=params)
+    again, _ = policy_loss(*args, surrogate="clip_cov", surrogate_params=params, **no_dual)
     assert float(again) == float(loss)  # the same step chooses the same tokens
+
+
+def test_clip_cov_has_no_dual_clip_a_negative_advantage_far_above_the_range_pays_in_full():
+    """As Clip-Cov's paper and verl: max(-A r, -A clip(r)) with no cap at -A dual_clip, so a token
+    of A = -1 and r = 5 costs 5 (PPO's dual clip 3 would cap it at 3); a dual clip is refused."""
+    logp = torch.log(torch.tensor([[0.5, 0.1]], dtype=torch.float64))
+    base = logp - torch.log(torch.tensor([[5.0, 1.0]], dtype=torch.float64))  # r = 5, 1
+    params = {"share": 1e-9, "low_cov": 1e9, "high_cov": 2e9}  # nothing eligible
+    args = (logp, base, torch.tensor([-1.0], dtype=torch.float64), torch.ones(1, 2))
+    loss, metrics = policy_loss(
+        *args, surrogate="clip_cov", surrogate_params=params, dual_clip=None
+    )
+    assert float(loss) == pytest.approx((5.0 + 1.0) / 2)
+    assert metrics["dual_clip_fraction"] == 0.0
+    capped, _ = policy_loss(*args, surrogate="ppo_clip", dual_clip=3.0)
+    assert float(capped) == pytest.approx((3.0 + 1.0) / 2)
