@@ -91,10 +91,12 @@ class AgentLoop:
         self.engine = engine
         self.tokenizer = tokenizer
         self.tools = tools
+        self.format = FORMATS[settings.format]
+        # the action that calls each tool, as the format names it (tags: web_search answers <search>)
+        self._by_action = {self.format.call_name(n, t): t for n, t in tools.items()}
         self.settings = settings
         self.actor_id = actor_id
         self.stats = AgentStats()
-        self.format = FORMATS[settings.format]
         self._prompts: dict[str, list[int]] = {}
 
     def prompt_ids(self, task: TaskLike) -> list[int]:
@@ -161,7 +163,7 @@ class AgentLoop:
             if final:
                 finish = "no_answer"
                 break
-            tool = self.tools.get(action[0]) if action is not None and action[1] else None
+            tool = self._by_action.get(action[0]) if action is not None and action[1] else None
             if tool is not None:
                 tool_names.append(tool.name)
                 result = await call_tool(tool, action[1], self.stats.tools)

@@ -38,6 +38,10 @@ PYTHON_INSTRUCTION = (
     " You can also run Python code by <python> code </python>; what it prints is returned between "
     "<output> and </output>."
 )
+BROWSE_INSTRUCTION = (
+    " You can read a web page by <browse> url </browse>; its text is returned between <page> and "
+    "</page>."
+)
 DIRECT_INSTRUCTION = (
     "Answer the given question. You must conduct reasoning inside <think> and </think> first. Then "
     "provide the answer inside <answer> and </answer>, without detailed illustrations. For example, "
@@ -75,6 +79,31 @@ TOOL_SCHEMAS = {
             },
         },
     },
+    "web_search": {
+        "type": "function",
+        "function": {
+            "name": "web_search",
+            "description": "Search the web (Google); returns the top results' titles, snippets "
+            "and URLs.",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string", "description": "What to search for."}},
+                "required": ["query"],
+            },
+        },
+    },
+    "browse": {
+        "type": "function",
+        "function": {
+            "name": "browse",
+            "description": "Read a web page; returns its text, cut to a budget.",
+            "parameters": {
+                "type": "object",
+                "properties": {"url": {"type": "string", "description": "The page's URL."}},
+                "required": ["url"],
+            },
+        },
+    },
     "python": {
         "type": "function",
         "function": {
@@ -101,7 +130,11 @@ def instruction(tools) -> str:
     tools, answer directly (the evaluation's no-tools baseline)."""
     if not tools:
         return DIRECT_INSTRUCTION
-    return SEARCH_INSTRUCTION + (PYTHON_INSTRUCTION if "python" in tools else "")
+    return (
+        SEARCH_INSTRUCTION
+        + (PYTHON_INSTRUCTION if "python" in tools else "")
+        + (BROWSE_INSTRUCTION if "browse" in tools else "")
+    )
 
 
 def render(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> str:
@@ -152,6 +185,7 @@ class TagFormat:
     closes: ClassVar[dict[str, str]] = {
         "search": "</search>",
         "python": "</python>",
+        "browse": "</browse>",
         "answer": ANSWER_CLOSE,
     }
     stops: ClassVar[tuple[str, ...]] = tuple(closes.values())
@@ -159,6 +193,10 @@ class TagFormat:
 
     def instruction(self, tools) -> str:
         return instruction(tools)
+
+    def call_name(self, name: str, tool) -> str:
+        """The action that calls `tool` (enabled as `name`): its tag (web_search: `search`)."""
+        return getattr(tool, "call_tag", name)
 
     def prompt_ids(self, tokenizer, tools, question: str) -> list[int]:
         return prompt_ids(tokenizer, tools, question)
@@ -201,6 +239,10 @@ class ChatToolsFormat:
 
     def instruction(self, tools) -> str:
         return CHAT_INSTRUCTION if tools else DIRECT_INSTRUCTION
+
+    def call_name(self, name: str, tool) -> str:
+        """The action that calls `tool` (enabled as `name`): the schema's name, `name`."""
+        return name
 
     def prompt_ids(self, tokenizer, tools, question: str) -> list[int]:
         if not tools:  # the no-tools baseline: answer directly, no schemas

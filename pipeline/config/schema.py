@@ -214,6 +214,43 @@ class DataConfig(Section):
 # --------------------------------------------------------------------------------------- actors
 
 
+class WebConfig(Section):
+    """The web tools (`web_search`, `browse` in `actors.tools`): the deep-research setting's
+    search engine on the web, reached through a provider."""
+
+    provider: Literal["serper"] = "serper"
+    """Who answers `web_search` (actors/web_search.py's PROVIDERS): `serper`, Google results
+    through Serper's API or any server answering in its format."""
+    url: str = Field("https://google.serper.dev/search", min_length=1)
+    """The provider's search endpoint."""
+    api_key_env: str = Field("SERPER_API_KEY", min_length=1)
+    """The environment variable holding the provider's key (the key is never logged or written)."""
+    num_results: int = Field(5, ge=1, le=100)
+    """Results asked for per search."""
+    cache_dir: str = Field("runs/cache/web", min_length=1)
+    """Every provider answer is kept here, keyed by provider, query and parameters, so a rerun
+    asks nothing."""
+    max_calls_per_run: int = Field(10000, ge=0)
+    """Provider requests a run (one process) may make; cache hits are free. Past it a search gets
+    an observation saying the budget is spent."""
+    max_calls_per_trajectory: int = Field(8, ge=0, le=1024)
+    """web_search calls (cache hits included) of one trajectory; browse has the same cap."""
+    requests_per_second: float = Field(5.0, gt=0, le=1000)
+    """Provider requests are spaced 1 / this apart."""
+    retries: int = Field(3, ge=0, le=20)
+    """Retries of a request that timed out, failed to connect or got 429/5xx (backoff doubles)."""
+    timeout_s: float = Field(20.0, gt=0, le=600)
+    """One request's time limit (search or page)."""
+    browse_max_bytes: int = Field(2_000_000, ge=1024, le=1_000_000_000)
+    """A page is read up to this many bytes."""
+    browse_max_chars: int = Field(8000, ge=100, le=10_000_000)
+    """A page's text is cut to this many characters (the observation is then cut to
+    actors.max_observation_tokens)."""
+    allow_hosts: list[str] = Field(default_factory=list)
+    """`host:port` entries browse may reach although they are loopback or private (a local
+    stand-in, e.g. 127.0.0.1:8765); every other such address, redirects included, is refused."""
+
+
 class ActorsConfig(Section):
     engine: EngineConfig = Field(default_factory=EmbeddedEngine)
     """The generation backend."""
@@ -226,8 +263,14 @@ class ActorsConfig(Section):
     """Actor pools; each runs `concurrency` agent loops. Scales independently of the learner."""
     concurrency: int = Field(8, ge=1, le=65536)
     """Concurrent agent loops (trajectories in flight) per pool."""
-    tools: list[Literal["search", "python"]] = Field(default_factory=lambda: ["search"])
-    """Tools the agent may call: <search>q</search> and/or <python>code</python>."""
+    tools: list[Literal["search", "python", "web_search", "browse"]] = Field(
+        default_factory=lambda: ["search"]
+    )
+    """Tools the agent may call: search (the local retrieval server), python (the sandbox),
+    web_search and browse (the web, `actors.web`). In the tags format web_search answers
+    `<search>` as Search-R1's online search does, so search and web_search exclude each other."""
+    web: WebConfig = Field(default_factory=WebConfig)
+    """The web tools' provider, cache, budgets and limits (used with web_search or browse)."""
     max_turns: int = Field(4, ge=1, le=64)
     """Most tool calls in one trajectory; the next turn must answer."""
     max_new_tokens_per_turn: int = Field(128, ge=1, le=32768)
@@ -275,6 +318,11 @@ class ActorsConfig(Section):
         if self.format not in FORMATS:
             raise ValueError(
                 f"format: no format {self.format!r}; the formats are {', '.join(FORMATS)}"
+            )
+        if self.format == "tags" and {"search", "web_search"} <= set(self.tools):
+            raise ValueError(
+                "tools: search and web_search both answer <search> in the tags format: keep "
+                "one, or set format: chat_tools (each has its own name there)"
             )
         return self
 

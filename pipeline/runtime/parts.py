@@ -21,9 +21,11 @@ import torch
 from transformers import AutoTokenizer
 
 from actors.agent import AgentLoop, AgentSettings
+from actors.browse import BrowseTool
 from actors.engine import RolloutEngine
 from actors.servers import ManagedServers
 from actors.tools import PythonTool, SearchTool, Tool
+from actors.web_search import PROVIDERS, DiskCache, WebSearchTool, WebStats
 from buffers.group_buffer import GroupBuffer, rewards_differ
 from buffers.spill import ParquetSpill
 from buffers.strata import make_stratifier, section_params
@@ -147,9 +149,44 @@ def _python_tool(config: ActorsConfig, retrieval: RetrievalConfig, search_url: s
     )
 
 
+WEB_STATS = WebStats()
+"""What this process's web tools did (both tools count here): printed when the acting parts close."""
+
+
+def _web_search_tool(
+    config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None
+) -> Tool:
+    web = config.web
+    return WebSearchTool(
+        PROVIDERS[web.provider](web.url, web.num_results),
+        DiskCache(web.cache_dir),
+        web.api_key_env,
+        max_calls_per_run=web.max_calls_per_run,
+        max_calls_per_trajectory=web.max_calls_per_trajectory,
+        requests_per_second=web.requests_per_second,
+        retries=web.retries,
+        timeout_s=web.timeout_s,
+        stats=WEB_STATS,
+    )
+
+
+def _browse_tool(config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None) -> Tool:
+    web = config.web
+    return BrowseTool(
+        max_bytes=web.browse_max_bytes,
+        max_chars=web.browse_max_chars,
+        max_calls_per_trajectory=web.max_calls_per_trajectory,
+        timeout_s=web.timeout_s,
+        allow_hosts=tuple(web.allow_hosts),
+        stats=WEB_STATS,
+    )
+
+
 TOOLS: dict[str, Callable[[ActorsConfig, RetrievalConfig, str | None], Tool]] = {
     "search": _search_tool,
     "python": _python_tool,
+    "web_search": _web_search_tool,
+    "browse": _browse_tool,
 }
 """Tool name (an `actors.tools` entry) -> how it is built from config."""
 
@@ -233,6 +270,11 @@ class Acting:
     async def close(self) -> None:
         if "search" in self.tools:
             await self.tools["search"].client.close()
+        web = [t for name, t in self.tools.items() if name in ("web_search", "browse")]
+        for tool in web:
+            await tool.close()
+        if web:
+            print(f"strata: web tools: {WEB_STATS.summary()}", flush=True)
         await self.engine.close()
         if self.servers is not None:
             self.servers.stop()

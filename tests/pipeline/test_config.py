@@ -36,7 +36,7 @@ def test_the_recipes_say_what_the_paper_says():
     assert r1.learner.groups_per_step * r1.buffer.group_size == 2048
     gaia = load_config(CONFIGS / "gaia.yaml")
     assert isinstance(gaia.actors.engine, SGLangEngine) and "Qwen3-8B" in gaia.model.path
-    assert set(gaia.actors.tools) == {"search", "python"} and gaia.actors.reward == "gaia"
+    assert gaia.actors.tools == ["web_search", "browse", "python"] and gaia.actors.reward == "gaia"
     local = load_config(CONFIGS / "local.yaml")
     assert (local.model.type, local.actors.engine.type, local.runtime.type) == (
         "tiny",
@@ -135,7 +135,7 @@ def test_yaml_reads_exponent_floats(tmp_path):
         (
             "",
             ["actors.tools=[search,web]"],
-            "actors.tools[1] = 'web': input should be 'search' or 'python'",
+            "actors.tools[1] = 'web': input should be 'search', 'python', 'web_search' or 'browse'",
         ),
         (
             "",
