@@ -16,7 +16,9 @@ the model computes logits only at the positions that predict a trained token (`l
 given as a 1-D tensor of positions: the form every transformers release we support reads; padded
 rows share one list, the union of theirs, and the logits then kept are picked out of the
 [rows, positions] block), and their log-probs go back to the response-aligned [b, R] layout the
-loss reads, so the loss code cannot tell the two apart.
+loss reads, so the loss code cannot tell the two apart. The learner's models call their backbone
+and head apart (learner/head.py): the hidden states at those positions go through the head a
+chunk at a time, so not even the kept logits are ever whole.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from learner.batch import TrainBatch
+from learner.head import split_logprobs
 from learner.logprobs import token_logprobs
 
 
@@ -110,20 +113,34 @@ def response_logprobs(
     temperature: float,
     device: torch.device,
     entropy_grad: bool = False,
+    split: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """log pi(r_j | p, r_<j) and the entropy of that distribution (with a gradient only if
     `entropy_grad`: an entropy bonus trains it), both [b, R]
     float32 and 0 where `response_mask` is 0, from one forward pass of `model` (an HF causal LM
-    or a DeepSpeed engine around one), and the tokens it read."""
+    or a DeepSpeed engine around one), and the tokens it read. `split`: the backbone and the
+    head called apart, the head a chunk of positions at a time (learner/head.py: only for a
+    model that `splits`); else the model's own logits at the trained positions."""
     given = model_input(micro, packed)
     kwargs = {k: v.to(device) for k, v in given.kwargs.items()}
-    logits = model(**kwargs, use_cache=False).logits
-    logits = logits.reshape(-1, logits.shape[-1])
-    if given.select is not None:
-        logits = logits[given.select.to(device)]
-    logp, entropy = token_logprobs(
-        logits, given.targets.to(device), temperature, entropy_grad=entropy_grad
-    )
+    targets = given.targets.to(device)
+    select = None if given.select is None else given.select.to(device)
+    if split:
+        keep = kwargs.pop("logits_to_keep")
+
+        def positions(hidden: torch.Tensor) -> torch.Tensor:  # [rows, length, H] -> [n, H]
+            kept = hidden[:, keep].flatten(0, 1)
+            return kept if select is None else kept[select]
+
+        logp, entropy = split_logprobs(
+            model, kwargs, positions, targets, temperature, entropy_grad=entropy_grad
+        )
+    else:
+        logits = model(**kwargs, use_cache=False).logits
+        logits = logits.reshape(-1, logits.shape[-1])
+        if select is not None:
+            logits = logits[select]
+        logp, entropy = token_logprobs(logits, targets, temperature, entropy_grad=entropy_grad)
     shape = micro.response_mask.shape
     where = (given.rows.to(device), given.cols.to(device))
     full = torch.zeros(shape, dtype=torch.float32, device=device)

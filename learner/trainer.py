@@ -37,6 +37,7 @@ from learner.corrections import Correction
 from learner.critic import Critic
 from learner.deepspeed_ops import use_own_extension_dir
 from learner.gae import explained, explained_variance, gae, outcome_rewards, whiten
+from learner.head import splits
 from learner.lora import adapter_weights, adapters_off, merged_state_dict, with_adapters
 from learner.losses import kept_by_importance, kl_penalty, policy_loss
 from learner.packing import plan_micro_batches, response_logprobs
@@ -154,6 +155,8 @@ class Learner:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
+        # the head in chunks where the model's logits are its head's plain output (learner/head.py)
+        self.split_head = splits(model)
         self.lora = lora
         if lora is not None:
             model = with_adapters(model, lora)
@@ -443,6 +446,7 @@ class Learner:
             self.temperature,
             self.engine.device,
             entropy_grad=model is self.engine and self.config.entropy_coef > 0,
+            split=self.split_head,
         )
 
     def _all_max(self, value: int) -> int:

@@ -1,0 +1,236 @@
+"""The head in chunks (learner/head.py, learner/logprobs.py): the backbone and the language-model
+head called apart, no [n, V] tensor at any time, and the same log-probs, entropy and gradients
+as the model's own logits, packed and padded, tied and untied, with LoRA and under ZeRO 0-2."""
+
+import pytest
+import torch
+from deepspeed.utils import safe_get_full_grad
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import Gemma2Config, Gemma2ForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from learner.batch import build_batch
+from learner.head import parts, splits
+from learner.logprobs import head_logprobs, token_logprobs
+from learner.lora import with_adapters
+from learner.packing import response_logprobs
+from learner.trainer import Learner
+from pipeline.assets.tiny_policy import build_tiny_policy
+from pipeline.config.schema import LearnerConfig, LoraSection
+from tests.learner.test_trainer import TEXTS, uneven_groups
+
+CPU = torch.device("cpu")
+
+
+class Sizes(TorchDispatchMode):
+    """The shape of every tensor an operation makes, forward and backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple | list) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.shapes.append(tuple(t.shape))
+        return out
+
+
+def numel(shape: tuple[int, ...]) -> int:
+    return int(torch.tensor(shape).prod()) if shape else 1
+
+
+@pytest.mark.parametrize("entropy_grad", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_head_in_chunks_equals_the_full_softmax_and_its_gradients(entropy_grad, bias):
+    torch.manual_seed(0)
+    head = torch.nn.Linear(24, 301, bias=bias, dtype=torch.float64)
+    hidden = torch.randn(37, 24, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 301, (37,))
+    logp, entropy = head_logprobs(hidden, head, targets, 0.7, chunk=8, entropy_grad=entropy_grad)
+    full = torch.log_softmax(head(hidden) / 0.7, -1)
+    want = full.gather(-1, targets[:, None]).squeeze(-1)
+    want_entropy = -(full.exp() * full).sum(-1)
+    torch.testing.assert_close(logp, want.float(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(entropy, want_entropy.float().detach(), rtol=1e-6, atol=1e-6)
+    assert entropy.requires_grad == entropy_grad
+    a, b = torch.randn(37, dtype=torch.float64), torch.randn(37, dtype=torch.float64)
+    inputs = [hidden, *head.parameters()]
+    got_loss = (logp.double() * a).sum() + ((entropy.double() * b).sum() if entropy_grad else 0)
+    want_loss = (want * a).sum() + ((want_entropy * b).sum() if entropy_grad else 0)
+    got = torch.autograd.grad(got_loss, inputs)
+    expected = torch.autograd.grad(want_loss, inputs)
+    for g, w in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-7)
+
+
+def test_no_vocabulary_sized_tensor_and_the_chunks_gradients_joined_once():
+    """Forward and backward over 8 chunks: no tensor of n x V elements (the model's own
+    logits are one), and the hidden states' gradient made whole once, not once per chunk."""
+    torch.manual_seed(0)
+    n, hidden_size, vocab, chunk = 64, 16, 2000, 8
+    head = torch.nn.Linear(hidden_size, vocab, bias=False)
+    hidden = torch.randn(n, hidden_size, requires_grad=True)
+    targets = torch.randint(0, vocab, (n,))
+    with Sizes() as seen:
+        logp, _ = head_logprobs(hidden, head, targets, chunk=chunk)
+        logp.sum().backward()
+    assert max(numel(s) for s in seen.shapes) <= 2 * chunk * vocab
+    assert seen.shapes.count((n, hidden_size)) <= 2  # the joined gradient (and its accumulation)
+    with Sizes() as own:  # the model's logits, then chunks of them: the test can tell
+        logits = head(hidden.detach())
+        logp, _ = token_logprobs(logits, targets, chunk=chunk)
+        logp.sum().backward()
+    assert max(numel(s) for s in own.shapes) >= n * vocab
+
+
+def qwen2(tied: bool, vocab: int = 211) -> Qwen2ForCausalLM:
+    torch.manual_seed(3)
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tied,
+    )
+    return Qwen2ForCausalLM(config).eval()
+
+
+def batch_of(vocab: int):
+    trajectories = [t for g in uneven_groups(3) for t in g.members]
+    for t in trajectories:
+        t.token_ids = t.token_ids % vocab
+        t.prompt_token_ids = t.prompt_token_ids % vocab
+    return build_batch(trajectories, torch.zeros(len(trajectories)), 0)
+
+
+def logprobs_and_grads(model, batch, packed: bool, split: bool, entropy_grad: bool):
+    model.zero_grad(set_to_none=True)
+    logp, entropy, _ = response_logprobs(
+        model, batch, packed, 0.7, CPU, entropy_grad=entropy_grad, split=split
+    )
+    weights = torch.linspace(-1, 1, logp.numel()).reshape(logp.shape)
+    loss = (logp * weights).sum() + (0.1 * entropy.sum() if entropy_grad else 0.0)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    return logp.detach(), entropy.detach(), grads
+
+
+@pytest.mark.parametrize(
+    "packed,tied,lora",
+    [(True, True, False), (False, False, False), (True, False, True), (False, True, True)],
+    ids=["packed-tied", "padded-untied", "packed-untied-lora", "padded-tied-lora"],
+)
+def test_split_log_probs_equal_the_models_own_logits(packed, tied, lora):
+    """Log-probs, entropy (with its gradient: an entropy bonus) and every trained parameter's
+    gradient, the head in chunks against the model's own logits at the trained positions."""
+    model = qwen2(tied)
+    if lora:  # adapters on attention and on the head itself; B = 0 would hide A's gradient
+        model = with_adapters(model, LoraSection(r=4, target_modules=["q_proj", "lm_head"]))
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.1)
+    assert splits(model)
+    batch = batch_of(211)
+    mask = batch.response_mask > 0
+    own = logprobs_and_grads(model, batch, packed, split=False, entropy_grad=True)
+    split = logprobs_and_grads(model, batch, packed, split=True, entropy_grad=True)
+    torch.testing.assert_close(split[0], own[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(split[1], own[1], rtol=1e-5, atol=1e-5)
+    assert (split[0][~mask] == 0).all() and split[0][mask].lt(0).all()
+    assert set(split[2]) == set(own[2]) and (any("lora_" in n for n in own[2]) == lora)
+    for name, grad in own[2].items():
+        torch.testing.assert_close(split[2][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert any(g.abs().max() > 0 for n, g in split[2].items() if "lm_head" in n or "embed" in n)
+
+
+def test_only_a_model_whose_logits_are_its_heads_output_splits():
+    """Qwen2 splits, tied or not, bare or in LoRA; Gemma 2 soft-caps its logits after the head
+    (final_logit_softcapping), so it keeps its own forward."""
+    assert splits(qwen2(True)) and splits(qwen2(False))
+    assert splits(with_adapters(qwen2(True), LoraSection(r=2, target_modules=["v_proj"])))
+    gemma = Gemma2ForCausalLM(
+        Gemma2Config(
+            vocab_size=211,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            final_logit_softcapping=30.0,
+        )
+    )
+    assert not splits(gemma)
+    backbone, head = parts(gemma)
+    assert backbone is gemma.model and head is gemma.lm_head
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory):
+    return build_tiny_policy(tmp_path_factory.mktemp("policy") / "tiny", TEXTS, vocab_size=500)
+
+
+def recorded_gradients(model: Learner) -> list[dict[str, torch.Tensor]]:
+    """Each optimiser step's gradient, as ZeRO holds it just before the step (its own
+    partitions, assembled: ZeRO 1-2 keep no `.grad` on the parameters)."""
+    taken: list[dict[str, torch.Tensor]] = []
+    step = model.engine.step
+
+    def recorded(*args, **kwargs):
+        if model.engine.is_gradient_accumulation_boundary():
+            taken.append(
+                {
+                    n: safe_get_full_grad(p).detach().clone()
+                    for n, p in model.engine.module.named_parameters()
+                    if p.requires_grad
+                }
+            )
+        return step(*args, **kwargs)
+
+    model.engine.step = recorded
+    return taken
+
+
+@pytest.mark.parametrize(
+    "stage,lora", [(0, False), (1, False), (2, False), (2, True)], ids=["z0", "z1", "z2", "z2-lora"]
+)
+def test_a_split_learner_steps_as_the_models_own_forward_under_zero(policy, stage, lora):
+    """Through DeepSpeed's engine (its forward's hooks kept): two steps of two micro-batches
+    each, the same losses and the same gradient of every parameter (the tied head and embedding
+    included) as the model's own logits, then the same weights."""
+    config = LearnerConfig(lr=1e-3, zero_stage=stage, micro_batch_size=6, max_steps=10)
+    section = LoraSection(r=4, target_modules=["q_proj", "lm_head"]) if lora else None
+    own, split = (
+        Learner(policy, config, group_size=4, dtype="float32", temperature=0.7, lora=section)
+        for _ in range(2)
+    )
+    assert own.split_head and split.split_head
+    own.split_head = False
+    taken_own, taken_split = recorded_gradients(own), recorded_gradients(split)
+    for seed in (40, 41):
+        batch = uneven_groups(seed)
+        a, b = own.step(batch), split.step(batch)
+        for key in ("loss", "grad_norm", "ratio_mean", "entropy"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+    assert len(taken_own) == len(taken_split) == 2
+    for ga, gb in zip(taken_own, taken_split, strict=True):
+        assert ga.keys() == gb.keys()
+        scale = max(float(g.abs().max()) for g in ga.values())
+        assert scale > 0
+        for name, g in ga.items():
+            torch.testing.assert_close(gb[name], g, rtol=1e-3, atol=1e-4 * scale, msg=name)
+    if not lora:
+        head = "model.embed_tokens.weight"  # tied: the head's weight too
+        assert all(float(g[head].abs().max()) > 0 for g in taken_split)
+    calls = []  # ZeRO-3 gathers parameters in the root module's hooks: they still run
+    hook = split.engine.module.register_forward_pre_hook(lambda *_: calls.append(1))
+    micro = batch_of(500)
+    split._logprobs(split.engine, micro)
+    hook.remove()
+    assert calls == [1]
+    for name, p in own.state_dict().items():
+        torch.testing.assert_close(split.state_dict()[name], p, rtol=1e-4, atol=1e-4, msg=name)
