@@ -9,6 +9,11 @@ learner.lr <= FROZEN_LR), over its two-hop (L2) training questions,
   have both (a ratio of pooled sums would be confounded by which questions get chained), with a
   bootstrap over questions.
 
+With `--world DIR` (the run's mini-GAIA world, e.g. runs/cache/world-...), it also says how
+often each stratum answers with the bridge entity, the one its first search finds (issue 59's
+hypothesis: the astray demos, which answer with the bridge, teach answering with whatever was
+just found).
+
 `pipeline/experiments/searches.py` reads the trajectories; this module holds the estimator and
 the command. Launch the frozen runs first, e.g. `configs/experiments/window_start.yaml`.
 """
@@ -22,10 +27,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import yaml
 
+from actors.rewards import extract_answer, normalize_answer
+from pipeline.assets.world_questions import RELATIONS
 from pipeline.experiments.searches import (
     BUCKETS,
+    SOURCE,
     Trajectories,
     bucket,
     is_frozen,
@@ -155,6 +166,58 @@ def start_of(run_dir: Path) -> Trajectories:
     return found.where(found.version == 0)
 
 
+# The words a hop's query puts after the entity's name, longest first ("city founding year"
+# before "founding year").
+_QUERY_WORDS = sorted({words for words, *_ in RELATIONS.values()}, key=len, reverse=True)
+
+
+def bridge_of(second_hop_query: str) -> str:
+    """The bridge entity's name: the second hop's query is it followed by the relation's words
+    (`WorldQuestion.hop_queries`)."""
+    for words in _QUERY_WORDS:
+        if second_hop_query.endswith(" " + words):
+            return second_hop_query[: -len(words) - 1]
+    return second_hop_query
+
+
+def names_bridge(answer: str | None, second_hop_query: str) -> bool:
+    """Whether `answer` is the bridge entity (as exact match compares answers)."""
+    said = normalize_answer(answer or "")
+    return bool(said) and said == normalize_answer(bridge_of(second_hop_query))
+
+
+def bridge_answers(run_dirs: list[Path], world_dir: Path) -> dict[str, tuple[float, int]]:
+    """Per bucket of searches ("0", "1", ">=2"): the share of the warm start's L2 trajectories
+    whose final answer is the question's bridge entity, and how many there are."""
+    if not (world_dir / "train.parquet").is_file():
+        raise StartError(f"--world {world_dir} holds no train.parquet: pass a mini-GAIA world")
+    second = {
+        row["id"]: row["extra_info"]["hop_queries"][1]
+        for row in pq.read_table(world_dir / "train.parquet").to_pylist()
+        if len(row["extra_info"]["hop_queries"]) > 1
+    }
+    hits, counts = np.zeros(3), np.zeros(3)
+    for run_dir in run_dirs:
+        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        files = sorted((run_dir / "trajectories").glob("*.parquet"))
+        columns = ["data_source", "policy_version", "prompt_id", "tool_names", "text"]
+        table = ds.dataset(files, format="parquet").to_table(
+            columns=columns, filter=pc.field("data_source") == SOURCE
+        )
+        frozen = is_frozen((config.get("learner") or {}).get("lr"))
+        for row in table.to_pylist():
+            question = row["prompt_id"].split("@")[0]
+            if (not frozen and row["policy_version"] != 0) or question not in second:
+                continue
+            b = min(sum(n == "search" for n in row["tool_names"] or ()), 2)
+            counts[b] += 1
+            hits[b] += names_bridge(extract_answer(row["text"] or ""), second[question])
+    return {
+        name: (float(hits[i] / counts[i]) if counts[i] else float("nan"), int(counts[i]))
+        for i, name in enumerate(BUCKETS)
+    }
+
+
 def lines(start: Start) -> list[str]:
     """The measurement in words, one figure a line."""
     pay = "; ".join(
@@ -186,17 +249,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resamples", type=int, default=2000, help="bootstrap draws (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="of the bootstrap")
     p.add_argument("--json", type=Path, help="write the measurement here")
+    p.add_argument(
+        "--world", type=Path, help="the runs' mini-GAIA world: also count answers naming the bridge"
+    )
     args = p.parse_args(argv)
     try:
         if args.resamples < 100:
             raise StartError(f"--resamples must be >= 100 (got {args.resamples})")
         parts = [start_of(d) for d in args.run_dirs]
+        bridges = bridge_answers(args.run_dirs, args.world) if args.world else None
     except StartError as exc:
         print(f"strata: error: {exc}", file=sys.stderr)
         return 2
     start = measure(parts, args.resamples, args.seed)
-    print("\n".join(lines(start)), flush=True)
+    printed = lines(start)
+    if bridges is not None:
+        printed.append(
+            "answers naming the bridge entity (share, count): "
+            + "; ".join(f"{k} searches {v:.3f} ({n})" for k, (v, n) in bridges.items())
+        )
+    print("\n".join(printed), flush=True)
     if args.json:
         found = asdict(start) | {"run_dirs": [str(d) for d in args.run_dirs]}
+        found["bridge_answers"] = bridges
         args.json.write_text(json.dumps(found, indent=1) + "\n")
     return 0

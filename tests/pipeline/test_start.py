@@ -14,8 +14,17 @@ import yaml
 
 from buffers.spill import spill_table
 from buffers.testing import synthetic_trajectory
+from pipeline.assets.world import build_world, write_world
 from pipeline.experiments.searches import Trajectories
-from pipeline.experiments.start import main, measure, within_gap, within_gap_ci
+from pipeline.experiments.start import (
+    bridge_answers,
+    bridge_of,
+    main,
+    measure,
+    names_bridge,
+    within_gap,
+    within_gap_ci,
+)
 
 # (question, searches, reward): q1 and q2 have chains and non-chains; q3 only chains, q4 none
 HAND = [
@@ -114,3 +123,35 @@ def test_the_command_reads_version_0_or_a_frozen_run_whole(tmp_path, capsys):
     assert main([str(tmp_path / "nothing")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "holds no config.yaml" in err
+
+
+def test_an_answer_names_the_bridge_only_when_it_is_the_whole_name():
+    assert bridge_of("Zade Nipebru birth year") == "Zade Nipebru"
+    assert bridge_of("Kaivu Loorith city founding year") == "Kaivu Loorith"  # not "... city"
+    assert names_bridge(" zade nipebru.", "Zade Nipebru birth year")
+    assert not names_bridge("Zade", "Zade Nipebru birth year")
+    assert not names_bridge(None, "Zade Nipebru birth year")
+
+
+def test_bridge_answers_count_each_stratum_on_the_world_questions(tmp_path, capsys):
+    world = build_world(7, "small")
+    write_world(world, tmp_path / "world")
+    q = next(q for q in world.split("train") if q.level == 2)
+    rows = []
+    for i, (searches, answer) in enumerate([(1, q.bridge), (1, "x"), (2, q.answer[0]), (0, "y")]):
+        t = synthetic_trajectory(f"{q.id}@0", i, tool_names=["search"] * searches)
+        rows.append(replace(t, data_source="minigaia_l2", text=f"<answer> {answer}</answer>"))
+    run = tmp_path / "run"
+    (run / "trajectories").mkdir(parents=True)
+    table = spill_table([(t, "trained", 0) for t in rows])
+    pq.write_table(table, run / "trajectories" / "part-000001.parquet")
+    (run / "config.yaml").write_text(yaml.safe_dump({"learner": {"lr": 1e-12}}))
+    found = bridge_answers([run], tmp_path / "world")
+    assert found == {"0": (0.0, 1), "1": (0.5, 2), ">=2": (0.0, 1)}
+    assert main([str(run), "--world", str(tmp_path / "world"), "--resamples", "100"]) == 0
+    assert (
+        "answers naming the bridge entity (share, count): 0 searches 0.000 (1); 1 searches 0.500 (2)"
+        in capsys.readouterr().out
+    )
+    assert main([str(run), "--world", str(tmp_path)]) == 2
+    assert "holds no train.parquet" in capsys.readouterr().err
