@@ -34,15 +34,15 @@ IMPORTABLE = {
 
 
 def _kind_of(index: faiss.Index, path: Path) -> str:
-    name = type(faiss.downcast_index(index)).__name__
-    if name not in IMPORTABLE:
-        raise IndexLoadError(
-            f"{path} is a faiss {name}; Strata imports {', '.join(sorted(set(IMPORTABLE)))}"
-        )
     if index.metric_type != faiss.METRIC_INNER_PRODUCT:
         raise IndexLoadError(
             f"{path} ranks by L2 distance, Strata's indexes by inner product: build it with "
             "METRIC_INNER_PRODUCT (as Search-R1 does) or with python -m retrieval.build"
+        )
+    name = type(faiss.downcast_index(index)).__name__
+    if name not in IMPORTABLE:
+        raise IndexLoadError(
+            f"{path} is a faiss {name}; Strata imports {', '.join(sorted(set(IMPORTABLE)))}"
         )
     return IMPORTABLE[name]
 

@@ -124,10 +124,11 @@ def _ivf_pq(dim: int, count: int, spec: IndexSpec) -> faiss.Index:
     m = spec.pq_m or 64
     if dim % m:
         raise ValueError(f"pq_m {m} must divide the encoder's width {dim}")
-    # 8 bits per code (256 centroids a sub-vector) once there are points enough to train them.
-    bits = max(1, min(8, int(math.log2(max(count, 2)))))
+    # 8 bits a code (256 centroids a sub-vector) from 39 x 256 points on: fewer cannot train them.
+    bits = max(1, min(8, int(math.log2(max(count // 39, 2)))))
     index = faiss.IndexIVFPQ(
         faiss.IndexFlatIP(dim), dim, nlist, m, bits, faiss.METRIC_INNER_PRODUCT
     )
     index.nprobe = min(nlist, 32)
+    index.do_polysemous_training = False  # for Hamming-filtered search, which Strata does not use
     return index

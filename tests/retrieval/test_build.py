@@ -44,7 +44,7 @@ def reference(tmp_path_factory):
 
 
 def test_an_uninterrupted_build_describes_itself_and_cleans_up(reference):
-    source, out = reference
+    _, out = reference
     meta = json.loads((out / "meta.json").read_text())
     assert (meta["count"], meta["dim"], meta["encoder"]) == (1_150, 32, ENCODER)
     assert not work_dir(out).exists()
@@ -102,7 +102,9 @@ def test_shards_of_another_corpus_or_encoder_are_refused(tmp_path, capsys):
     out = tmp_path / "index"
     argv = ["--corpus", str(source), "--out", str(out), "--shard-size", "100"]
     # Leave one shard of a 64-d encoder, then resume with the 32-d one.
-    job = shards.ShardJob(str(source), "0" * 64, str(work_dir(out)), "strata-hash-64", "auto", 64, 100)
+    job = shards.ShardJob(
+        str(source), "0" * 64, str(work_dir(out)), "strata-hash-64", "auto", 64, 100
+    )
     work_dir(out).mkdir()
     shards.write_shard(
         shard_path(job.work, 0),
@@ -112,7 +114,10 @@ def test_shards_of_another_corpus_or_encoder_are_refused(tmp_path, capsys):
     assert build_main([*argv, "--encoder", ENCODER, "--resume"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "shard-000000.bin was encoded by strata-hash-64 (auto, 64-d) from corpus sha256 000000000000" in err
+    assert (
+        "shard-000000.bin was encoded by strata-hash-64 (auto, 64-d) from corpus sha256 000000000000"
+        in err
+    )
     assert not out.exists()
     shard_path(job.work, 0).write_bytes(b"STRATA-SHARD\x01\n" + b"\x05" + b"\0" * 7 + b"{oops")
     assert build_main([*argv, "--encoder", ENCODER, "--resume"]) == 2
@@ -161,7 +166,9 @@ def test_a_corpus_line_without_contents_is_one_line_and_leaves_no_index(tmp_path
     argv = ["--corpus", str(source), "--out", str(out), "--encoder", ENCODER, "--shard-size", "100"]
     assert build_main(argv) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and 'c.jsonl:151: expected an object with a string "contents"' in err
+    assert (
+        err.count("\n") == 1 and 'c.jsonl:151: expected an object with a string "contents"' in err
+    )
     assert not out.exists()
     assert read_header(shard_path(work_dir(out), 0))[0].count == 100  # kept for a fixed corpus
 
