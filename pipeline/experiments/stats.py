@@ -4,13 +4,18 @@ For a measure per run (e.g. held-out accuracy at the last evaluation) of variant
 
 - Welch's t-test over runs (unequal variances), with its 95% interval of the difference;
 - a permutation test over runs: exact (every relabelling) when there are at most 50,000, else
-  20,000 random ones;
+  20,000 random ones, counted with the observed labelling among them ((hits + 1) / (draws + 1),
+  as scipy.stats.permutation_test does: a Monte Carlo p is never 0); `smallest_permutation_p`
+  says the least p a design of n_a vs n_b runs can give at all (3 vs 3: 0.05 one-sided, 0.1
+  two-sided, so "p < 0.05" is out of its reach whatever the runs);
 - a hierarchical bootstrap 95% interval of the difference where the per-question scores are at
   hand: runs are resampled within each variant, then questions (one resample of the question set
   per replicate, shared by every run: the variants answer the same questions), so both sources
   of noise (which run, which questions) are in the interval;
-- the difference this many runs could detect with 80% power at the 5% level (two-sided, normal
-  approximation, the runs' own spread).
+- the difference this many runs could detect with 80% power at the 5% level (two-sided): (t of
+  0.975 + t of 0.8) times the standard error of the difference, with t on the runs' own
+  Welch-Satterthwaite degrees of freedom (a normal z would promise 3 vs 3 runs detect 2.8 standard
+  errors; with their at most 4 degrees of freedom it takes at least 3.7).
 
 A verdict says "above" or "below" only when Welch's test and the permutation test both give
 p < 0.05 and the bootstrap interval (where there is one) excludes 0; anything else is "no
@@ -22,11 +27,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from itertools import combinations
+from typing import Literal
 
 import numpy as np
 from scipy import stats as sps
 
 LEVEL = 0.05
+EXACT_LIMIT = 50_000
+"""At most this many relabellings: the permutation test enumerates them all."""
+DRAWS = 20_000
+"""Random relabellings of the Monte Carlo permutation test (more than EXACT_LIMIT in all)."""
+
+Alternative = Literal["two-sided", "greater", "less"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +53,8 @@ class Comparison:
     bootstrap_ci: tuple[float, float] | None
     """Hierarchical bootstrap (runs, then questions); None without per-question scores."""
     detectable: float
-    """The difference these runs detect with 80% power (two-sided, 5%)."""
+    """The difference these runs detect with 80% power (two-sided Welch test at 5%, t on the
+    runs' Welch-Satterthwaite degrees of freedom)."""
 
     @property
     def significant(self) -> bool:
@@ -76,36 +89,98 @@ def _zeroed(x: float) -> float:
     return 0.0 if abs(x) < 1e-12 else x
 
 
-def welch(a: np.ndarray, b: np.ndarray) -> tuple[float, tuple[float, float]]:
-    """Welch's two-sided p and 95% interval of mean(a) - mean(b)."""
+def _welch_parts(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """The standard error of mean(a) - mean(b) (unequal variances) and its Welch-Satterthwaite
+    degrees of freedom (nan when the error is 0)."""
     va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
     se = math.sqrt(va + vb)
+    if se == 0:
+        return 0.0, math.nan
+    return se, (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+
+
+def welch(a: np.ndarray, b: np.ndarray) -> tuple[float, tuple[float, float]]:
+    """Welch's two-sided p and 95% interval of mean(a) - mean(b)."""
+    se, df = _welch_parts(a, b)
     diff = float(a.mean() - b.mean())
     if se == 0:
         return (1.0 if diff == 0 else 0.0), (diff, diff)
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
     p = float(2 * sps.t.sf(abs(diff) / se, df))
-    half = float(sps.t.ppf(0.975, df)) * se
+    half = float(sps.t.ppf(1 - LEVEL / 2, df)) * se
     return p, (diff - half, diff + half)
 
 
-def permutation_p(a: np.ndarray, b: np.ndarray, draws: int = 20_000, seed: int = 0) -> float:
-    """Two-sided p of the difference of means under relabelling the runs."""
-    pooled = np.concatenate([a, b])
-    observed = abs(a.mean() - b.mean())
+def detectable(a: np.ndarray, b: np.ndarray, power: float = 0.8, level: float = LEVEL) -> float:
+    """The difference of means these runs detect with `power` in a two-sided Welch test at
+    `level`: (t_{1 - level/2} + t_{power}) * se on the Welch-Satterthwaite degrees of freedom;
+    0 when the runs have no spread."""
+    se, df = _welch_parts(a, b)
+    if se == 0:
+        return 0.0
+    return float((sps.t.ppf(1 - level / 2, df) + sps.t.ppf(power, df)) * se)
+
+
+def smallest_permutation_p(
+    n_a: int,
+    n_b: int,
+    alternative: Alternative = "two-sided",
+    exact_limit: int = EXACT_LIMIT,
+    draws: int = DRAWS,
+) -> float:
+    """The least p `permutation_p` can give n_a vs n_b runs whatever their values (no ties):
+    one relabelling in C(n_a + n_b, n_a) is as extreme as the observed one, two two-sided when
+    n_a == n_b (the swapped labelling is its mirror); with more relabellings than `exact_limit`
+    the Monte Carlo floor 1 / (draws + 1) as well."""
+    if n_a < 1 or n_b < 1:
+        raise ValueError(f"a permutation test needs a run a side, got {n_a} vs {n_b}")
+    splits = math.comb(n_a + n_b, n_a)
+    extreme = 2 if alternative == "two-sided" and n_a == n_b else 1
+    floor = extreme / splits
+    return floor if splits <= exact_limit else max(floor, 1 / (draws + 1))
+
+
+def can_reach(
+    n_a: int, n_b: int, level: float = LEVEL, alternative: Alternative = "two-sided"
+) -> bool:
+    """Whether a permutation test of n_a vs n_b runs can give p < `level` at all (3 vs 3 cannot
+    reach 0.05 even one-sided: its least p is 1/20)."""
+    return smallest_permutation_p(n_a, n_b, alternative) < level
+
+
+def permutation_p(
+    a: np.ndarray,
+    b: np.ndarray,
+    draws: int = DRAWS,
+    seed: int = 0,
+    alternative: Alternative = "two-sided",
+    exact_limit: int = EXACT_LIMIT,
+) -> float:
+    """p of the difference of means mean(a) - mean(b) under relabelling the runs: two-sided as
+    |difference| at least the observed one, "greater" / "less" one-sided. Exact over every
+    relabelling when there are at most `exact_limit`, else `draws` random ones counted with the
+    observed one ((hits + 1) / (draws + 1), never 0)."""
+    pooled = np.concatenate([a, b]).astype(float)
     n, k = len(pooled), len(a)
-    if math.comb(n, k) <= 50_000:
-        splits = (list(c) for c in combinations(range(n), k))
+    exact = math.comb(n, k) <= exact_limit
+    if exact:
+        chosen = np.array(list(combinations(range(n), k)), dtype=np.int64).reshape(-1, k)
     else:
         rng = np.random.default_rng(seed)
-        splits = (rng.choice(n, k, replace=False) for _ in range(draws))
-    total = hits = 0
-    for chosen in splits:
-        mask = np.zeros(n, dtype=bool)
-        mask[chosen] = True
-        hits += abs(pooled[mask].mean() - pooled[~mask].mean()) >= observed - 1e-12
-        total += 1
-    return hits / total
+        chosen = rng.random((draws, n)).argsort(axis=1)[:, :k]
+    # every relabelling's difference from the same sums, so equal splits compare equal
+    sums = pooled[chosen].sum(axis=1)
+    diffs = sums / k - (pooled.sum() - sums) / (n - k)
+    observed = float(a.mean() - b.mean())
+    tolerance = 1e-12 * max(1.0, abs(observed))
+    if alternative == "two-sided":
+        hits = int((np.abs(diffs) >= abs(observed) - tolerance).sum())
+    elif alternative == "greater":
+        hits = int((diffs >= observed - tolerance).sum())
+    elif alternative == "less":
+        hits = int((diffs <= observed + tolerance).sum())
+    else:
+        raise ValueError(f"alternative must be two-sided, greater or less, got {alternative!r}")
+    return hits / len(diffs) if exact else (hits + 1) / (len(diffs) + 1)
 
 
 def hierarchical_bootstrap(
@@ -142,8 +217,6 @@ def compare(
         lengths = {len(x) for x in (*per_question_a, *per_question_b)}
         if len(lengths) == 1:
             boot = hierarchical_bootstrap(per_question_a, per_question_b)
-    spread = math.sqrt(xa.var(ddof=1) / len(xa) + xb.var(ddof=1) / len(xb))
-    detectable = (sps.norm.ppf(0.975) + sps.norm.ppf(0.8)) * spread
     return Comparison(
         _zeroed(float(xa.mean() - xb.mean())),
         len(xa),
@@ -152,5 +225,5 @@ def compare(
         ci,
         permutation_p(xa, xb),
         boot,
-        detectable,
+        detectable(xa, xb),
     )
