@@ -109,6 +109,10 @@ def prepare_index(config: StrataConfig, corpus: Path, quiet: bool = False) -> Pa
     return target
 
 
+WARM_START_TOOLS = {"web_search": "search"}
+"""A run's tool -> the tool whose demonstrations the tiny policy's warm start trains on."""
+
+
 def prepare_policy(
     config: StrataConfig, world_dir: Path | None, quiet: bool = False, index_dir: Path | None = None
 ) -> Path:
@@ -126,7 +130,11 @@ def prepare_policy(
             "model.type tiny is warm-started on the mini-GAIA world: set data.type mini_gaia"
         )
 
-    tools = tuple(config.actors.tools)
+    # The demos teach the tags the run's tools answer: web_search answers <search> as the local
+    # search does (its demos' results are then the world's own); browse has no demos.
+    tools = tuple(
+        dict.fromkeys(WARM_START_TOOLS.get(t, t) for t in config.actors.tools if t != "browse")
+    )
     training: Training = replace(DEFAULT_TRAINING, max_epochs=config.model.warm_start_epochs)
     # The directory is named by the key: two recipes never share (or replace) a cache entry.
     settings = replace(LOCAL_AGENT, format=config.actors.format)  # demos in the run's format
