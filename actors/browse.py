@@ -3,7 +3,8 @@
 Hostile pages are normal input. Only http(s) URLs are fetched; every hop of a redirect (at most
 MAX_REDIRECTS) is checked before it is followed, and an address that resolves to a loopback,
 private, link-local, reserved or multicast address is refused, unless its `host:port` is in
-`allow_hosts` (an explicit entry: the tests' stand-in on 127.0.0.1). At most `max_bytes` are
+`allow_hosts` (an explicit entry: the tests' stand-in on 127.0.0.1); the connection's own name
+lookup refuses the same (`GuardedResolver`: no DNS rebinding). At most `max_bytes` are
 read; a page that is not text (by its content type, or NUL bytes in it) is refused; text is
 decoded by its declared charset, else UTF-8, undecodable bytes replaced; HTML is reduced to its
 visible text. A failure is an observation, never an exception into the agent loop.
@@ -19,6 +20,8 @@ from html.parser import HTMLParser
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.resolver import ThreadedResolver
 
 from actors.tools import ToolResult, trajectory
 from actors.web_search import WebStats
@@ -94,6 +97,27 @@ async def check_address(url: str, allow_hosts: frozenset[str]) -> None:
         raise PageError(f"{parts.hostname} is a loopback, private or reserved address: not browsed")
 
 
+class GuardedResolver(AbstractResolver):
+    """The connection's own name lookup, refusing what `check_address` refuses: a name that
+    resolved to a public address when checked and to a private one when connected (DNS
+    rebinding) is not reached either."""
+
+    def __init__(self, allow_hosts: frozenset[str]) -> None:
+        self.allow_hosts = allow_hosts
+        self.inner = ThreadedResolver()
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        found = await self.inner.resolve(host, port, family)
+        if f"{host}:{port}" not in self.allow_hosts and any(_blocked(r["host"]) for r in found):
+            raise OSError(f"{host} resolved to a loopback, private or reserved address")
+        return found
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
 def decode(body: bytes, content_type: str, charset: str | None) -> str:
     """The page's text, or PageError when it is not text."""
     kind = content_type.split(";")[0].strip().lower()
@@ -157,7 +181,8 @@ class BrowseTool:
         if self.session is None or self.session_loop is not asyncio.get_running_loop():
             # a session belongs to its event loop: an evaluation after a run, a test's next
             # asyncio.run, gets its own
-            self.session = aiohttp.ClientSession()
+            connector = aiohttp.TCPConnector(resolver=GuardedResolver(self.allow_hosts))
+            self.session = aiohttp.ClientSession(connector=connector)
             self.session_loop = asyncio.get_running_loop()
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         try:

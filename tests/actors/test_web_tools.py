@@ -10,7 +10,7 @@ import time
 import pytest
 
 from actors.agent import AgentLoop, AgentSettings
-from actors.browse import BrowseTool
+from actors.browse import BrowseTool, GuardedResolver
 from actors.embedded import EmbeddedEngine
 from actors.tools import CURRENT_TRAJECTORY, TrajectoryContext
 from actors.web_search import DiskCache, RateLimit, SerperProvider, WebSearchTool, WebStats
@@ -229,3 +229,18 @@ def test_the_agent_calls_web_search_through_search_tags(standin, key, tmp_path, 
     assert "The answer to Varno Telik" in text
     assert "used its 1 web searches" in text  # the second call, over the trajectory's budget
     asyncio.run(tools["web_search"].close())
+
+
+def test_the_connections_own_lookup_refuses_a_name_that_turned_private():
+    """DNS rebinding: checked public, resolved private when connecting; the guard is the resolver."""
+
+    async def lookup(allow):
+        resolver = GuardedResolver(frozenset(allow))
+        try:
+            return await resolver.resolve("localhost", 80)
+        finally:
+            await resolver.close()
+
+    with pytest.raises(OSError, match="localhost resolved to a loopback"):
+        asyncio.run(lookup(()))
+    assert asyncio.run(lookup(["localhost:80"]))  # an explicit entry passes
