@@ -61,11 +61,16 @@ def work_dir(out: str | os.PathLike[str]) -> Path:
     return target.parent / f".{target.name}.build"
 
 
-def encoding_devices() -> list[str | None]:
-    """One worker per visible GPU when there are several; else one worker in this process."""
+PASSAGE_BYTES = 500  # about a wiki-18 line (13.7 GB for 21M passages is ~650): an estimate
+
+
+def encoding_devices(corpus: str, shard_size: int) -> list[str | None]:
+    """One worker per visible GPU when there are several and the corpus has shards for them (a
+    585-passage world is not worth eight model loads); else one worker in this process."""
     import torch  # the encoder needs it anyway; a hash-encoder build never gets here
 
-    count = torch.cuda.device_count()
+    shards = math.ceil(os.path.getsize(corpus) / PASSAGE_BYTES / shard_size)
+    count = min(torch.cuda.device_count(), shards)
     return [f"cuda:{i}" for i in range(count)] if count > 1 else [None]
 
 
@@ -168,13 +173,17 @@ def build(
     target, work = Path(out), work_dir(out)
     if target.exists() and any(target.iterdir()) and not force:
         raise BuildError(f"{target} exists and is not empty: pass --force to replace it")
-    if work.exists() and not resume:
+    if work.exists() and not resume and any(work.glob("shard-*.bin")):
         if not force:
             raise BuildError(
                 f"{work} holds an unfinished build of {target}: pass --resume to go on with it, "
                 "or --force to start over"
             )
         shutil.rmtree(work)
+    try:
+        sha256 = corpus_hash(corpus)
+    except OSError as exc:
+        raise CorpusError(f"cannot open corpus {corpus}: {exc.strerror}") from None
     work.mkdir(parents=True, exist_ok=True)
 
     def say(message: str) -> None:
@@ -184,7 +193,7 @@ def build(
     start = time.perf_counter()
     job = ShardJob(
         corpus=str(Path(corpus).absolute()),
-        corpus_sha256=corpus_hash(corpus),
+        corpus_sha256=sha256,
         work=str(work),
         encoder=encoder_name,
         encoder_style=style,
@@ -192,7 +201,7 @@ def build(
         shard_size=shard_size,
         batch_size=batch_size,
     )
-    default = [None] if is_builtin(encoder_name) else encoding_devices()
+    default = [None] if is_builtin(encoder_name) else encoding_devices(corpus, shard_size)
     count = encode(job, devices or default)
     if count == 0:
         shutil.rmtree(work)

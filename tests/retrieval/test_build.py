@@ -171,6 +171,8 @@ def test_a_corpus_line_without_contents_is_one_line_and_leaves_no_index(tmp_path
     )
     assert not out.exists()
     assert read_header(shard_path(work_dir(out), 0))[0].count == 100  # kept for a fixed corpus
+    assert build_main([*argv[:1], str(tmp_path / "none.jsonl"), *argv[2:], "--force"]) == 2
+    assert "cannot open corpus" in capsys.readouterr().err
 
 
 def test_a_truncated_shard_is_named(tmp_path):
