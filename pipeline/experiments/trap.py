@@ -22,7 +22,12 @@ side by side (one estimator call per step for all of them), each with its own gr
         [--estimator stratified] [--json FILE]
     python -m pipeline.trap --exact --start-chain 0.1,0.5 --alphas 0,0.6,0.8 --chain-choices 5
 
-`--exact` prints the expected update at the start instead of sampling (trap_exact.start_table).
+`--exact` prints the expected update at the start instead of sampling (trap_exact.start_table);
+`--exact-plot` draws each alpha's over the true gradient's (trap_exact.bias_table, plot_bias).
+After the cells it prints each alpha against alpha 0 (the same other settings): the difference
+in escape fraction, its Newcombe 95% interval and Fisher's exact p (pipeline/experiments/
+proportions.py); `python -m pipeline.experiments.trap_tables` writes docs/results/trap.md's
+tables from the JSON.
 The JSON holds `cells`, one per (p_guess, group size, start share, hop speed, M, alpha): the escape fraction over seeds with its
 Wilson 95% interval, and the final expected reward's mean and standard deviation over seeds.
 """
@@ -41,7 +46,14 @@ import numpy as np
 import torch
 
 from learner.estimators import ESTIMATORS, estimate, section_params
-from pipeline.experiments.trap_exact import expected_path, plot_path, start_table
+from pipeline.experiments.proportions import fisher_p, newcombe, wilson
+from pipeline.experiments.trap_exact import (
+    bias_table,
+    expected_path,
+    plot_bias,
+    plot_path,
+    start_table,
+)
 
 GUESS, CHAIN = 0, 1
 
@@ -146,18 +158,6 @@ def _summed(values: np.ndarray, owner: np.ndarray, seeds: int) -> np.ndarray:
     return out
 
 
-def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """Wilson score interval of a binomial proportion (95% by default)."""
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    low = 0.0 if successes == 0 else max(0.0, centre - half)
-    high = 1.0 if successes == n else min(1.0, centre + half)
-    return low, high
-
-
 def cell(trap: Trap, seeds: int, seed: int = 0) -> Cell:
     p_chain, reward = run(trap, seeds, seed)
     escaped = int((p_chain > 0.9).sum())
@@ -177,6 +177,44 @@ def cell(trap: Trap, seeds: int, seed: int = 0) -> Cell:
         trap.start_chain,
         trap.hop_speed,
     )
+
+
+def escaped(c: Cell) -> int:
+    """How many of the cell's seeds escaped (the fraction is of whole seeds)."""
+    return round(c.escape * c.seeds)
+
+
+def comparisons(cells: list[Cell], against: float = 0.0) -> list[dict]:
+    """Each stratified cell against the cell of alpha `against` with the same other settings:
+    the difference in escape fraction, its Newcombe 95% interval and Fisher's exact p."""
+    base = {
+        (c.p_guess, c.group_size, c.start_chain, c.hop_speed, c.chain_choices): c
+        for c in cells
+        if c.alpha == against
+    }
+    out = []
+    for c in cells:
+        b = base.get((c.p_guess, c.group_size, c.start_chain, c.hop_speed, c.chain_choices))
+        if b is None or c.alpha is None or c.alpha == against:
+            continue
+        x1, x2 = escaped(c), escaped(b)
+        low, high = newcombe(x1, c.seeds, x2, b.seeds)
+        out.append(
+            {
+                "p_guess": c.p_guess,
+                "group_size": c.group_size,
+                "start_chain": c.start_chain,
+                "hop_speed": c.hop_speed,
+                "chain_choices": c.chain_choices,
+                "alpha": c.alpha,
+                "against": against,
+                "difference": c.escape - b.escape,
+                "newcombe_low": low,
+                "newcombe_high": high,
+                "fisher_p": fisher_p(x1, c.seeds, x2, b.seeds),
+            }
+        )
+    return out
 
 
 def plot(cells: list[Cell], path: str) -> None:
@@ -261,6 +299,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--path-plot", help="with --path: plot P(chain), reward and cosine (PNG)")
     p.add_argument(
+        "--exact-plot",
+        help="with --exact: each alpha's expected updates over the true gradient's, one line per "
+        "M (trap_exact.bias_table at the first --start-chain, --p-guess and --group-size; PNG)",
+    )
+    p.add_argument(
         "--exact",
         action="store_true",
         help="instead of sampling: the exact expected update at the start of each --start-chain, "
@@ -311,6 +354,9 @@ def exact_start(args: argparse.Namespace) -> int:
         rows += [{"p_guess": p_guess, **r} for r in found]
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))
+    if args.exact_plot:
+        at = (args.p_guess[0], args.group_size[0], args.start_chain[0])
+        plot_bias(bias_table(args.alphas, args.chain_choices, *at), args.exact_plot)
     return 0
 
 
@@ -331,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         if bad
     ]
+    if args.exact_plot and not args.exact:
+        problems.append("--exact-plot needs --exact (the expected updates it plots)")
     if args.path_plot and not args.path:
         problems.append("--path-plot needs --path (the JSON the paths are written to)")
     if args.path and args.estimator != "stratified":
@@ -369,6 +417,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{shown:>12}  escape {found.escape:.2f} "
             f"[{found.escape_low:.2f}, {found.escape_high:.2f}]  final E[reward] "
             f"{found.final_reward_mean:.3f} (sd {found.final_reward_std:.3f}) over {args.seeds} seeds",
+            flush=True,
+        )
+    for d in comparisons(cells):
+        print(
+            f"p_guess {d['p_guess']:g}  group {d['group_size']}  p0 {d['start_chain']:g}  "
+            f"hops x{d['hop_speed']:g}  M {d['chain_choices']}  alpha {d['alpha']:g} - alpha "
+            f"{d['against']:g}: escape {d['difference']:+.2f} [{d['newcombe_low']:+.2f}, "
+            f"{d['newcombe_high']:+.2f}] (Newcombe 95%), Fisher exact p {d['fisher_p']:.1e}",
             flush=True,
         )
     if args.plot:
