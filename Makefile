@@ -10,7 +10,7 @@ CONFIG ?= configs/local.yaml
 
 TEST_WORKERS ?= 2
 
-.PHONY: setup system-deps vllm-env run test test-gpu fuzz soak lint format bench clean
+.PHONY: setup system-deps vllm-env run test test-gpu fuzz soak mutation lint format bench clean
 
 # The vLLM environment (3.4 GB) is not part of set-up: `make vllm-env` makes it when asked for,
 # and the tests that need it run whenever it exists (CI makes it: .ci/run).
@@ -86,6 +86,24 @@ fuzz: setup
 # balance (runs/soak-DATE/soak.png and soak.json). `make test` runs the same for 15 seconds.
 soak: setup
 	$(PY) benchmarks/soak.py --out runs/soak-$$(date +%Y%m%d-%H%M%S)
+
+# mutmut over the algorithm core ([tool.mutmut] in pyproject.toml: the files, the fast tests),
+# one module at a time in this order (results persist in mutants/, git-ignored: a rerun only runs
+# what changed), then the per-module table (docs/results/mutation.md). Not part of make test.
+# MUTATION_MODULES=learner.gae runs one.
+MUTATION_MODULES ?= pipeline.experiments.stats learner.gae learner.critic learner.surrogates \
+	learner.losses learner.corrections learner.estimators learner.advantages buffers.strata \
+	buffers.group_buffer pipeline.runtime.accounting learner.step_credit learner.turn_credit \
+	learner.packing learner.logprobs pipeline.experiments.trap_exact pipeline.experiments.trap \
+	learner.lora
+mutation: setup
+	@start=$$(date +%s); \
+	for m in $(MUTATION_MODULES); do \
+		echo "make mutation: $$m"; $(PY) -m mutmut run --max-children 2 "$$m.*" >/dev/null || exit 1; \
+		echo "make mutation: $$m done at $$(( $$(date +%s) - start )) s"; \
+	done; \
+	$(PY) benchmarks/mutation.py --equivalent docs/results/mutation-equivalent.txt --survivors; \
+	echo "make mutation: $$(( $$(date +%s) - start )) s of wall time"
 
 lint: setup
 	$(PY) -m ruff check .
