@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from retrieval.corpus import Passage
 from retrieval.gpu import GpuOptions, plan_gpus, to_gpus, visible_gpu_free_bytes
-from retrieval.kinds import KINDS, IndexSpec, new_index, training_size, tune
+from retrieval.kinds import KINDS, IndexSpec, check_spec, new_index, training_size, tune
 from retrieval.passages import FILENAME as PASSAGES_FILE
 from retrieval.passages import open_passages, write_passages
 
@@ -156,12 +156,11 @@ class PassageIndex:
                 f"but {passages.num_rows} passages of dim {meta.dim} are described"
             )
         if search is not None:
-            try:
-                tune(index, replace(search, kind=meta.kind))
-            except (RuntimeError, AttributeError):
-                raise IndexLoadError(
-                    f"{root}: {search} does not apply to its {meta.kind} index"
-                ) from None
+            spec = replace(search, kind=meta.kind)
+            problem = check_spec(spec)
+            if problem is not None:
+                raise IndexLoadError(f"{root}: {problem}")
+            tune(index, spec)
         return cls(index, passages, meta, gpu)
 
 

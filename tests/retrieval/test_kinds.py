@@ -7,7 +7,7 @@ import pytest
 
 from pipeline.config.schema import BUILD_SETTINGS, INDEX_SETTINGS, RetrievalConfig
 from retrieval.corpus import Passage, make_contents
-from retrieval.index import PassageIndex, build_index
+from retrieval.index import IndexLoadError, PassageIndex, build_index
 from retrieval.kinds import KINDS, IndexSpec, check_spec, default_nlist, new_index
 
 
@@ -96,3 +96,8 @@ def test_a_loaded_index_maps_its_passages_and_takes_search_settings(tmp_path):
     assert faiss.extract_index_ivf(loaded.index).nprobe == 5
     assert loaded.placement.gpus == 0 and loaded.meta.settings == {"nlist": 16}
     assert loaded.search(vectors[[7]], 1)[0][0][0].id == "p7"
+
+
+def test_a_search_setting_of_another_kind_is_refused_at_load(index_dir):
+    with pytest.raises(IndexLoadError, match="nprobe acts only for index ivf or ivf_pq, not flat"):
+        PassageIndex.load(index_dir, search=IndexSpec(nprobe=4))
