@@ -3,6 +3,7 @@ plain loop over each trajectory's generated tokens, on random inputs and the edg
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -72,6 +73,7 @@ def test_edge_cases_rows_without_generated_tokens_and_single_tokens():
     with_kl = outcome_rewards(mask, torch.tensor([5.0, 2.0, 0.0]), penalty)
     assert with_kl[1].tolist() == pytest.approx([0, 1.9, 0])
     assert with_kl[2].tolist() == pytest.approx([-0.1, -0.1, -0.1])
+    assert penalty[1].tolist() == pytest.approx([0, -0.1, 0])  # the caller's, left as it was
 
 
 def test_whitening_and_explained_variance():
@@ -90,3 +92,36 @@ def test_whitening_and_explained_variance():
     flat = torch.ones_like(returns)
     assert math.isnan(explained(explained_variance(flat, mean, mask)))
     assert math.isnan(explained([0.0] * 5))
+
+
+def test_explained_variance_is_one_minus_the_variance_ratio_over_the_trained_tokens():
+    """Against numpy's population variances over the masked tokens, with errors whose mean is not
+    0 and untrained tokens whose values would change the answer."""
+    draw = torch.Generator().manual_seed(4)
+    returns = torch.randn(5, 7, generator=draw) * 2 + 1
+    values = returns - 0.5 + torch.randn(5, 7, generator=draw)  # biased, noisy critic
+    mask = (torch.rand(5, 7, generator=draw) > 0.3).float()
+    values[mask == 0] = 50.0  # never read
+    g = returns[mask > 0].double().numpy()
+    e = (returns - values)[mask > 0].double().numpy()
+    want = 1 - np.var(e) / np.var(g)
+    assert explained(explained_variance(returns, values, mask)) == pytest.approx(want, rel=1e-9)
+    one = torch.zeros(5, 7)
+    one[2, 3] = 1.0  # a single trained token: no variance, no answer
+    assert math.isnan(explained(explained_variance(returns, values, one)))
+
+
+def test_whitening_a_flat_or_single_token_step_gives_zeros_not_nans():
+    a = torch.tensor([[0.7, 0.7, 5.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    flat = whiten(a, mask, (2.0, 1.4, 0.98))  # variance 0: only eps under the root
+    assert flat.tolist() == [[0.0, 0.0, 0.0]]
+    single = whiten(torch.tensor([[3.0, 0.0]]), torch.tensor([[1.0, 0.0]]), (1.0, 2.0, 4.0))
+    assert single[0, 0].item() == pytest.approx((3.0 - 2.0) / 1e-4) and single[0, 1] == 0
+
+
+def test_gae_of_an_empty_batch_is_empty():
+    for shape in ((0, 4), (2, 0)):
+        empty = torch.zeros(shape)
+        advantages, returns = gae(empty, empty, empty, 1.0, 0.9)
+        assert advantages.shape == returns.shape == shape
