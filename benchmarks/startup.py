@@ -7,7 +7,11 @@ the imports made frozen after), which is how `python -m pipeline.launch` imports
 interleaved so that a busy machine slows them alike; each figure is the process's CPU time
 (user + system) from start to exit, the median over `--rounds`.
 
-    python benchmarks/startup.py [--rounds 5]
+    python benchmarks/startup.py [--rounds 5] [--module pipeline.runtime.ray]
+
+`--module` imports that module instead: a Ray worker's import of its actor's module, which the
+cluster's setup hook pauses the collector for (pipeline/runtime/startup.py; pipeline.runtime.ray
+holds the generation actor, pipeline.runtime.ray_learner the learner's).
 
 The last line is the paused imports' CPU time over the plain ones (lower is better), the ratio
 of medians, then the lowest and highest ratio within one round.
@@ -23,12 +27,15 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PLAIN = "import pipeline.runtime.run"
-PAUSED = (
-    "from pipeline.runtime.startup import uncollected\n"
-    "with uncollected():\n"
-    "    import pipeline.runtime.run"
-)
+LAUNCH = "pipeline.runtime.run"
+
+
+def plain(module: str) -> str:
+    return f"import {module}"
+
+
+def paused(module: str) -> str:
+    return f"from pipeline.runtime.startup import uncollected\nwith uncollected():\n    import {module}"
 
 
 def cpu_seconds(code: str) -> float:
@@ -44,21 +51,24 @@ def cpu_seconds(code: str) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--module", default=LAUNCH, help="the module imported (a launch's)")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         print("startup: error: --rounds must be at least 1", file=sys.stderr)
         return 2
-    plain, paused = [], []
+    code = {"plain": plain(args.module), "paused": paused(args.module)}
+    running, stopped = [], []
     for i in range(args.rounds):
-        first, second = (PLAIN, PAUSED) if i % 2 == 0 else (PAUSED, PLAIN)
-        times = {first: cpu_seconds(first), second: cpu_seconds(second)}
-        plain.append(times[PLAIN])
-        paused.append(times[PAUSED])
-        print(f"round {i + 1}: collector running {plain[-1]:.2f} s, paused {paused[-1]:.2f} s")
-    ratios = [p / q for p, q in zip(paused, plain, strict=True)]
+        order = ("plain", "paused") if i % 2 == 0 else ("paused", "plain")
+        times = {kind: cpu_seconds(code[kind]) for kind in order}
+        running.append(times["plain"])
+        stopped.append(times["paused"])
+        print(f"round {i + 1}: collector running {running[-1]:.2f} s, paused {stopped[-1]:.2f} s")
+    ratios = [p / q for p, q in zip(stopped, running, strict=True)]
+    median_paused, median_plain = statistics.median(stopped), statistics.median(running)
     print(
-        f"imports' CPU, paused / running: {statistics.median(paused) / statistics.median(plain):.2f}x "
-        f"(medians {statistics.median(paused):.2f} s / {statistics.median(plain):.2f} s; "
+        f"{args.module} imports' CPU, paused / running: {median_paused / median_plain:.2f}x "
+        f"(medians {median_paused:.2f} s / {median_plain:.2f} s; "
         f"rounds {min(ratios):.2f}-{max(ratios):.2f}x)"
     )
     return 0

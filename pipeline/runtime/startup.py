@@ -16,7 +16,9 @@ every worker with the collector paused (`paused`, its `worker_process_setup_hook
 our actors' constructors freezes what the imports made and collects again (`resumed`). Importing
 a generation actor's module took 5.8 s of CPU paused against 6.4 s running, a learner rank's 4.9 s
 against 5.5 s (medians of 4 fresh processes each, 2026-11-27; single processes vary by 1-2 s):
-about 10% less.
+about 10% less. Those figures were taken before a command printed them; `python
+benchmarks/startup.py --module pipeline.runtime.ray --rounds 4` (pipeline.runtime.ray_learner for
+the learner's actor) measures the same imports, paused with `uncollected`, side by side.
 """
 
 from __future__ import annotations
