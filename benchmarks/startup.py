@@ -11,7 +11,7 @@ interleaved so that a busy machine slows them alike; each figure is the process'
 
 `--module` imports that module instead: a Ray worker's import of its actor's module, which the
 cluster's setup hook pauses the collector for (pipeline/runtime/startup.py; pipeline.runtime.ray
-holds the generation actor, pipeline.runtime.ray_learner the learner's).
+holds the generation actor, learner.ray_ranks a learner rank).
 
 The last line is the paused imports' CPU time over the plain ones (lower is better), the ratio
 of medians, then the lowest and highest ratio within one round.

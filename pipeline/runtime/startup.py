@@ -17,8 +17,8 @@ our actors' constructors freezes what the imports made and collects again (`resu
 a generation actor's module took 5.8 s of CPU paused against 6.4 s running, a learner rank's 4.9 s
 against 5.5 s (medians of 4 fresh processes each, 2026-11-27; single processes vary by 1-2 s):
 about 10% less. Those figures were taken before a command printed them; `python
-benchmarks/startup.py --module pipeline.runtime.ray --rounds 4` (pipeline.runtime.ray_learner for
-the learner's actor) measures the same imports, paused with `uncollected`, side by side.
+benchmarks/startup.py --module pipeline.runtime.ray --rounds 4` (learner.ray_ranks for a learner
+rank's) measures the same imports, paused with `uncollected`, side by side.
 """
 
 from __future__ import annotations
