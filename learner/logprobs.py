@@ -11,6 +11,11 @@ a zero-filled [n, H] gradient per chunk). Peak memory is a few chunks x V, whate
 `token_logprobs` (a model whose own forward changes its logits after the head, learner/head.py):
 from the model's logits at the trained positions ([n, V], the model's dtype), chunk by chunk the
 same way, so only the [n, V] logits and their gradient are whole.
+
+Both take a chunk's logits to its log-probs and entropy in one autograd function
+(`_LogSoftmaxAt`) that keeps nothing of size V for backward and writes the logits' gradient from
+the softmax rebuilt in place: about half the passes over [chunk, V] of autograd's own chain
+(division, log-softmax, exp, product, sum), and a fraction of its buffers.
 """
 
 from __future__ import annotations
@@ -21,24 +26,63 @@ from torch.utils.checkpoint import checkpoint
 CHUNK = 256  # positions a chunk: 256 x 151,936 x 4 bytes = 0.16 GB of float32 at a time
 
 
-def _target_logprob(logits: torch.Tensor, targets: torch.Tensor, temperature: float):
-    scaled = logits.float() / temperature
-    return scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, -1)
+class _LogSoftmaxAt(torch.autograd.Function):
+    """Per row of `logits` [c, V]: log softmax(logits / T)[target] and the entropy of
+    softmax(logits / T), float32. Only the logits (the caller's) and [c] vectors are kept for
+    backward, which rebuilds the softmax p in place and returns the logits' gradient,
+    ((onehot - p) g_logp - p (log p + H) g_entropy) / T, in the logits' dtype: a few [c, V]
+    float32 buffers at a time, never autograd's chain of them."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, temperature: float, entropy_grad: bool):
+        scaled = _scaled(logits, temperature)
+        top = scaled.amax(-1, keepdim=True)
+        p = torch.sub(scaled, top).exp_()  # one exponential for both the sum and p
+        total = p.sum(-1, keepdim=True)
+        lse = (top + total.log()).squeeze(-1)
+        p.div_(total)
+        # H = lse - sum(p s), the sum as a batched dot product: no [c, V] product tensor
+        entropy = lse - torch.bmm(p[:, None, :], scaled[:, :, None]).flatten()
+        del p
+        logp = scaled.gather(-1, targets[:, None]).squeeze(-1) - lse
+        ctx.save_for_backward(logits, targets, lse, entropy)
+        ctx.temperature = temperature
+        if not entropy_grad:
+            ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, g_logp, g_entropy):
+        logits, targets, lse, entropy = ctx.saved_tensors
+        scaled = _scaled(logits, ctx.temperature)
+        if g_logp is None:
+            g_logp = torch.zeros_like(lse)
+        grad = torch.sub(scaled, lse[:, None]).exp_()  # p
+        if g_entropy is not None:  # dH/ds = -p (log p + H), log p = s - lse
+            inner = torch.sub(scaled, (lse - entropy)[:, None])
+            grad.mul_(inner.mul_(g_entropy[:, None]).add_(g_logp[:, None]))
+            del inner
+            grad.neg_()
+        else:
+            grad.mul_(-g_logp[:, None])
+        grad.scatter_add_(-1, targets[:, None], g_logp[:, None])
+        if ctx.temperature != 1.0:
+            grad.div_(ctx.temperature)
+        return grad.to(logits.dtype), None, None, None
 
 
-def _entropy_of(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    scaled = logits.float() / temperature
-    lse = torch.logsumexp(scaled, -1, keepdim=True)
-    return lse.squeeze(-1) - (torch.exp(scaled - lse) * scaled).sum(-1)
+def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits / T in float32 (dividing by 1 is skipped: the same values, one [c, V] less)."""
+    scaled = logits.float()
+    return scaled if temperature == 1.0 else scaled / temperature
 
 
-@torch.no_grad()
-def _entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    return _entropy_of(logits, temperature).detach()
+def _logprob_entropy(logits, targets, temperature: float, entropy_grad: bool):
+    return _LogSoftmaxAt.apply(logits, targets, temperature, entropy_grad)
 
 
-def _target_logprob_and_entropy(logits: torch.Tensor, targets: torch.Tensor, temperature: float):
-    return _target_logprob(logits, targets, temperature), _entropy_of(logits, temperature)
+def _head_logprob_entropy(head, hidden, targets, temperature: float, entropy_grad: bool):
+    return _LogSoftmaxAt.apply(head(hidden), targets, temperature, entropy_grad)
 
 
 def token_logprobs(
@@ -50,44 +94,17 @@ def token_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log softmax(logits / temperature)[target] per position (float32, with gradient) and the
     distribution's entropy (float32; with gradient only if `entropy_grad`, for an entropy bonus),
-    for `logits` [n, V] and `targets` [n]. Chunked along n; with a gradient, each chunk's float32
-    work is recomputed in the backward pass."""
-    logps, entropies = [], []
-    # one split, not a slice per chunk: a slice's backward fills a zero [n, V] gradient per chunk
-    for part, wanted in zip(logits.split(chunk), targets.split(chunk), strict=True):
-        if part.requires_grad and entropy_grad:
-            logp, entropy = checkpoint(
-                _target_logprob_and_entropy, part, wanted, temperature, use_reentrant=False
-            )
-            logps.append(logp)
-            entropies.append(entropy)
-            continue
-        if part.requires_grad:
-            logps.append(
-                checkpoint(_target_logprob, part, wanted, temperature, use_reentrant=False)
-            )
-        else:
-            logps.append(_target_logprob(part, wanted, temperature))
-        entropies.append(_entropy(part, temperature))
-    if not logps:  # no trained token: [0], still attached to the graph so backward runs
+    for `logits` [n, V] and `targets` [n]. Chunked along n: a chunk's float32 work exists only
+    while the chunk is computed, forward or backward."""
+    if logits.shape[0] == 0:  # no trained token: [0], still attached to the graph
         empty = logits.float().sum(-1)
         return empty, (empty if entropy_grad else empty.detach())
-    return torch.cat(logps), torch.cat(entropies)
-
-
-def _head_logprob(
-    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = head(hidden)
-    with torch.no_grad():  # telemetry: recomputed with the chunk in backward, never differentiated
-        entropy = _entropy_of(logits, temperature)
-    return _target_logprob(logits, targets, temperature), entropy
-
-
-def _head_logprob_and_entropy(
-    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return _target_logprob_and_entropy(head(hidden), targets, temperature)
+    # one split, not a slice per chunk: a slice's backward fills a zero [n, V] gradient per chunk
+    pieces = [
+        _logprob_entropy(part, wanted, temperature, entropy_grad)
+        for part, wanted in zip(logits.split(chunk), targets.split(chunk), strict=True)
+    ]
+    return torch.cat([p for p, _ in pieces]), torch.cat([e for _, e in pieces])
 
 
 def head_logprobs(
@@ -108,15 +125,18 @@ def head_logprobs(
     if hidden.shape[0] == 0:  # no trained token: [0], still attached to the graph
         empty = head(hidden).float().sum(-1)
         return empty, (empty if entropy_grad else empty.detach())
-    logps, entropies = [], []
-    for part, wanted in zip(hidden.split(chunk), targets.split(chunk), strict=True):
-        if not grad:
-            logits = head(part)
-            logps.append(_target_logprob(logits, wanted, temperature))
-            entropies.append(_entropy_of(logits, temperature))
-            continue
-        fn = _head_logprob_and_entropy if entropy_grad else _head_logprob
-        logp, entropy = checkpoint(fn, head, part, wanted, temperature, use_reentrant=False)
-        logps.append(logp)
-        entropies.append(entropy)
-    return torch.cat(logps), torch.cat(entropies)
+    pieces = [
+        checkpoint(
+            _head_logprob_entropy,
+            head,
+            part,
+            wanted,
+            temperature,
+            entropy_grad,
+            use_reentrant=False,
+        )
+        if grad
+        else _head_logprob_entropy(head, part, wanted, temperature, entropy_grad)
+        for part, wanted in zip(hidden.split(chunk), targets.split(chunk), strict=True)
+    ]
+    return torch.cat([p for p, _ in pieces]), torch.cat([e for _, e in pieces])
