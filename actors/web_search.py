@@ -8,7 +8,8 @@ deep-research setting has (Google, reached through a Serper-compatible API).
 - **The key** comes from an environment variable (`actors.web.api_key_env`) and goes only into the
   request's header: never into a log line, an observation, the cache or the run directory.
 - **The cache**: every answer is kept on disk under the sha256 of (provider, url, query,
-  parameters), so a rerun asks the provider nothing and reads the same results.
+  parameters), so a rerun asks the provider nothing and reads the same results; identical
+  searches asked at once (a group's members) share one request (`joined`).
 - **Budgets**: `max_calls_per_run` provider requests (cache hits are free) and
   `max_calls_per_trajectory` calls of one trajectory (cache hits count: it is the agent's
   behaviour being bounded). A call past either gets an observation saying so, and is counted.
@@ -210,6 +211,7 @@ class WebSearchTool:
         self.stats = stats or WebStats()
         self.run_requests = 0  # provider answers paid for by this run (cache misses)
         self.session: aiohttp.ClientSession | None = None
+        self.pending: dict[Path, asyncio.Future] = {}  # searches asked and not answered yet
         self.session_loop: asyncio.AbstractEventLoop | None = None
 
     async def __call__(self, argument: str) -> ToolResult:
@@ -228,6 +230,11 @@ class WebSearchTool:
         request = self.provider.request(query)
         body = self.cache.get(self.provider.name, request)
         outcome = "cache_hit"
+        key = self.cache.path(self.provider.name, request)
+        if body is None and key in self.pending:  # a group's members ask alike at once
+            body, outcome = await asyncio.shield(self.pending[key]), "joined"
+            if body is None:
+                return self._done("failed", False, "Search failed: the same search just failed")
         if body is None:
             if self.run_requests >= self.max_calls_per_run:
                 return self._done(
@@ -237,11 +244,15 @@ class WebSearchTool:
                     "is spent. Answer with what you have.",
                 )
             self.run_requests += 1
+            waiting = self.pending[key] = asyncio.get_running_loop().create_future()
             try:
                 body = await self._fetch(request)
+                self.cache.put(self.provider.name, request, body)
             except WebError as exc:
                 return self._done("failed", False, f"Search failed: {exc}")
-            self.cache.put(self.provider.name, request, body)
+            finally:
+                del self.pending[key]
+                waiting.set_result(body)  # None when it failed
             outcome = "provider"
         try:
             hits = self.provider.parse(body)

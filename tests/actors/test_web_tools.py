@@ -82,6 +82,20 @@ def test_results_are_cached_on_disk_so_a_rerun_asks_the_provider_nothing(standin
     asyncio.run(tool.close())
 
 
+def test_identical_searches_asked_at_once_share_one_request(standin, key, tmp_path):
+    tool = search_tool(standin, tmp_path / "c")
+    before = len(standin.searches)
+
+    async def group():
+        return await asyncio.gather(*(in_trajectory([lambda: tool("same")]) for _ in range(4)))
+
+    results = [r for (r,) in asyncio.run(group())]
+    assert all(r.ok for r in results) and len({r.text for r in results}) == 1
+    assert len(standin.searches) == before + 1
+    assert tool.stats.outcomes == {"provider": 1, "joined": 3}
+    asyncio.run(tool.close())
+
+
 def test_budgets_per_trajectory_and_per_run_refuse_with_an_observation(standin, key, tmp_path):
     tool = search_tool(standin, tmp_path / "c", max_calls_per_trajectory=2, max_calls_per_run=1)
     a, b, c = asyncio.run(
