@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+import pipeline.assets.cache as cache
 from actors.agent import AgentLoop, AgentSettings
 from actors.browse import BrowseTool, GuardedResolver
 from actors.embedded import EmbeddedEngine
@@ -258,3 +259,19 @@ def test_the_connections_own_lookup_refuses_a_name_that_turned_private():
     with pytest.raises(OSError, match="localhost resolved to a loopback"):
         asyncio.run(lookup(()))
     assert asyncio.run(lookup(["localhost:80"]))  # an explicit entry passes
+
+
+def test_the_tiny_policys_warm_start_for_web_search_teaches_the_search_tag(monkeypatch, tmp_path):
+    """web_search answers <search> in the tags format: the tiny policy learns it from the search
+    demonstrations (the warm start itself is tested in tests/pipeline/test_warm_start.py)."""
+    asked = {}
+    monkeypatch.setattr(cache, "warm_start_key", lambda *a, **kw: "key")
+    monkeypatch.setattr(
+        cache, "warm_start", lambda *a, **kw: asked.setdefault("tools", kw["tools"])
+    )
+    config = load_config(
+        "configs/local.yaml",
+        [f"runtime.cache_dir={tmp_path}", "actors.tools=[web_search,browse,python]"],
+    )
+    cache.prepare_policy(config, tmp_path / "world", quiet=True)
+    assert asked["tools"] == ("search", "python")

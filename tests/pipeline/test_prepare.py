@@ -90,6 +90,7 @@ def test_prepares_the_published_schema_with_counts_and_a_manifest(tmp_path, caps
         ('{"id": "x", "question": "", "golden_answers": ["a"]}', "question"),
         ('{"question": "q", "golden_answers": ["a"]}', "id"),
         ('{"id": "x", "question": "q", "golden_answers": [1]}', "golden_answers"),
+        ('{"id": "test_0", "question": "q", "golden_answers": ["a"]}', "id"),  # repeats line 1
     ],
 )
 def test_a_bad_row_is_one_line_naming_file_line_and_field_and_nothing_is_written(
@@ -105,6 +106,15 @@ def test_a_bad_row_is_one_line_naming_file_line_and_field_and_nothing_is_written
     assert err.count("\n") == 1
     assert f"{bad}: line 3: field '{field}'" in err
     assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["flashrag"]
+
+
+def test_a_line_that_is_not_json_is_one_line_naming_it(tmp_path, capsys):
+    source = tmp_path / "flashrag"
+    shutil.copytree(FIXTURES, source)
+    bad = source / "musique" / "dev.jsonl"
+    bad.write_text(bad.read_text() + '{"id": "x", "question": \n')
+    code, _, err = run(["search_r1", "--source", str(source), "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and f"{bad}: line 3: invalid JSON" in err and err.count("\n") == 1
 
 
 def test_a_missing_split_file_names_the_layout(tmp_path, capsys):
