@@ -10,20 +10,40 @@ there).
 
 Registered as the attention implementation "strata_segments" (transformers' AttentionInterface)
 without a mask function, so transformers builds no mask for it: a padded row (right-padded,
-causal) needs none either, since no real token attends to a later pad. The learner uses it when
-it packs and flash attention (which reads the same restarts as variable-length boundaries) is not
-installed.
+causal) needs none either, since no real token attends to a later pad.
+
+On a GPU a loop of one sdpa call per trajectory is many small kernels. "strata_varlen" gives the
+whole packed row to one variable-length kernel instead, cut at the same restarts (cumulative
+sequence lengths): torch's own flash-attention varlen kernel on CUDA
+(`torch.nn.attention.varlen.varlen_attn`, grouped-query heads shared without copies). Other
+devices have no such kernel (FlexAttention has no backward on the CPU in torch 2.13): there it is
+sdpa over the row with the block-diagonal causal mask built from the same cuts, every score
+computed, slower than the segments and never chosen, the reference the tests compare on CPU.
+
+Which one the learner loads its models with (`implementation`): packed on CUDA, flash-attn's
+`flash_attention_2` where flash-attn is installed (the same restarts read as variable-length
+boundaries), else "strata_varlen" where this torch has its varlen kernel, else
+"strata_segments"; on the CPU "strata_segments"; padded rows, the model's default.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
+try:  # torch >= 2.10
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:
+    varlen_attn = None
+
 NAME = "strata_segments"
+VARLEN = "strata_varlen"
+FLASH = "flash_attention_2"
+HALF = (torch.float16, torch.bfloat16)  # the dtypes flash kernels take
 
 
 def segment_starts(position_ids: torch.Tensor | None, length: int) -> list[int]:
@@ -76,15 +96,89 @@ def segment_attention(
 AttentionInterface.register(NAME, segment_attention)
 
 
-def implementation(packing: bool) -> str | None:
-    """The attention implementation the learner loads its models with: flash attention where it
-    is installed on a GPU (variable-length over the restarts), else "strata_segments" when
-    packing; None (the model's default) for padded rows."""
+def varlen_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    position_ids: torch.Tensor | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """`segment_attention`'s values from one variable-length kernel over a packed row (query
+    [1, H, N, D], key and value [1, H_kv, N, D]; returns [1, N, H, D]). What the flash kernel
+    does not take goes to `segment_attention`: padded rows (more than one), attention dropout,
+    float32 on CUDA."""
+    if attention_mask is not None:
+        raise ValueError(
+            f"{VARLEN} builds no mask; it got one of shape {tuple(attention_mask.shape)}"
+        )
+    flash = query.is_cuda and varlen_attn is not None and query.dtype in HALF
+    if query.shape[0] != 1 or (dropout and module.training) or (query.is_cuda and not flash):
+        return segment_attention(
+            module, query, key, value, None, dropout, scaling, position_ids, **kwargs
+        )
+    length = query.shape[2]
+    bounds = segment_starts(position_ids, length)
+    cut = torch.tensor(bounds, dtype=torch.int32, device=query.device)
+    longest = max(b - a for a, b in pairwise(bounds))
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [N, heads, D]
+    out = (_flash_varlen if flash else _masked_varlen)(q, k, v, cut, longest, scaling)
+    return out[None], None
+
+
+def _flash_varlen(q, k, v, cut, longest: int, scale: float | None) -> torch.Tensor:
+    """torch's flash-attention varlen kernel, causal (window (-1, 0)): [N, H, D]."""
+    return varlen_attn(
+        q.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
+        cut,
+        cut,
+        longest,
+        longest,
+        scale=scale,
+        window_size=(-1, 0),
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
+
+
+def _masked_varlen(q, k, v, cut, longest: int, scale: float | None) -> torch.Tensor:
+    """sdpa over the whole row with its block-diagonal causal mask, built from the cuts: [N, H, D].
+    Every score of the row is computed: the reference the varlen kernel is held to off CUDA."""
+    length = q.shape[0]
+    document = torch.bucketize(
+        torch.arange(length, device=q.device), cut[1:].to(torch.int64), right=True
+    )
+    mask = (document[:, None] == document[None, :]).tril_()
+    out = F.scaled_dot_product_attention(
+        *(x.transpose(0, 1)[None] for x in (q, k, v)),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
+    return out[0].transpose(0, 1)
+
+
+AttentionInterface.register(VARLEN, varlen_attention)
+
+
+def choose(packing: bool, cuda: bool, flash_attn: bool, torch_varlen: bool) -> str | None:
+    """The attention implementation for these facts about the machine (see the module doc)."""
     if not packing:
         return None
-    if torch.cuda.is_available():
-        import importlib.util
-
-        if importlib.util.find_spec("flash_attn") is not None:
-            return "flash_attention_2"
+    if cuda and flash_attn:
+        return FLASH
+    if cuda and torch_varlen:
+        return VARLEN
     return NAME
+
+
+def implementation(packing: bool) -> str | None:
+    """The attention implementation the learner loads its models with, on this machine: packed
+    rows attend inside each trajectory; None (the model's default) for padded rows."""
+    cuda = torch.cuda.is_available()
+    flash_attn = cuda and importlib.util.find_spec("flash_attn") is not None
+    return choose(packing, cuda, flash_attn, varlen_attn is not None)

@@ -1,5 +1,6 @@
-"""On one CUDA GPU: the embedded engine against the CPU, bf16 training against fp32, and the local
-pipeline with the embedded engine on CUDA and ZeRO-3 (books balanced, a checkpoint that resumes).
+"""On one CUDA GPU: the embedded engine against the CPU, bf16 training against fp32, the local
+pipeline with the embedded engine on CUDA and ZeRO-3 (books balanced, a checkpoint that resumes),
+torch's varlen attention against attention per trajectory, and the head in chunks under ZeRO-3.
 
 Tolerances, stated once: greedy tokens of the same float32 weights on CUDA and on the CPU agree
 on at least 7 of 8 prompts (a near-tie in the logits may break differently on other kernels) and
@@ -18,12 +19,13 @@ import torch
 
 from actors.embedded import EmbeddedEngine
 from actors.engine import SamplingParams
+from learner.attention import FLASH, VARLEN, implementation, segment_attention, varlen_attention
 from learner.batch import build_batch, response_logprobs
 from learner.trainer import Learner
 from pipeline.config.schema import LearnerConfig
 from tests.conftest import assert_accounting, child_env
 from tests.gpu.conftest import MARKS
-from tests.learner.test_trainer import groups
+from tests.learner.test_trainer import groups, uneven_groups
 from tests.pipeline.test_local_run import ROOT, SHORT
 
 pytestmark = MARKS
@@ -111,3 +113,47 @@ def test_the_local_pipeline_on_the_gpu_with_zero3_balances_its_books_and_resumes
     assert [s["version"] for s in steps] == [1.0, 2.0, 3.0, 4.0, 5.0]
     books = assert_accounting(run_dir)
     assert books["total"]["trained"] == 20  # five steps of one group of 4
+
+
+def test_varlen_attention_on_the_gpu_equals_attention_per_trajectory(device):
+    """torch's flash varlen kernel (bf16, grouped-query heads) against one sdpa per trajectory:
+    outputs and gradients within bf16's rounding. The learner packs with it (or flash-attn's)."""
+    if device == "cuda":
+        assert implementation(True) in (FLASH, VARLEN)
+    torch.manual_seed(0)
+    lengths = [700, 33, 1500, 260]
+    positions = torch.cat([torch.arange(n) for n in lengths])[None].to(device)
+    n = sum(lengths)
+    module = torch.nn.Module()
+    shapes = ((1, 8, n, 64), (1, 2, n, 64), (1, 2, n, 64))
+    inputs = [
+        torch.randn(s, device=device, dtype=torch.bfloat16, requires_grad=True) for s in shapes
+    ]
+    found = []
+    for attend in (segment_attention, varlen_attention):
+        out, _ = attend(module, *inputs, None, scaling=0.125, position_ids=positions)
+        torch.manual_seed(1)
+        weights = torch.randn(out.shape, device=device).to(out.dtype)
+        found.append((out.float(), torch.autograd.grad((out * weights).sum(), inputs)))
+    (want, want_grads), (got, got_grads) = found
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g.float(), w.float(), rtol=5e-2, atol=5e-2)
+
+
+def test_the_head_in_chunks_under_zero3_steps_as_the_models_own_forward(policy, device):
+    """ZeRO-3 bypasses nothing: the backbone and the head are called through the engine, and
+    their own hooks gather the embeddings and the head. Two steps: the same losses, gradient
+    norms and entropy as the model's own logits (ZeRO-2 where the tier runs on a CPU)."""
+    stage = 3 if device == "cuda" else 2
+    config = LearnerConfig(lr=1e-3, zero_stage=stage, micro_batch_size=6, max_steps=10)
+    own, split = (
+        Learner(policy, config, group_size=4, dtype="float32", temperature=0.7) for _ in range(2)
+    )
+    assert own.split_head and split.split_head
+    own.split_head = False
+    for seed in (40, 41):
+        batch = uneven_groups(seed)
+        a, b = own.step(batch), split.step(batch)
+        for key in ("loss", "grad_norm", "ratio_mean", "entropy"):
+            assert b[key] == pytest.approx(a[key], rel=1e-3, abs=1e-5), key
