@@ -81,7 +81,8 @@ class PaperTable:
         for method, figures, avg in self.references:
             cells = [f"{v:.1f}" for v in (*figures, avg)]
             lines.append(f"| {method} (paper, {self.source}) | " + " | ".join(cells) + " |")
-        text = f"Exact match x100 in the layout of arXiv 2510.06214, {self.source}.\n\n"
+        measure = "Exact match" if self.kind == "qa" else "Accuracy (the GAIA scorer)"
+        text = f"{measure} x100 in the layout of arXiv 2510.06214, {self.source}.\n\n"
         text += "\n".join(lines) + "\n"
         if self.absent:
             text += f"\nPaper rows absent: {self.absent}\n"

@@ -59,6 +59,7 @@ def test_gaia_by_level_averaged_over_questions_as_table_2():
     assert table.kind == "gaia" and table.columns() == ["L1", "L2", "L3", "Avg."]
     assert table.average.em == pytest.approx(100 * 4 / 16) and table.average.n == 16
     assert "| GRPO (paper, Table 2) | 48.7 | 32.7 | 16.7 | 36.9 |" in table.markdown()
+    assert table.markdown().startswith("Accuracy (the GAIA scorer) x100 in the layout of arXiv")
 
 
 def test_other_data_gets_no_paper_table():
