@@ -174,7 +174,7 @@ def test_the_last_turn_may_only_answer(engine):
         "<python> print(1) </python>",  # a tool that is not enabled
         "I will not use tags at all<|endoftext|>",  # no action
         "</search>",  # closing tag with no opening
-        "<browse> x </browse><|endoftext|>",  # a tool that does not exist
+        "<calculator> x </calculator><|endoftext|>",  # a tool that does not exist (browse does now)
     ],
 )
 def test_invalid_actions_get_a_correction_and_the_loop_goes_on(engine, bad):
