@@ -71,12 +71,18 @@ def timed(
 
 
 def timed_or_oom(
-    fn: Callable[[], object], device: str, repeats: int, figures: dict, key: str, what: str
+    fn: Callable[[], object],
+    device: str,
+    repeats: int,
+    figures: dict,
+    key: str,
+    what: str,
+    warmup: int = 2,
 ) -> float | None:
     """`timed(fn)`, or None after recording `figures[key] = "out of memory"` and saying so
     (`what`: the work that did not fit)."""
     try:
-        return timed(fn, device, repeats)
+        return timed(fn, device, repeats, warmup=warmup)
     except torch.OutOfMemoryError:
         figures[key] = "out of memory"
         print(f"{key}: out of memory at {what}", flush=True)

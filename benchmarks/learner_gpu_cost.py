@@ -18,17 +18,37 @@ longest, then packed end to end (flash attention where installed, else learner/a
 per-trajectory sdpa). Tokens/s, padding share and model FLOP/s (6N over real tokens) of each, and
 their share of the card's bf16 peak (--peak-tflops, the H100 SXM's 989 by default).
 
+`--grid COUNTS` (issue 62) measures only the learner's own path, with each of its switches on and
+off, on length mixes of COUNTS trajectories (e.g. 8,16) at each of --means (mean response tokens,
+e.g. 1024,2048; coefficient of variation 0.88, prompts of 128 tokens). One row a setting, each a
+change from `packed` (the learner's default on a GPU: packed rows, the head in chunks, the
+attention `learner.attention.implementation` picks, gradient checkpointing on, the whole mix in
+one micro-batch):
+
+- `padded`: one row per trajectory (the model's default attention);
+- `packed_own_head`: the model's own logits at the trained positions ([n, V] in bf16) instead of
+  the head in chunks;
+- `packed_segments`: one sdpa per trajectory ("strata_segments") instead of the varlen kernel;
+- `packed_no_checkpointing`: activations kept (may run out of memory: recorded as such);
+- `packed_budget`: micro-batches of at most --budget tokens (8,192 by default;
+  learner.max_tokens_per_micro_batch), a forward and backward each, timed together.
+
+Each row: real tokens/s, model TFLOP/s on real tokens (6N) and its share of --peak-tflops, the
+peak memory, and what the row ran with (attention, head, checkpointing, micro-batches).
+
 Needs a CUDA GPU and says so otherwise; `--tiny` runs a two-layer model on whatever device there is,
 to check the script itself.
 
     python benchmarks/learner_gpu_cost.py [--seq 4096] [--batch 2] [--repeats 5] [--mix 16]
-        [--json FILE]
+        [--grid 8,16 --means 1024,2048 --budget 8192 --warmup 2] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 import torch
 from gpu_figures import add_options, describe, device_for, report, timed, timed_or_oom
@@ -148,6 +168,110 @@ def packed_vs_padded(shape: dict, device: str, args, figures: dict) -> None:
         print(f"packed vs padded on the mix: {ratio:.2f}x tokens/s", flush=True)
 
 
+SWITCHES = {
+    "padded": {"packed": False},
+    "packed": {},
+    "packed_own_head": {"split": False},
+    "packed_segments": {"attention": "strata_segments"},
+    "packed_no_checkpointing": {"checkpointing": False},
+    "packed_budget": {"budget": True},
+}
+"""Each grid row's change from the packed default (the budget row's budget: --budget)."""
+
+
+def grid_row(model, batch, lengths: list[int], device: str, args, change: dict) -> dict:
+    """One setting of the learner's path on one mix (see the module doc): its figures, or "out
+    of memory"."""
+    from learner.attention import implementation
+    from learner.head import splits
+    from learner.packing import plan_micro_batches, response_logprobs
+
+    packed = change.get("packed", True)
+    split = change.get("split", True) and splits(model)
+    attention = change.get("attention") or implementation(packed) or "sdpa"
+    checkpointing = change.get("checkpointing", True)
+    model.config._attn_implementation = attention
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_disable()
+    model.train()
+    matmul = matmul_parameters(model)
+    real = int(batch.attention_mask.sum())
+    budget = args.budget if change.get("budget") else None
+    plan = plan_micro_batches([n + 128 for n in lengths], len(lengths), budget)
+    read = [0]
+
+    def train():
+        read[0] = 0
+        for rows in plan:
+            micro = batch.select(torch.tensor(rows, dtype=torch.int64))
+            logp, _, tokens = response_logprobs(
+                model, micro, packed, 1.0, torch.device(device), split=split
+            )
+            (-(logp.sum()) / real).backward()
+            read[0] += tokens
+        model.zero_grad(set_to_none=True)
+
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    holder: dict = {}
+    what = f"{len(lengths)} trajectories, {real} real tokens"
+    seconds = timed_or_oom(train, device, args.repeats, holder, "row", what, args.warmup)
+    row = {
+        "attention": attention,
+        "head": "chunks" if split else "own logits",
+        "checkpointing": checkpointing,
+        "micro_batches": len(plan),
+        "budget": budget,
+        "real_tokens": real,
+    }
+    if seconds is None:
+        return row | {"result": "out of memory"}
+    tflops = 6 * matmul * real / seconds / 1e12
+    row |= {
+        "tokens_per_s": real / seconds,
+        "padding_share": 1 - real / read[0],
+        "tflops_6n_real": tflops,
+        "peak_share": tflops / args.peak_tflops,
+    }
+    if device == "cuda":
+        row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return row
+
+
+def grid(shape: dict, device: str, args, figures: dict) -> None:
+    """Every SWITCHES row on every mix of --grid counts x --means, one model for all; --json
+    rewritten after each row."""
+    model = build(shape, device, checkpointing=True)
+    rows = figures.setdefault("grid", {})
+    for count in [int(c) for c in args.grid.split(",")]:
+        for mean in [int(m) for m in args.means.split(",")]:
+            lengths = length_mix(count, mean)
+            batch = mixed_batch(lengths, shape["vocab_size"])
+            mix = f"{count}x{mean}"
+            rows[mix] = {"lengths": lengths}
+            for name, change in SWITCHES.items():
+                row = grid_row(model, batch, lengths, device, args, change)
+                rows[mix][name] = row
+                figure = (
+                    row.get("result")
+                    or f"{row['tokens_per_s']:.0f} tokens/s, {row['tflops_6n_real']:.0f} TFLOP/s "
+                    f"on real tokens ({row['peak_share']:.0%} of {args.peak_tflops:g}), padding "
+                    f"{row['padding_share']:.0%}"
+                    + (f", peak {row['peak_gib']:.1f} GiB" if "peak_gib" in row else "")
+                )
+                print(
+                    f"{mix} {name}: {figure} [{row['attention']}, head {row['head']}, "
+                    f"checkpointing {'on' if row['checkpointing'] else 'off'}, "
+                    f"{row['micro_batches']} micro-batches]",
+                    flush=True,
+                )
+                if args.json:  # row by row: a run stopped at its time limit keeps its rows
+                    Path(args.json).write_text(json.dumps(figures, indent=1))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seq", type=int, default=4096)
@@ -155,12 +279,23 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--mix", type=int, default=0, help="also packed vs padded on N lengths")
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="the card's bf16 peak")
+    parser.add_argument(
+        "--grid", help="only the learner's path, each switch on and off, on mixes of these counts"
+    )
+    parser.add_argument("--means", default="1024,2048", help="--grid's mean response tokens")
+    parser.add_argument("--budget", type=int, default=8192, help="tokens a micro-batch, its row")
+    parser.add_argument("--warmup", type=int, default=2, help="--grid's untimed calls a row")
     add_options(parser)
     args = parser.parse_args()
     device = device_for("learner_gpu_cost", "an 8B model's training passes", args.tiny)
     if device is None:
         return 1
     shape = TINY if args.tiny else QWEN3_8B
+    if args.grid:
+        figures = {**describe(device), "tiny": args.tiny, "peak_tflops": args.peak_tflops}
+        grid(shape, device, args, figures)
+        report(figures, args.json)
+        return 0
     tokens = args.batch * args.seq
     ids = torch.randint(0, shape["vocab_size"], (args.batch, args.seq), device=device)
     figures = {**describe(device), "seq": args.seq, "batch": args.batch, "tiny": args.tiny}

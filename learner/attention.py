@@ -29,16 +29,18 @@ boundaries), else "strata_varlen" where this torch has its varlen kernel, else
 from __future__ import annotations
 
 import importlib.util
+import inspect
 from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-try:  # torch >= 2.10
+try:  # torch >= 2.9
     from torch.nn.attention.varlen import varlen_attn
 except ImportError:
     varlen_attn = None
+VARLEN_KEYWORDS = set(inspect.signature(varlen_attn).parameters) if varlen_attn else set()
 
 NAME = "strata_segments"
 VARLEN = "strata_varlen"
@@ -130,19 +132,25 @@ def varlen_attention(
 
 
 def _flash_varlen(q, k, v, cut, longest: int, scale: float | None) -> torch.Tensor:
-    """torch's flash-attention varlen kernel, causal (window (-1, 0)): [N, H, D]."""
-    return varlen_attn(
-        q.contiguous(),
-        k.contiguous(),
-        v.contiguous(),
-        cut,
-        cut,
-        longest,
-        longest,
-        scale=scale,
-        window_size=(-1, 0),
-        enable_gqa=q.shape[1] != k.shape[1],
-    )
+    """torch's flash-attention varlen kernel, causal: [N, H, D]. Its keywords changed between
+    torch releases (causality as `is_causal` or a window; grouped-query heads shared or not):
+    asked of its signature."""
+    options = {}
+    if "window_size" in VARLEN_KEYWORDS:
+        options["window_size"] = (-1, 0)
+    else:
+        options["is_causal"] = True
+    if q.shape[1] != k.shape[1]:
+        if "enable_gqa" in VARLEN_KEYWORDS:
+            options["enable_gqa"] = True
+        else:  # a copy of each shared head
+            k, v = (x.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for x in (k, v))
+    if "scale" in VARLEN_KEYWORDS:
+        options["scale"] = scale
+    elif scale is not None:  # the kernel's own scale is 1/sqrt(D)
+        q = q * (scale * q.shape[-1] ** 0.5)
+    parts = (x.contiguous() for x in (q, k, v))
+    return varlen_attn(*parts, cut, cut, longest, longest, **options)
 
 
 def _masked_varlen(q, k, v, cut, longest: int, scale: float | None) -> torch.Tensor:

@@ -19,7 +19,14 @@ import torch
 
 from actors.embedded import EmbeddedEngine
 from actors.engine import SamplingParams
-from learner.attention import FLASH, VARLEN, implementation, segment_attention, varlen_attention
+from learner.attention import (
+    FLASH,
+    VARLEN,
+    implementation,
+    segment_attention,
+    varlen_attention,
+    varlen_attn,
+)
 from learner.batch import build_batch, response_logprobs
 from learner.trainer import Learner
 from pipeline.config.schema import LearnerConfig
@@ -119,6 +126,8 @@ def test_varlen_attention_on_the_gpu_equals_attention_per_trajectory(device):
     """torch's flash varlen kernel (bf16, grouped-query heads) against one sdpa per trajectory:
     outputs and gradients within bf16's rounding. The learner packs with it (or flash-attn's)."""
     if device == "cuda":
+        if varlen_attn is None:
+            pytest.skip(f"torch {torch.__version__} has no varlen attention kernel")
         assert implementation(True) in (FLASH, VARLEN)
     torch.manual_seed(0)
     lengths = [700, 33, 1500, 260]

@@ -63,6 +63,28 @@ def test_the_tiny_learner_measures_every_pass(tmp_path):
     assert figures["mix_packed_over_padded"] == pytest.approx(ratio)
 
 
+def test_the_tiny_grid_turns_each_switch_of_the_learners_path(tmp_path):
+    """Issue 62's grid on a two-layer model on CPU: every row ran with the switch it names."""
+    done = run(
+        "learner_gpu_cost",
+        *("--tiny", "--grid", "4", "--means", "40", "--budget", "120", "--repeats", "1"),
+        *("--warmup", "0"),
+        *("--json", str(tmp_path / "f.json")),
+    )
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((tmp_path / "f.json").read_text())["grid"]["4x40"]
+    packed = rows["packed"]
+    assert rows["padded"]["padding_share"] > 0 == packed["padding_share"]
+    assert packed["head"] == "chunks" and packed["checkpointing"] and packed["micro_batches"] == 1
+    assert rows["packed_own_head"]["head"] == "own logits"
+    assert rows["packed_segments"]["attention"] == "strata_segments"
+    assert not rows["packed_no_checkpointing"]["checkpointing"]
+    assert rows["packed_budget"]["micro_batches"] > 1 and rows["packed_budget"]["budget"] == 120
+    for name, row in rows.items():
+        if name != "lengths":
+            assert row["tokens_per_s"] > 0 and row["real_tokens"] == packed["real_tokens"], name
+
+
 def test_the_tiny_decoder_times_every_batch_and_fits_a_line(tmp_path):
     done = run(
         "decode_gpu_cost",
