@@ -499,10 +499,17 @@ class Learner:
             for r, row in enumerate(rows):
                 ids[r, : len(row)] = torch.tensor(row)
                 mask[r, : len(row)] = 1
-            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
-            for r, (start, n) in enumerate(spans):
-                at = torch.arange(start - 1, start - 1 + n, device=logits.device)
-                logp = torch.log_softmax(logits[r, at].float(), -1)
+            # logits only at the positions that predict an answer token: [rows, kept, V]
+            spans_at = [torch.arange(start - 1, start - 1 + n) for start, n in spans]
+            keep = torch.unique(torch.cat(spans_at))
+            logits = model(
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                logits_to_keep=keep.to(device),
+            ).logits
+            for r, ((start, n), at) in enumerate(zip(spans, spans_at, strict=True)):
+                kept = torch.searchsorted(keep, at).to(logits.device)
+                logp = torch.log_softmax(logits[r, kept].float(), -1)
                 wanted = ids[r, start : start + n].to(logits.device)
                 out.append(float(logp.gather(-1, wanted[:, None]).mean()))
         model.train(training)

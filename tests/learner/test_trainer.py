@@ -592,20 +592,21 @@ def test_igpo_scores_the_gold_answer_with_the_policy_and_trains(policy):
     model = learner(policy, advantage={"type": "grpo"}, step_credit={"type": "igpo"})
     batch = groups(17)
     t = batch[0].members[0]
-    cut = 5
-    (got,) = model.answer_logprobs([(t, cut)])
+    cuts = (5, 11)  # rows of two widths: the logits kept are the union of their answers'
+    got = model.answer_logprobs([(t, cut) for cut in cuts])
     answer = model.tokenizer.encode(
         f"<answer> {t.ground_truth[0]} </answer>", add_special_tokens=False
     )
-    ids = [*t.prompt_token_ids.tolist(), *t.token_ids[:cut].tolist(), *answer]
     on = device_of(model)
-    with torch.no_grad():
-        logp = torch.log_softmax(
-            model.model(input_ids=torch.tensor([ids], device=on)).logits[0].float(), -1
-        )
-    start = len(ids) - len(answer)
-    want = statistics.fmean(float(logp[start - 1 + j, tok]) for j, tok in enumerate(answer))
-    assert got == pytest.approx(want, abs=1e-4)
+    for cut, score in zip(cuts, got, strict=True):
+        ids = [*t.prompt_token_ids.tolist(), *t.token_ids[:cut].tolist(), *answer]
+        with torch.no_grad():
+            logp = torch.log_softmax(
+                model.model(input_ids=torch.tensor([ids], device=on)).logits[0].float(), -1
+            )
+        start = len(ids) - len(answer)
+        want = statistics.fmean(float(logp[start - 1 + j, tok]) for j, tok in enumerate(answer))
+        assert score == pytest.approx(want, abs=1e-4)
     metrics = model.step(batch)
     assert math.isfinite(metrics["loss"]) and "step_advantage_abs_mean" in metrics
 
