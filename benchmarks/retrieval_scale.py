@@ -1,8 +1,9 @@
 """Index kinds at scale: build, bytes, load, memory, latency, recall@3 against flat, server load.
 
 Synthetic clustered unit vectors of E5's width (768): `--clusters` Gaussian centres, each point a
-centre plus noise, normalised, so that the nearest neighbours are not trivial for IVF or PQ. Queries
-are drawn the same way. For each size and kind:
+centre plus a variation along 48 shared directions plus noise, normalised (`points`), so that the
+nearest neighbours are not trivial for IVF or PQ. Queries are drawn the same way. For each size
+and kind:
 - build s: train + add (the vectors generated a chunk at a time, never all held);
 - bytes: index.faiss on disk; the index directory is written as `retrieval.build` writes it;
 - load s and RSS: in a fresh process, `PassageIndex.load` (mapped where faiss allows), RSS after
@@ -60,17 +61,31 @@ def specs(size: int) -> dict[str, IndexSpec]:
     }
 
 
+LATENT = 48  # the shared directions points vary along: text embeddings are low-rank like this
+
+
 def centres(clusters: int) -> np.ndarray:
     return np.random.default_rng(12345).standard_normal((clusters, DIM), dtype=np.float32)
 
 
+def directions() -> np.ndarray:
+    return 0.7 * np.random.default_rng(54321).standard_normal((LATENT, DIM), dtype=np.float32)
+
+
 def points(start: int, count: int, means: np.ndarray, seed: int = 0) -> np.ndarray:
-    """Rows start..start+count of the synthetic set: the same rows whatever the chunking."""
+    """Rows start..start+count of the synthetic set (the same whatever the chunking): a cluster
+    centre, plus a variation along LATENT shared directions (0.7 of the centre's norm), plus
+    isotropic noise (0.5): IVF's lists and PQ's codes both lose neighbours on it. (Centres plus
+    isotropic noise alone made every neighbour a cluster-mate: IVF found all, PQ nearly none.)"""
     rng = np.random.default_rng([seed, start])
     x = means[rng.integers(0, len(means), count)]
-    x += 1.0 * rng.standard_normal((count, DIM), dtype=np.float32)
+    x += rng.standard_normal((count, LATENT), dtype=np.float32) @ DIRECTIONS / np.sqrt(LATENT)
+    x += 0.5 * rng.standard_normal((count, DIM), dtype=np.float32)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     return x
+
+
+DIRECTIONS = directions()
 
 
 def chunks(size: int, means: np.ndarray):
