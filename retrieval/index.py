@@ -52,10 +52,6 @@ class IndexMeta:
     format: int = FORMAT_VERSION
 
 
-def gpu_available() -> bool:
-    return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
-
-
 def build_settings(spec: IndexSpec) -> dict:
     return {k: getattr(spec, k) for k in ("nlist", "hnsw_m", "pq_m") if getattr(spec, k)}
 
