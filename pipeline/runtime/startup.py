@@ -14,11 +14,11 @@ CPU paused against 8.6 s running (medians, 0.75x); a 2-step launch of configs/lo
 A Ray worker imports its actor's module before any code of ours runs in it: the cluster starts
 every worker with the collector paused (`paused`, its `worker_process_setup_hook`), and each of
 our actors' constructors freezes what the imports made and collects again (`resumed`). Importing
-a generation actor's module took 5.8 s of CPU paused against 6.4 s running, a learner rank's 4.9 s
-against 5.5 s (medians of 4 fresh processes each, 2026-11-27; single processes vary by 1-2 s):
-about 10% less. Those figures were taken before a command printed them; `python
-benchmarks/startup.py --module pipeline.runtime.ray --rounds 4` (learner.ray_ranks for a learner
-rank's) measures the same imports, paused with `uncollected`, side by side.
+a generation actor's module (`pipeline.runtime.ray`) in a fresh interpreter took 3.57 s of CPU
+paused against 5.19 s running (0.69x), a learner rank's (`learner.ray_ranks`) 3.11 s against
+4.42 s (0.71x): `python benchmarks/startup.py --module pipeline.runtime.ray --rounds 4` and
+`--module learner.ray_ranks`, medians of 4 rounds, 2026-11-27, 2-core VM, no GPU. (Measured inside
+Ray workers, by hand and with no command, the saving was about 10%: 5.8 s against 6.4 s.)
 """
 
 from __future__ import annotations
