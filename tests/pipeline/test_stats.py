@@ -188,3 +188,75 @@ def test_a_verdict_needs_every_test():
     assert few.welch_p < 0.05 and few.permutation_p == pytest.approx(0.1)
     assert not few.significant and few.verdict() == "no significant difference"
     assert compare([0.5], [0.4, 0.3]) is None
+
+
+def test_runs_without_spread_give_welch_its_limits():
+    assert welch(np.array([0.2, 0.2]), np.array([0.2, 0.2])) == (1.0, (0.0, 0.0))
+    p, (low, high) = welch(np.array([0.3, 0.3]), np.array([0.2, 0.2]))
+    assert p == 0.0 and low == high == pytest.approx(0.1)
+
+
+def test_the_floor_at_the_edges_of_the_exact_limit_and_of_the_sizes():
+    assert smallest_permutation_p(1, 3) == pytest.approx(1 / 4)  # one run a side is a design
+    assert smallest_permutation_p(3, 1, "greater") == pytest.approx(1 / 4)
+    assert smallest_permutation_p(3, 3, exact_limit=20, draws=1) == pytest.approx(0.1)  # exact
+    assert smallest_permutation_p(3, 3, exact_limit=19, draws=1) == pytest.approx(0.5)  # drawn
+    assert smallest_permutation_p(10, 10, exact_limit=10**6, draws=100) == pytest.approx(
+        2 / math.comb(20, 10)
+    )
+    assert not can_reach(4, 4, 0.02) and can_reach(4, 4, 0.02, "greater")  # 2/70, 1/70
+    a, b = np.array([0.4, 0.5, 0.6]), np.array([0.1, 0.2, 0.3])
+    assert permutation_p(a, b, exact_limit=20) == pytest.approx(0.1)  # 20 relabellings: exact
+    assert permutation_p(a, b, exact_limit=19, draws=50) != pytest.approx(0.1)
+    with pytest.raises(ValueError, match="two-sided, greater or less, got 'both'"):
+        permutation_p(a, b, alternative="both")
+
+
+def test_the_random_draws_are_seeded_and_the_defaults_are_the_documented_ones():
+    rng = np.random.default_rng(8)
+    a, b = rng.normal(0.5, 0.1, 10), rng.normal(0.45, 0.1, 10)
+    assert permutation_p(a, b, draws=500) == permutation_p(a, b, draws=500, seed=0)
+    runs_a = [rng.random(30) for _ in range(3)]
+    runs_b = [rng.random(30) for _ in range(3)]
+    assert hierarchical_bootstrap(runs_a, runs_b) == hierarchical_bootstrap(
+        runs_a, runs_b, replicates=4000, seed=0
+    )
+
+
+def test_the_bootstrap_draws_every_question_and_every_run():
+    """The first question, or the first run, is the only one that differs: a resampling that
+    never drew index 0 would give the interval [0, 0]."""
+    zeros = np.zeros(4)
+    first_question = np.array([1.0, 0, 0, 0])
+    assert hierarchical_bootstrap([first_question] * 2, [zeros] * 2, replicates=400)[1] > 0
+    assert hierarchical_bootstrap([np.ones(4), zeros], [zeros, zeros], replicates=400)[1] > 0
+    assert hierarchical_bootstrap([zeros, zeros], [np.ones(4), zeros], replicates=400)[0] < 0
+
+
+def test_the_sentence_says_which_interval_and_which_way():
+    rng = np.random.default_rng(3)
+    scores_a = [(rng.random(40) < 0.3).astype(float) for _ in range(2)]
+    scores_b = [(rng.random(40) < 0.6).astype(float) for _ in range(2)]
+    a, b = [float(s.mean()) for s in scores_a], [float(s.mean()) for s in scores_b]
+    both = compare(a, b, scores_a, scores_b)  # two runs a side is enough
+    assert both.n_a == both.n_b == 2 and both.diff == pytest.approx(np.mean(a) - np.mean(b))
+    assert both.bootstrap_ci == hierarchical_bootstrap(scores_a, scores_b)
+    low, high = both.bootstrap_ci
+    assert (
+        f"95% interval [{low:+.3f}, {high:+.3f}] (hierarchical bootstrap over runs and questions)"
+        in both.text("x", "y")
+    )
+    assert ": no significant difference;" in both.text("x", "y")
+    for one_side in ((scores_a, None), (None, scores_b), (scores_a, [s[:30] for s in scores_b])):
+        welch_only = compare(a, b, *one_side)  # per-question scores on one side, or unequal
+        assert welch_only.bootstrap_ci is None
+        low, high = welch_only.welch_ci
+        assert f"95% interval [{low:+.3f}, {high:+.3f}] (Welch)" in welch_only.text("x", "y")
+    below = compare([0.30, 0.31, 0.29, 0.30, 0.32, 0.28], [0.50, 0.52, 0.51, 0.49, 0.50, 0.52])
+    assert below.verdict() == "below" and "a is below b" in below.text("a", "b")
+    assert below.diff == pytest.approx(1.80 / 6 - 3.04 / 6, abs=1e-12)
+
+
+def test_a_difference_of_rounding_only_reads_as_zero():
+    tied = compare([0.3, 0.2, 0.1], [0.1, 0.2, 0.3])  # mean difference -5.6e-17 in floats
+    assert tied.diff == 0.0 and "a − b: +0.000," in tied.text("a", "b")
