@@ -10,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from retrieval import shards
-from retrieval.build import build, work_dir
+from retrieval.build import build, encoding_devices, work_dir
 from retrieval.build import main as build_main
 from retrieval.corpus import Passage, make_contents, write_corpus
 from retrieval.index import PassageIndex
@@ -183,3 +184,12 @@ def test_a_truncated_shard_is_named(tmp_path):
     path.write_bytes(path.read_bytes()[:-4])
     with pytest.raises(ShardError, match="its header describes"):
         read_header(path)
+
+
+def test_one_encoding_worker_per_gpu_when_the_corpus_has_shards_for_them(tmp_path, monkeypatch):
+    small = corpus(tmp_path / "small.jsonl", 300)  # 18 kB, "36 passages" at 500 bytes each
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert encoding_devices(str(small), shard_size=100) == [None]  # one shard: no point in four
+    assert encoding_devices(str(small), shard_size=10) == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert encoding_devices(str(small), shard_size=10) == [None]
