@@ -187,7 +187,7 @@ def test_a_truncated_shard_is_named(tmp_path):
 
 
 def test_one_encoding_worker_per_gpu_when_the_corpus_has_shards_for_them(tmp_path, monkeypatch):
-    small = corpus(tmp_path / "small.jsonl", 300)  # 18 kB, "36 passages" at 500 bytes each
+    small = corpus(tmp_path / "small.jsonl", 300)  # 17 kB: "35 passages" at 500 bytes each
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     assert encoding_devices(str(small), shard_size=100) == [None]  # one shard: no point in four
     assert encoding_devices(str(small), shard_size=10) == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
