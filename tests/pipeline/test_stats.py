@@ -260,3 +260,11 @@ def test_the_sentence_says_which_interval_and_which_way():
 def test_a_difference_of_rounding_only_reads_as_zero():
     tied = compare([0.3, 0.2, 0.1], [0.1, 0.2, 0.3])  # mean difference -5.6e-17 in floats
     assert tied.diff == 0.0 and "a − b: +0.000," in tied.text("a", "b")
+
+
+def test_ties_that_differ_by_rounding_count_at_any_scale():
+    """Runs in the hundreds of thousands: relabellings whose difference equals the observed one
+    but for float rounding still count (the tolerance scales with the difference)."""
+    a = np.array([640000.3, 270000.1, 40000.2])
+    b = np.array([810000.1, 910000.3, 610000.2])
+    assert permutation_p(a, b) == pytest.approx(0.2)  # 4 of 20, not 3
