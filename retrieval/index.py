@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from retrieval.corpus import Passage
 from retrieval.gpu import GpuOptions, plan_gpus, to_gpus, visible_gpu_free_bytes
-from retrieval.kinds import KINDS, IndexSpec, check_spec, new_index, training_size, tune
+from retrieval.kinds import KINDS, IndexSpec, check_spec, new_index, tune
 from retrieval.passages import FILENAME as PASSAGES_FILE
 from retrieval.passages import open_passages, write_passages
 
@@ -195,7 +195,7 @@ def build_index(
         if progress is not None:
             progress(len(chunk))
     index = new_index(spec, dim, len(passages))
-    if training_size(index):
+    if not index.is_trained:
         index.train(vectors)
     index.add(vectors)
     table = pa.table(

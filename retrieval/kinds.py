@@ -80,14 +80,6 @@ def new_index(spec: IndexSpec, dim: int, count: int) -> faiss.Index:
     return index
 
 
-def training_size(index: faiss.Index) -> int:
-    """How many vectors `index.train` should see: 256 per IVF list (faiss's cap), 0 if untrained."""
-    if index.is_trained:
-        return 0
-    ivf = faiss.extract_index_ivf(index)
-    return 256 * ivf.nlist
-
-
 def tune(index: faiss.Index, spec: IndexSpec) -> None:
     """Apply the search-time settings (nprobe, efSearch) of `spec`, where it sets them."""
     if spec.nprobe is not None:
