@@ -8,7 +8,7 @@ Every kind is inner product over the encoder's vectors (unit norm for E5 and Min
   compressed kind for a machine without GPUs or with little memory.
 
 Defaults follow faiss's guidelines (wiki "Guidelines to choose an index"): nlist about 4 sqrt(n),
-at least 39 training points per list, training on at most 256 points per list.
+at least 39 training points a list (the streamed build trains on 64 a list, retrieval/build.py).
 """
 
 from __future__ import annotations
