@@ -113,7 +113,7 @@ def reading_line(
     if gap is None or not predictions:
         return "no chains and non-chains on the same questions: the trap model cannot be matched"
     grpo = next(p for p in predictions if p.alpha == 0.0)
-    best = max(predictions, key=lambda p: p.escape)
+    best = max((p for p in predictions if p.alpha > 0), key=lambda p: p.escape)
     if gap_ci is not None and gap_ci[0] > 0:
         return (
             "chains already pay more than the rest of their questions (gap interval above 0): "

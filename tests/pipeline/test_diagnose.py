@@ -65,3 +65,8 @@ def test_the_command_diagnoses_a_spilled_run(tmp_path, capsys):
     assert [p["alpha"] for p in found["predictions"]] == [0.0, 0.6, 0.8]
     assert main([str(tmp_path / "none")]) == 2
     assert "holds no config.yaml" in capsys.readouterr().err
+
+
+def test_a_tie_names_the_best_blend_not_grpo():
+    tie = [Prediction(0.0, 1.0, 0.98, 1.0), Prediction(0.6, 1.0, 0.98, 1.0)]
+    assert "best blend 1.00 at alpha 0.6" in reading_line("m", tie, -0.05, (-0.17, 0.07))
