@@ -9,7 +9,8 @@ that sampled the token, possibly versions old (AReaL's decoupled objective):
     seq_mask  whole sequences whose geometric-mean weight exp(mean log w) leaves [floor, cap]
               are dropped                                          (sequence-level masked IS)
 
-Each registers itself with `@register_correction(name, *params, drops=...)`: a function
+Each registers itself with `register_correction(name, fn, *params, drops=...)` right after its
+def (a call, not a decorator: mutmut 3 does not mutate decorated functions): a function
 `(log_w, loss_mask, **params) -> (multiplier, kept)` of [B, T] tensors, whose keyword parameters
 are the fields of its config section (`learner.importance: {type: NAME, ...}`,
 pipeline/config/algorithm.py). `drops`: it drops tokens, so the learner must know the kept
@@ -38,46 +39,52 @@ CORRECTIONS: dict[str, Kind] = {}
 """`learner.importance.type` -> the correction; filled by `register_correction`."""
 
 
-def register_correction(name: str, *params: str, drops: bool = False) -> Callable[[Apply], Apply]:
-    """Register the decorated function as correction `name`, taking keyword `params`."""
-
-    def register(apply: Apply) -> Apply:
-        if name in CORRECTIONS:
-            raise ValueError(f"correction {name!r} is registered twice")
-        CORRECTIONS[name] = Kind(apply, params, drops)
-        return apply
-
-    return register
+def register_correction(name: str, apply: Apply, *params: str, drops: bool = False) -> None:
+    """Register `apply` as correction `name`, taking keyword `params`: called right after its def
+    (not a decorator, which mutmut would not mutate behind)."""
+    if name in CORRECTIONS:
+        raise ValueError(f"correction {name!r} is registered twice")
+    CORRECTIONS[name] = Kind(apply, params, drops)
 
 
-@register_correction("none")
 def _none(log_w: torch.Tensor, loss_mask: torch.Tensor):
     return torch.ones_like(log_w), loss_mask
 
 
-@register_correction("tis", "cap")
+register_correction("none", _none)
+
+
 def _tis(log_w: torch.Tensor, loss_mask: torch.Tensor, *, cap: float = 2.0):
     return torch.clamp(torch.exp(log_w), max=cap), loss_mask
 
 
-@register_correction("mask", "cap", drops=True)
+register_correction("tis", _tis, "cap")
+
+
 def _mask(log_w: torch.Tensor, loss_mask: torch.Tensor, *, cap: float = 2.0):
     return torch.ones_like(log_w), loss_mask * (torch.exp(log_w) <= cap).to(loss_mask.dtype)
 
 
-@register_correction("icepop", "floor", "cap", drops=True)
+register_correction("mask", _mask, "cap", drops=True)
+
+
 def _icepop(log_w: torch.Tensor, loss_mask: torch.Tensor, *, floor: float = 0.5, cap: float = 2.0):
     w = torch.exp(log_w)
     return torch.ones_like(log_w), loss_mask * ((w >= floor) & (w <= cap)).to(loss_mask.dtype)
 
 
-@register_correction("seq_mask", "floor", "cap", drops=True)
+register_correction("icepop", _icepop, "floor", "cap", drops=True)
+
+
 def _seq_mask(
     log_w: torch.Tensor, loss_mask: torch.Tensor, *, floor: float = 0.5, cap: float = 2.0
 ):
     mask = loss_mask.to(log_w.dtype)
     geo = torch.exp((log_w * mask).sum(-1) / mask.sum(-1).clamp(min=1)).unsqueeze(-1)
     return torch.ones_like(log_w), loss_mask * ((geo >= floor) & (geo <= cap)).to(loss_mask.dtype)
+
+
+register_correction("seq_mask", _seq_mask, "floor", "cap", drops=True)
 
 
 @dataclass(frozen=True)

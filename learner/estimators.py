@@ -32,7 +32,8 @@ so a flat group or a singleton stays exactly 0). REINFORCE++'s other half, the K
 per-token penalty in the reward, is the learner's `learner.kl_in_reward` (learner/trainer.py):
 it needs the reference policy's log-probs, which the estimators do not see.
 
-Each registers itself with `@register_estimator(name, *params)`: a function
+Each registers itself with `register_estimator(name, fn, *params)` right after its def (a call,
+not a decorator: mutmut 3 does not mutate decorated functions): a function
 `(rewards, group_ids, strata, **params) -> Estimate` whose keyword parameters are the fields of
 its config section (`learner.advantage: {type: NAME, ...}`, pipeline/config/algorithm.py; a test
 checks the two agree). Add one: the function here, its section there, its loop in
@@ -76,18 +77,12 @@ ESTIMATORS: dict[str, Estimator] = {}
 """`learner.advantage.type` -> the estimator; filled by `register_estimator`."""
 
 
-def register_estimator(
-    name: str, *params: str
-) -> Callable[[Callable[..., Estimate]], Callable[..., Estimate]]:
-    """Register the decorated function as estimator `name`, taking keyword `params`."""
-
-    def register(fn: Callable[..., Estimate]) -> Callable[..., Estimate]:
-        if name in ESTIMATORS:
-            raise ValueError(f"estimator {name!r} is registered twice")
-        ESTIMATORS[name] = Estimator(fn, params)
-        return fn
-
-    return register
+def register_estimator(name: str, fn: Callable[..., Estimate], *params: str) -> None:
+    """Register `fn` as estimator `name`, taking keyword `params`: called right after its def
+    (not a decorator, which mutmut would not mutate behind)."""
+    if name in ESTIMATORS:
+        raise ValueError(f"estimator {name!r} is registered twice")
+    ESTIMATORS[name] = Estimator(fn, params)
 
 
 def _groups(rewards: torch.Tensor, group_ids: torch.Tensor, strata: torch.Tensor, eps: float):
@@ -109,12 +104,13 @@ def _all(rewards: torch.Tensor) -> torch.Tensor:
     return torch.ones_like(rewards, dtype=torch.bool)
 
 
-@register_estimator("stratified", "alpha", "eps")
 def stratified(rewards, group_ids, strata, *, alpha: float = 0.6, eps: float = 1e-6) -> Estimate:
     return Estimate(stratified_advantages(rewards, group_ids, strata, alpha, eps), _all(rewards))
 
 
-@register_estimator("grpo", "eps")
+register_estimator("stratified", stratified, "alpha", "eps")
+
+
 def grpo(rewards, group_ids, strata, *, eps: float = 1e-6) -> Estimate:
     """(r - mean_g) * 1 / (std_g + eps); 0 where std_g + eps is 0 or the group has one member."""
     g, count, mean, std = _groups(rewards, group_ids, strata, eps)
@@ -123,20 +119,27 @@ def grpo(rewards, group_ids, strata, *, eps: float = 1e-6) -> Estimate:
     return Estimate(_scaled(rewards, g, mean, scale), _all(rewards))
 
 
-@register_estimator("dr_grpo")
+register_estimator("grpo", grpo, "eps")
+
+
 def dr_grpo(rewards, group_ids, strata) -> Estimate:
     g, count, mean, _ = _groups(rewards, group_ids, strata, 0.0)
     scale = (count > 1).to(rewards.dtype)
     return Estimate(_scaled(rewards, g, mean, scale), _all(rewards))
 
 
-@register_estimator("rloo")
+register_estimator("dr_grpo", dr_grpo)
+
+
 def rloo(rewards, group_ids, strata) -> Estimate:
     """r_i - (sum_g - r_i) / (n - 1) = n / (n - 1) * (r_i - mean_g)."""
     g, count, mean, _ = _groups(rewards, group_ids, strata, 0.0)
     n = count.to(rewards.dtype)
     scale = torch.where(n > 1, n / (n - 1).clamp(min=1), torch.zeros_like(n))
     return Estimate(_scaled(rewards, g, mean, scale), _all(rewards))
+
+
+register_estimator("rloo", rloo)
 
 
 def _rows(g: torch.Tensor, count: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -173,7 +176,6 @@ def _medians(values: torch.Tensor, rows: list[tuple[torch.Tensor, torch.Tensor]]
     return median, pivot
 
 
-@register_estimator("mc_grpo", "eps")
 def mc_grpo(rewards, group_ids, strata, *, eps: float = 1e-6) -> Estimate:
     g, count, _, std = _groups(rewards, group_ids, strata, eps)
     rows = _rows(g, count)
@@ -187,6 +189,9 @@ def mc_grpo(rewards, group_ids, strata, *, eps: float = 1e-6) -> Estimate:
     return Estimate(advantages, ~pivot)
 
 
+register_estimator("mc_grpo", mc_grpo, "eps")
+
+
 def _step_scaled(centred: torch.Tensor, eps: float) -> torch.Tensor:
     """centred / (std over the step + eps), std the population std of `centred` about 0;
     0 where the denominator is 0."""
@@ -194,7 +199,6 @@ def _step_scaled(centred: torch.Tensor, eps: float) -> torch.Tensor:
     return centred / denom if denom > 0 else torch.zeros_like(centred)
 
 
-@register_estimator("reinforce_pp", "eps")
 def reinforce_pp(rewards, group_ids, strata, *, eps: float = 1e-6) -> Estimate:
     """(r - mean_step) / (std_step + eps): REINFORCE++ with an outcome reward, no group baseline."""
     _check_inputs(rewards, group_ids, strata)
@@ -205,13 +209,18 @@ def reinforce_pp(rewards, group_ids, strata, *, eps: float = 1e-6) -> Estimate:
     return Estimate(_step_scaled(centred, eps), _all(rewards))
 
 
-@register_estimator("reinforce_pp_baseline", "eps")
+register_estimator("reinforce_pp", reinforce_pp, "eps")
+
+
 def reinforce_pp_baseline(rewards, group_ids, strata, *, eps: float = 1e-6) -> Estimate:
     """(r - mean_g) / (std_step(r - mean_g) + eps): the group mean as baseline, the step's spread
     as scale (REINFORCE++-baseline); 0 for a group of one."""
     g, count, mean, _ = _groups(rewards, group_ids, strata, eps)
     centred = _scaled(rewards, g, mean, (count > 1).to(rewards.dtype))
     return Estimate(_step_scaled(centred, eps), _all(rewards))
+
+
+register_estimator("reinforce_pp_baseline", reinforce_pp_baseline, "eps")
 
 
 def estimate(

@@ -27,7 +27,8 @@ outcome, in A_episode). The probabilities come from the learner's model before t
 (`scorer`), which is why igpo is refused where only every rank together can run the model
 (ZeRO-3 over several ranks).
 
-Each method registers itself with `@register_step_credit(name, *params, scored=...)`: a
+Each method registers itself with `register_step_credit(name, fn, *params, scored=...)` right
+after its def (a call, not a decorator: mutmut 3 does not mutate decorated functions): a
 function `(trajectories, group_ids, **params) -> list of [len(token_ids)] float32 tensors`
 (A_step per token), given `scorer` too when `scored`; `omega` is every section's own.
 """
@@ -59,15 +60,13 @@ STEP_CREDITS: dict[str, Registered] = {}
 
 
 def register_step_credit(
-    name: str, *params: str, scored: bool = False
-) -> Callable[[Callable], Callable]:
-    def register(fn: Callable[..., list[torch.Tensor]]) -> Callable[..., list[torch.Tensor]]:
-        if name in STEP_CREDITS:
-            raise ValueError(f"step credit {name!r} is registered twice")
-        STEP_CREDITS[name] = Registered(fn, params, scored)
-        return fn
-
-    return register
+    name: str, fn: Callable[..., list[torch.Tensor]], *params: str, scored: bool = False
+) -> None:
+    """Register `fn` as step credit `name`, taking keyword `params`: called right after its def
+    (not a decorator, which mutmut would not mutate behind)."""
+    if name in STEP_CREDITS:
+        raise ValueError(f"step credit {name!r} is registered twice")
+    STEP_CREDITS[name] = Registered(fn, params, scored)
 
 
 def turns(trajectory: Trajectory) -> list[tuple[int, int, tuple]]:
@@ -85,7 +84,6 @@ def turns(trajectory: Trajectory) -> list[tuple[int, int, tuple]]:
     return out
 
 
-@register_step_credit("gigpo", "gamma", "eps")
 def gigpo(
     trajectories: Sequence[Trajectory], group_ids: torch.Tensor, *, gamma: float, eps: float
 ) -> list[torch.Tensor]:
@@ -110,10 +108,12 @@ def gigpo(
     return out
 
 
+register_step_credit("gigpo", gigpo, "gamma", "eps")
+
+
 Scorer = Callable[[list[tuple[Trajectory, int]]], list[float]]
 
 
-@register_step_credit("igpo", "gamma", "eps", scored=True)
 def igpo(
     trajectories: Sequence[Trajectory],
     group_ids: torch.Tensor,
@@ -148,6 +148,9 @@ def igpo(
             start, end, _ = s[k]
             out[i][start:end] = to_go
     return out
+
+
+register_step_credit("igpo", igpo, "gamma", "eps", scored=True)
 
 
 def step_advantages(

@@ -25,7 +25,8 @@ its implementation in verl clip as PPO without one (with one, a token of A < 0 a
 would lose less than theirs), and only ppo_clip takes GSPO's sequence ratio (the others weigh or
 choose tokens): pipeline/config/schema.py refuses the other combinations in one line.
 
-Each registers itself with `@register_surrogate(name, *params)`: a function
+Each registers itself with `register_surrogate(name, fn, *params)` right after its def (a
+call, not a decorator: mutmut 3 does not mutate decorated functions): a function
 `(ratio, log_ratio, advantages, logprobs, mask, clip_low, clip_high, dual_clip, **params)
 -> Surrogate` whose keyword parameters are the fields of its config section
 (`learner.surrogate: {type: NAME, ...}`, pipeline/config/algorithm.py).
@@ -61,17 +62,14 @@ SURROGATES: dict[str, Registered] = {}
 """`learner.surrogate.type` -> its function; filled by `register_surrogate`."""
 
 
-def register_surrogate(name: str, *params: str) -> Callable[[Callable], Callable]:
-    def register(fn: Callable[..., Surrogate]) -> Callable[..., Surrogate]:
-        if name in SURROGATES:
-            raise ValueError(f"surrogate {name!r} is registered twice")
-        SURROGATES[name] = Registered(fn, params)
-        return fn
-
-    return register
+def register_surrogate(name: str, fn: Callable[..., Surrogate], *params: str) -> None:
+    """Register `fn` as surrogate `name`, taking keyword `params`: called right after its def
+    (not a decorator, which mutmut would not mutate behind)."""
+    if name in SURROGATES:
+        raise ValueError(f"surrogate {name!r} is registered twice")
+    SURROGATES[name] = Registered(fn, params)
 
 
-@register_surrogate("ppo_clip")
 def ppo_clip(ratio, log_ratio, advantages, logprobs, mask, clip_low, clip_high, dual_clip):
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
@@ -84,13 +82,18 @@ def ppo_clip(ratio, log_ratio, advantages, logprobs, mask, clip_low, clip_high, 
     return Surrogate(loss, clipped > unclipped, dual_clipped)
 
 
-@register_surrogate("cispo")
+register_surrogate("ppo_clip", ppo_clip)
+
+
 def cispo(ratio, log_ratio, advantages, logprobs, mask, clip_low, clip_high, dual_clip):
     _no_dual_clip("cispo", dual_clip, "its weight is capped at 1 + clip_high")
     weight = torch.clamp(ratio.detach(), 1.0 - clip_low, 1.0 + clip_high)
     loss = -advantages * weight * logprobs
     clipped = weight != ratio.detach()
     return Surrogate(loss, clipped, torch.zeros_like(clipped))
+
+
+register_surrogate("cispo", cispo)
 
 
 def covariance(advantages, logprobs, mask) -> torch.Tensor:
@@ -108,7 +111,6 @@ def _share(mask, share: float) -> int:
     return max(int(share * float(mask.sum())), 1)
 
 
-@register_surrogate("clip_cov", "share", "low_cov", "high_cov")
 def clip_cov(
     ratio, log_ratio, advantages, logprobs, mask, clip_low, clip_high, dual_clip, **params
 ):
@@ -127,7 +129,9 @@ def clip_cov(
     return Surrogate(loss, ppo.clipped, ppo.dual_clipped, selected)
 
 
-@register_surrogate("kl_cov", "share", "coef")
+register_surrogate("clip_cov", clip_cov, "share", "low_cov", "high_cov")
+
+
 def kl_cov(ratio, log_ratio, advantages, logprobs, mask, clip_low, clip_high, dual_clip, **params):
     _no_dual_clip("kl_cov", dual_clip, "it does not clip")
     cov = covariance(advantages, logprobs, mask).masked_fill(mask <= 0, -torch.inf)
@@ -139,6 +143,9 @@ def kl_cov(ratio, log_ratio, advantages, logprobs, mask, clip_low, clip_high, du
     loss = -advantages * ratio + params["coef"] * log_ratio.abs() * selected
     nothing = torch.zeros_like(selected)
     return Surrogate(loss, nothing, nothing, selected)
+
+
+register_surrogate("kl_cov", kl_cov, "share", "coef")
 
 
 def _no_dual_clip(name: str, dual_clip, why: str) -> None:
