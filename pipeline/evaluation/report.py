@@ -10,6 +10,7 @@ import numpy as np
 
 from pipeline.evaluation.heldout import Row, markdown
 from pipeline.evaluation.report_learning import calls_by_level_plot, learning_section
+from pipeline.experiments.diagnose import report_section as stratify_section
 
 
 def learning_signal(metrics: list[dict], key: str = "reward_mean") -> tuple[float, float]:
@@ -200,6 +201,7 @@ def write_report(
         by_level = calls_by_level_plot(run_dir)
         if by_level is not None:
             lines += [f"![{by_level}]({by_level})", ""]
+    lines += stratify_section(run_dir, summary.steps)
     lines += _accounting(summary.accounting)
     lines += _evaluations(run_dir, plots)
     target = run_dir / "report.md"

@@ -253,6 +253,39 @@ def _pay(x: float | None) -> str:
     return "–" if x is None else f"{x:.3f}"
 
 
+REPORT_SEEDS = 100  # bandit seeds a prediction in a run's report: about 1 s at groups of 16
+
+
+def report_versions(steps: int) -> int:
+    """The versions a run's report reads: its first tenth of steps, at least 5 (the command's
+    default), so that a short group a step still meets a few two-hop questions."""
+    return max(5, steps // 10)
+
+
+def report_section(run_dir: Path, steps: int, seeds: int = REPORT_SEEDS) -> list[str]:
+    """report.md's "Should this run stratify?" from the run's own trajectories. It never fails
+    the report: a diagnosis that cannot be made is one line saying why."""
+    head = ["## Should this run stratify?", ""]
+    first = report_versions(steps)
+    try:
+        d = diagnose(run_dir, first, seeds=seeds)
+    except DiagnoseError as exc:
+        return [*head, f"Not diagnosed: {exc}.", ""]
+    except Exception as exc:  # the report is written whatever goes wrong here
+        return [*head, f"Not diagnosed: {type(exc).__name__}: {exc}.", ""]
+    command = f"python -m pipeline.diagnose {run_dir} --first-versions {first} --seeds 400"
+    return [
+        *head,
+        f"`python -m pipeline.diagnose` on this run's first {first} policy versions (its "
+        "start, before the estimator has moved it far; all of a frozen run's), with the trap "
+        f"model at {seeds} seeds a prediction, fewer than docs/results use, so its intervals "
+        f"are wide; `{command}` narrows them.",
+        "",
+        *lines(d),
+        "",
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m pipeline.diagnose", description=__doc__.split("\n")[0]

@@ -15,6 +15,8 @@ from pipeline.experiments.diagnose import (
     main,
     matched_depth,
     reading_line,
+    report_section,
+    report_versions,
     strata_table,
 )
 from tests.pipeline.test_start import write_run
@@ -70,3 +72,27 @@ def test_the_command_diagnoses_a_spilled_run(tmp_path, capsys):
 def test_a_tie_names_the_best_blend_not_grpo():
     tie = [Prediction(0.0, 1.0, 0.98, 1.0), Prediction(0.6, 1.0, 0.98, 1.0)]
     assert "best blend 1.00 at alpha 0.6" in reading_line("m", tie, -0.05, (-0.17, 0.07))
+
+
+def test_the_report_section_diagnoses_the_run_or_says_in_one_line_why_not(tmp_path):
+    run = tmp_path / "run"
+    write_run(run, 1e-4)  # versions 0 and 3
+    config = {"learner": {"lr": 1e-4, "groups_per_step": 1}, "buffer": {"group_size": 4}}
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    section = report_section(run, steps=200, seeds=10)
+    assert section[0] == "## Should this run stratify?"
+    text = "\n".join(section)
+    assert "first 20 policy versions" in text and "at 10 seeds a prediction" in text
+    assert "13 trajectories (versions 0-19), groups of 4" in text  # version 3 is early here
+    assert "trap model, alpha 0.8: escape" in text and "\nreading: " in text
+    assert report_versions(20) == 5  # at least the command's default
+    (run / "config.yaml").write_text("learner: [")  # whatever breaks, the report goes on
+    broken = report_section(run, steps=200, seeds=10)
+    assert [line for line in broken if line.startswith("Not diagnosed: ")] == broken[2:3]
+    assert broken[2].startswith("Not diagnosed: ParserError: ")
+    empty = tmp_path / "nothing"
+    empty.mkdir()
+    (empty / "config.yaml").write_text(yaml.safe_dump(config))
+    assert report_section(empty, steps=200)[2] == (
+        f"Not diagnosed: {empty} kept no trajectories: run it with buffer.spill true."
+    )
