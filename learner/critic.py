@@ -39,7 +39,7 @@ class Critic:
         dtype: torch.dtype,
         attention: dict[str, str],
         ds_config: dict[str, Any],
-        gradient_checkpointing: bool = False,
+        gradient_checkpointing: bool,
     ) -> None:
         import deepspeed
         from transformers import AutoConfig, AutoModelForTokenClassification
