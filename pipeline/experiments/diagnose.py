@@ -145,7 +145,10 @@ def diagnose(
     source: str = SOURCE,
     seeds: int = 100,
     resamples: int = 2000,
+    min_questions: int = 1,
 ) -> Diagnosis:
+    """The diagnosis; the trap model is matched only where at least `min_questions` two-hop
+    questions have both chains and the rest (fewer: a gap of a few questions, no prediction)."""
     config_file = run_dir / "config.yaml"
     if not config_file.is_file():
         raise DiagnoseError(f"{run_dir} holds no config.yaml: pass a run directory")
@@ -175,7 +178,7 @@ def diagnose(
     )
     on = sources == source
     p0 = chains_pay = rest_pay = gap = depth = None
-    gap_ci, predictions, matched = None, [], ""
+    gap_ci, predictions, matched, reading = None, [], "", None
     if on.any():
         chain = searches[on] >= 2
         p0 = float(chain.mean())
@@ -185,6 +188,12 @@ def diagnose(
         found = within_gap_ci(question, chain, reward[on], resamples)
         if found is not None and chains_pay is not None and rest_pay is not None and 0 < p0 < 1:
             gap, gap_ci = found.value, found.ci
+        if gap is not None and found.questions < min_questions:
+            reading = (
+                f"too few two-hop questions with both chains and the rest ({found.questions}; a "
+                f"prediction needs {min_questions}): read more versions (--first-versions)"
+            )
+        elif gap is not None:
             depth = matched_depth(chains_pay)
             matched = (
                 f"matched: p0 {p0:.2f}, a guess pays {rest_pay:.2f}, M {depth} "
@@ -214,7 +223,7 @@ def diagnose(
         gap_ci,
         depth,
         predictions,
-        reading_line(matched, predictions, gap, gap_ci),
+        reading or reading_line(matched, predictions, gap, gap_ci),
     )
 
 
@@ -254,6 +263,7 @@ def _pay(x: float | None) -> str:
 
 
 REPORT_SEEDS = 100  # bandit seeds a prediction in a run's report: about 1 s at groups of 16
+REPORT_QUESTIONS = 5  # a report predicts from at least this many questions with both kinds
 
 
 def report_versions(steps: int) -> int:
@@ -268,7 +278,7 @@ def report_section(run_dir: Path, steps: int, seeds: int = REPORT_SEEDS) -> list
     head = ["## Should this run stratify?", ""]
     first = report_versions(steps)
     try:
-        d = diagnose(run_dir, first, seeds=seeds)
+        d = diagnose(run_dir, first, seeds=seeds, min_questions=REPORT_QUESTIONS)
     except DiagnoseError as exc:
         return [*head, f"Not diagnosed: {exc}.", ""]
     except Exception as exc:  # the report is written whatever goes wrong here

@@ -20,6 +20,7 @@ from pipeline.experiments.diagnose import (
     strata_table,
 )
 from tests.pipeline.test_start import write_run
+from tests.pipeline.test_window import write_run as write_window_run
 
 
 def test_alone_means_no_other_member_of_the_group_in_the_stratum():
@@ -76,23 +77,27 @@ def test_a_tie_names_the_best_blend_not_grpo():
 
 def test_the_report_section_diagnoses_the_run_or_says_in_one_line_why_not(tmp_path):
     run = tmp_path / "run"
-    write_run(run, 1e-4)  # versions 0 and 3
-    config = {"learner": {"lr": 1e-4, "groups_per_step": 1}, "buffer": {"group_size": 4}}
-    (run / "config.yaml").write_text(yaml.safe_dump(config))
-    section = report_section(run, steps=200, seeds=10)
+    write_window_run(run, 0.8, late_chains=2, l2=0.2)  # versions 0-5: 6 questions, half chains
+    section = report_section(run, steps=60, seeds=10)
     assert section[0] == "## Should this run stratify?"
     text = "\n".join(section)
-    assert "first 20 policy versions" in text and "at 10 seeds a prediction" in text
-    assert "13 trajectories (versions 0-19), groups of 4" in text  # version 3 is early here
+    assert "first 6 policy versions" in text and "at 10 seeds a prediction" in text
+    assert "48 trajectories (versions 0-5), groups of 4" in text  # versions 6-7 are late
     assert "trap model, alpha 0.8: escape" in text and "\nreading: " in text
     assert report_versions(20) == 5  # at least the command's default
+    few = tmp_path / "few"  # two questions with both kinds: a gap, but no prediction
+    write_run(few, 1e-4)
+    (few / "config.yaml").write_text(yaml.safe_dump({"learner": {"lr": 1e-4}}))
+    text = "\n".join(report_section(few, steps=200, seeds=10))
+    assert "within-question gap +0.042" in text and "trap model, alpha" not in text
+    assert "reading: too few two-hop questions with both chains and the rest (2; a " in text
     (run / "config.yaml").write_text("learner: [")  # whatever breaks, the report goes on
-    broken = report_section(run, steps=200, seeds=10)
+    broken = report_section(run, steps=60, seeds=10)
     assert [line for line in broken if line.startswith("Not diagnosed: ")] == broken[2:3]
     assert broken[2].startswith("Not diagnosed: ParserError: ")
     empty = tmp_path / "nothing"
     empty.mkdir()
-    (empty / "config.yaml").write_text(yaml.safe_dump(config))
+    (empty / "config.yaml").write_text(yaml.safe_dump({"learner": {"lr": 1e-4}}))
     assert report_section(empty, steps=200)[2] == (
         f"Not diagnosed: {empty} kept no trajectories: run it with buffer.spill true."
     )
