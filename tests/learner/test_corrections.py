@@ -6,7 +6,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from learner.corrections import Correction
+from learner import corrections
+from learner.corrections import CORRECTIONS, Correction, Kind, register_correction
 from learner.losses import policy_loss
 from pipeline.config.schema import LearnerConfig
 
@@ -133,3 +134,18 @@ def test_combinations_that_make_no_sense_are_refused(options, message):
         loss_agg="seq-mean-token-mean",
         importance={"type": "seq_mask", "floor": 0.8},
     )
+
+
+def test_a_correction_registers_once_under_its_name_with_its_parameters(monkeypatch):
+    monkeypatch.setattr(corrections, "CORRECTIONS", dict(CORRECTIONS))
+
+    def probe(log_w, loss_mask, *, cap):
+        return log_w, loss_mask
+
+    register_correction("probe", probe, "cap")
+    register_correction("dropping", probe, "cap", drops=True)
+    assert corrections.CORRECTIONS["probe"] == Kind(probe, ("cap",), False)
+    assert corrections.CORRECTIONS["dropping"] == Kind(probe, ("cap",), True)
+    with pytest.raises(ValueError, match="correction 'tis' is registered twice"):
+        register_correction("tis", probe)
+    assert corrections.CORRECTIONS["tis"] == CORRECTIONS["tis"]

@@ -9,9 +9,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from learner import estimators
 from learner.advantages import stratified_advantages
 from learner.estimator_loops import loop_estimate
-from learner.estimators import ESTIMATORS, estimate
+from learner.estimators import ESTIMATORS, Estimator, estimate, register_estimator
 
 
 def reference(name, rewards, groups, strata, eps=1e-6):
@@ -168,3 +169,16 @@ def test_seven_rewards_of_0_7_in_float32_get_zero_under_reinforce_pp():
     rewards = torch.full((7,), 0.7, dtype=torch.float32)
     ids = torch.arange(7)
     assert estimate("reinforce_pp", rewards, ids, ids).advantages.tolist() == [0.0] * 7
+
+
+def test_an_estimator_registers_once_under_its_name_with_its_parameters(monkeypatch):
+    monkeypatch.setattr(estimators, "ESTIMATORS", dict(ESTIMATORS))
+
+    def probe(rewards, group_ids, strata, *, k):
+        return None
+
+    register_estimator("probe", probe, "k")
+    assert estimators.ESTIMATORS["probe"] == Estimator(probe, ("k",))
+    with pytest.raises(ValueError, match="estimator 'grpo' is registered twice"):
+        register_estimator("grpo", probe)
+    assert estimators.ESTIMATORS["grpo"] == ESTIMATORS["grpo"]

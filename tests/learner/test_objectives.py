@@ -11,9 +11,11 @@ from hypothesis import strategies as st
 from actors.agent import AgentSettings, overlong_penalty
 from buffers.records import Group
 from buffers.testing import synthetic_trajectory
+from learner import surrogates
 from learner.algorithm import plan_step
 from learner.logprobs import token_logprobs
 from learner.losses import policy_loss
+from learner.surrogates import SURROGATES, Registered, register_surrogate
 from pipeline.config.schema import LearnerConfig, StrataConfig
 
 
@@ -223,3 +225,16 @@ def test_clip_cov_has_no_dual_clip_a_negative_advantage_far_above_the_range_pays
     assert metrics["dual_clip_fraction"] == 0.0
     capped, _ = policy_loss(*args, surrogate="ppo_clip", dual_clip=3.0)
     assert float(capped) == pytest.approx((3.0 + 1.0) / 2)
+
+
+def test_a_surrogate_registers_once_under_its_name_with_its_parameters(monkeypatch):
+    monkeypatch.setattr(surrogates, "SURROGATES", dict(SURROGATES))
+
+    def probe(ratio, log_ratio, advantages, logprobs, mask, clip_low, clip_high, dual_clip, **p):
+        return None
+
+    register_surrogate("probe", probe, "share", "coef")
+    assert surrogates.SURROGATES["probe"] == Registered(probe, ("share", "coef"))
+    with pytest.raises(ValueError, match="surrogate 'cispo' is registered twice"):
+        register_surrogate("cispo", probe)
+    assert surrogates.SURROGATES["cispo"] == SURROGATES["cispo"]

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from buffers.records import Group
 from buffers.testing import synthetic_trajectory
+from learner import step_credit
 from learner.algorithm import plan_step
-from learner.step_credit import gigpo, turns
+from learner.step_credit import STEP_CREDITS, Registered, gigpo, register_step_credit, turns
 from pipeline.config.schema import LearnerConfig
 
 
@@ -204,3 +205,18 @@ def test_igpo_is_refused_where_rank_0_cannot_run_the_model_alone():
     with pytest.raises(ValueError, match="use zero_stage 0-2 or one rank"):
         LearnerConfig(step_credit={"type": "igpo"}, zero_stage=3, num_ranks=2)
     LearnerConfig(step_credit={"type": "igpo"}, zero_stage=2, num_ranks=2)
+
+
+def test_a_step_credit_registers_once_under_its_name_with_its_parameters(monkeypatch):
+    monkeypatch.setattr(step_credit, "STEP_CREDITS", dict(STEP_CREDITS))
+
+    def probe(trajectories, group_ids, *, gamma):
+        return []
+
+    register_step_credit("probe", probe, "gamma")
+    register_step_credit("scored", probe, "gamma", scored=True)
+    assert step_credit.STEP_CREDITS["probe"] == Registered(probe, ("gamma",), False)
+    assert step_credit.STEP_CREDITS["scored"] == Registered(probe, ("gamma",), True)
+    with pytest.raises(ValueError, match="step credit 'gigpo' is registered twice"):
+        register_step_credit("gigpo", probe)
+    assert step_credit.STEP_CREDITS["gigpo"] == STEP_CREDITS["gigpo"]
