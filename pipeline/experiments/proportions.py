@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import math
 
-from scipy import stats as sps
-
 Z95 = 1.959964
 
 
@@ -42,4 +40,8 @@ def newcombe(x1: int, n1: int, x2: int, n2: int, z: float = Z95) -> tuple[float,
 
 def fisher_p(x1: int, n1: int, x2: int, n2: int) -> float:
     """Fisher's exact test, two-sided, of x1 successes in n1 against x2 in n2."""
+    # imported here, as plots import matplotlib: scipy.stats takes about 0.5 s of CPU to import,
+    # and every run's report.md imports this module (its diagnosis's trap model) without a test
+    from scipy import stats as sps
+
     return float(sps.fisher_exact([[x1, n1 - x1], [x2, n2 - x2]]).pvalue)
