@@ -8,8 +8,8 @@ no test can tell it from the original.
 
     python benchmarks/mutation.py [--equivalent docs/results/mutation-equivalent.txt] [--survivors]
 
-Prints a Markdown table: module, mutants, killed, survived, equivalent, timeout, not run, and
-the killed share of the non-equivalent mutants that ran.
+Prints a Markdown table: module, mutants, killed, survived, equivalent, timeout, no test reached,
+not run, and the killed share of the non-equivalent mutants that ran.
 """
 
 from __future__ import annotations
@@ -57,10 +57,12 @@ def tally(work: Path, equivalent: dict[str, str]) -> tuple[dict[str, Counter], l
 
 
 def markdown(table: dict[str, Counter]) -> str:
-    columns = ("killed", "survived", "equivalent", "timeout", "not checked")
+    # "no tests": no test of the module's own files ([tool.strata.mutation.tests]) reached the
+    # mutated function, so no test ran; "not checked": the run stopped before the mutant.
+    columns = ("killed", "survived", "equivalent", "timeout", "no tests", "not checked")
     lines = [
-        "| module | mutants | killed | survived | equivalent | timeout | not run | killed / non-equivalent run |",
-        "|---|---|---|---|---|---|---|---|",
+        "| module | mutants | killed | survived | equivalent | timeout | no test reached | not run | killed / non-equivalent run |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     total: Counter = Counter()
     for module, counts in [*sorted(table.items()), ("all", None)]:

@@ -1,7 +1,17 @@
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
-from buffers.strata import RandomStrata, ToolCallCount, ToolSignature, make_stratifier
+from buffers.strata import (
+    STRATIFIERS,
+    RandomStrata,
+    ToolCallCount,
+    ToolSignature,
+    make_stratifier,
+    register_stratifier,
+    section_params,
+)
 
 CALLS = [
     [],
@@ -54,3 +64,39 @@ def test_make_stratifier_by_name():
     assert make_stratifier("random", k=5).k == 5
     with pytest.raises(ValueError, match="unknown stratifier"):
         make_stratifier("turns")
+
+
+def test_a_stratifier_registers_under_its_name_with_its_parameters_and_only_once():
+    @register_stratifier("halves", "cut")
+    def _halves(tools, max_calls, *, cut=1):
+        return lambda calls, keys=None: np.array([len(c) >= cut for c in calls], dtype=np.int64)
+
+    try:
+        assert STRATIFIERS["halves"].params == ("cut",)
+        assert make_stratifier("halves", cut=2)(CALLS).tolist() == [0, 0, 1, 0, 1, 1]
+        assert section_params(SimpleNamespace(type="halves", cut=3, other=0)) == {"cut": 3}
+        assert section_params(SimpleNamespace(type="random", k=4, seed=9)) == {"k": 4, "seed": 9}
+        with pytest.raises(ValueError, match="stratifier 'halves' is registered twice"):
+            register_stratifier("halves")(_halves)
+        assert STRATIFIERS["halves"].make is _halves
+    finally:
+        STRATIFIERS.pop("halves", None)
+
+
+def test_a_stratifier_refuses_parameters_it_does_not_take():
+    with pytest.raises(ValueError, match="stratifier random takes k, seed, not cut"):
+        make_stratifier("random", cut=1)
+    with pytest.raises(ValueError, match="stratifier tool_calls takes no parameters, not k"):
+        make_stratifier("tool_calls", k=2)
+    with pytest.raises(
+        ValueError, match="unknown stratifier 'turns': use tool_calls, tool_signature, random"
+    ):
+        make_stratifier("turns")
+    with pytest.raises(ValueError, match="ToolSignature needs at least one tool name"):
+        ToolSignature([], max_calls=2)
+    with pytest.raises(ValueError, match="max_calls must be >= 1, got 0"):
+        ToolSignature(["search"], max_calls=0)
+    assert ToolSignature(["search"], max_calls=1)([["search"] * 3]).tolist() == [1]
+    with pytest.raises(ValueError, match="k must be >= 1, got 0"):
+        RandomStrata(0)
+    assert set(RandomStrata(1)([[]] * 20).tolist()) == {0}

@@ -12,7 +12,13 @@ from buffers.group_buffer import GroupBuffer
 from buffers.records import InvalidTrajectory
 from buffers.spill import ParquetSpill
 from buffers.testing import synthetic_trajectory as traj
-from pipeline.runtime.accounting import accounting, add_accounting, audit, write_json
+from pipeline.runtime.accounting import (
+    accounting,
+    add_accounting,
+    audit,
+    read_accounting,
+    write_json,
+)
 
 
 def stratum_of(t, s):
@@ -123,3 +129,11 @@ def test_a_resumed_runs_books_add_up():
         "total": {"generated": 8, "aborted": 1},
     }
     assert add_accounting({}, now)["total"] == {"generated": 5}
+
+
+def test_a_run_without_books_reads_as_empty_books_and_one_with_them_reads_them(tmp_path):
+    assert read_accounting(tmp_path) == {"per_stratum": {}, "total": {}}
+    books = {"per_stratum": {"0": {"generated": 2}}, "total": {"generated": 2}}
+    write_json(tmp_path / "accounting.json", books)
+    assert read_accounting(tmp_path) == books
+    assert [p.name for p in tmp_path.iterdir()] == ["accounting.json"]  # no temporary left
