@@ -11,10 +11,11 @@ import torch
 from buffers.testing import synthetic_trajectory
 from learner.turn_credit import finding_advantage, found_answer, token_advantages, turn_credit
 
-# per trajectory: its group and the token of its finding observation (-1: found nothing); a
-# group of four split two and two, a group whose members all found it, and a group of one
+# per trajectory: its group and the token of its finding observation (-1: found nothing; 0
+# and 1, the edges of an early part); a group of four split two and two, a group whose members
+# all found it, and a group of one
 GROUPS = [5, 5, 5, 5, 2, 2, 2, 9]
-FIRST = [4, -1, 11, -1, 0, 7, 3, 6]
+FIRST = [4, -1, 11, -1, 0, 7, 1, 6]
 ADVANTAGES = [0.8, -0.4, -1.2, 0.5, 0.3, -0.7, 1.1, -0.9]
 
 
