@@ -9,7 +9,8 @@ no test can tell it from the original.
     python benchmarks/mutation.py [--equivalent docs/results/mutation-equivalent.txt] [--survivors]
 
 Prints a Markdown table: module, mutants, killed, survived, equivalent, timeout, no test reached,
-not run, and the killed share of the non-equivalent mutants that ran.
+not run, the killed share of the non-equivalent mutants checked, and the CPU seconds the mutants'
+children took (tests/mutation.py records them in mutants/mutmut-cpu.tsv), in all and a mutant.
 """
 
 from __future__ import annotations
@@ -56,25 +57,52 @@ def tally(work: Path, equivalent: dict[str, str]) -> tuple[dict[str, Counter], l
     return table, survivors
 
 
-def markdown(table: dict[str, Counter]) -> str:
+def cpu_seconds(work: Path) -> dict[str, float]:
+    """mutant name -> CPU seconds of its child, from tests/mutation.py's `mutmut-cpu.tsv` (the
+    last line of a mutant that ran more than once)."""
+    path = work / "mutmut-cpu.tsv"
+    if not path.is_file():
+        return {}
+    found = {}
+    for line in path.read_text().splitlines():
+        name, _, seconds = line.partition("\t")
+        found[name] = float(seconds)
+    return found
+
+
+def markdown(table: dict[str, Counter], cpu: dict[str, float] | None = None) -> str:
+    """The per-module table. The score is killed over every mutant that is not equivalent and
+    was checked: a survivor, a timeout and a mutant no test of its module reached all count
+    against it. CPU: the children's seconds as tests/mutation.py recorded them (mutmut's own
+    generation, stats and fork-server start not included), and their mean a recorded mutant."""
     # "no tests": no test of the module's own files ([tool.strata.mutation.tests]) reached the
     # mutated function, so no test ran; "not checked": the run stopped before the mutant.
     columns = ("killed", "survived", "equivalent", "timeout", "no tests", "not checked")
     lines = [
-        "| module | mutants | killed | survived | equivalent | timeout | no test reached | not run | killed / non-equivalent run |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| module | mutants | killed | survived | equivalent | timeout | no test reached | not run "
+        "| killed / non-equivalent | CPU s | CPU s / mutant |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    by_module: dict[str, list[float]] = {}
+    for name, seconds in (cpu or {}).items():
+        by_module.setdefault(name.rpartition(".")[0], []).append(seconds)
     total: Counter = Counter()
     for module, counts in [*sorted(table.items()), ("all", None)]:
         counts = total if counts is None else counts
         if module != "all":
             total.update(counts)
         n = sum(counts.values())
-        ran = counts["killed"] + counts["survived"] + counts["timeout"]
-        score = f"{counts['killed'] / ran:.1%}" if ran else "-"
+        judged = sum(counts[c] for c in ("killed", "survived", "timeout", "no tests"))
+        score = f"{counts['killed'] / judged:.1%}" if judged else "-"
+        spent = (
+            [s for m, v in by_module.items() if m in table for s in v]
+            if module == "all"
+            else by_module.get(module, [])
+        )
+        seconds = f"{sum(spent):.0f} | {sum(spent) / len(spent):.2f}" if spent else "- | -"
         other = n - sum(counts[c] for c in columns)
         cells = [str(counts[c]) for c in columns]
-        lines.append(f"| {module} | {n} | " + " | ".join(cells) + f" | {score} |")
+        lines.append(f"| {module} | {n} | " + " | ".join(cells) + f" | {score} | {seconds} |")
         if other:
             lines[-1] += f" ({other} other)"
     return "\n".join(lines) + "\n"
@@ -90,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mutation: error: no {args.work}: run make mutation first", file=sys.stderr)
         return 2
     table, survivors = tally(args.work, equivalents(args.equivalent))
-    print(markdown(table), end="")
+    print(markdown(table, cpu_seconds(args.work)), end="")
     if args.survivors:
         print("\n".join(survivors))
     return 0

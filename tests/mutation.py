@@ -20,6 +20,7 @@ and this plugin removes each:
   checks); with pytest's -x a killed mutant should meet its fastest tests first, so under a mutant
   the files, and each file's tests, run cheapest first by their seconds in mutmut-stats.json.
 
+It also writes each mutant's CPU seconds to `CPU`, which benchmarks/mutation.py sums per module.
 Nothing here acts outside mutmut (no MUTANT_UNDER_TEST in the environment).
 """
 
@@ -29,6 +30,7 @@ import contextlib
 import importlib
 import json
 import os
+import resource
 import sys
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -38,6 +40,10 @@ import pytest
 
 IMPORTED = Path("mutmut-imported.txt")
 """In mutmut's work directory (its cwd while tests run): the modules the stats run had imported."""
+
+CPU = Path("mutmut-cpu.tsv")
+"""In mutmut's work directory: `mutant name<TAB>CPU seconds` of each mutant's child (a child
+killed at its time limit writes none)."""
 
 _PHASES = {"stats", "fail", "list_all_tests", "mutant_generation", ""}
 """MUTANT_UNDER_TEST's values that are mutmut's own phases rather than a mutant's name."""
@@ -127,9 +133,19 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if _phase() == "stats":
-        names = sorted(n for n in sys.modules if not n.startswith(("tests.", "__main__")))
-        IMPORTED.write_text("\n".join(names) + "\n")
+    phase = _phase()
+    if phase not in _PHASES and phase is not None:
+        # A forked child's CPU counters start at 0 (fork(2)), so RUSAGE_SELF is this mutant's
+        # cost; mutmut's fork server records no duration. One short O_APPEND write a line: the
+        # two children's lines do not interleave.
+        used = resource.getrusage(resource.RUSAGE_SELF)
+        with CPU.open("a") as out:
+            out.write(f"{phase}\t{used.ru_utime + used.ru_stime:.3f}\n")
+    if phase == "stats":  # added to: a later stats run of new tests only sees their imports
+        names = {n for n in sys.modules if not n.startswith(("tests.", "__main__"))}
+        if IMPORTED.is_file():
+            names |= set(IMPORTED.read_text().split())
+        IMPORTED.write_text("\n".join(sorted(names)) + "\n")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -137,3 +137,32 @@ def test_a_run_without_books_reads_as_empty_books_and_one_with_them_reads_them(t
     write_json(tmp_path / "accounting.json", books)
     assert read_accounting(tmp_path) == books
     assert [p.name for p in tmp_path.iterdir()] == ["accounting.json"]  # no temporary left
+
+
+def test_books_written_before_a_part_existed_still_balance_and_a_missing_part_reads_as_0(tmp_path):
+    stats = asyncio.run(a_run(tmp_path))
+    books = json.loads(json.dumps(accounting(stats, [])))
+    for row in books["per_stratum"].values():
+        del row["filtered"]  # books from before dynamic sampling: no `filtered` key
+    write_json(tmp_path / "accounting.json", books)
+    assert audit(tmp_path) == []
+    del books["per_stratum"]["0"]["trained"]
+    write_json(tmp_path / "accounting.json", books)
+    assert audit(tmp_path) == [
+        "stratum 0: generated 5 != 3, the sum of its parts ("
+        + str(read_accounting(tmp_path)["per_stratum"]["0"])
+        + ")",
+        "stratum 0: 0 trained in the books, 2 rows 'released' in the spill",
+    ]
+
+
+def test_books_without_a_total_add_as_none():
+    earlier = {"per_stratum": {"0": {"generated": 3}}, "total": {"generated": 3}}
+    assert add_accounting(earlier, {})["total"] == {"generated": 3}
+    assert add_accounting({}, {}) == {"per_stratum": {}, "total": {}}
+
+
+def test_the_books_are_written_sorted_one_space_indented(tmp_path):
+    write_json(tmp_path / "accounting.json", {"total": {"trained": 2, "generated": 3}, "a": 1})
+    text = (tmp_path / "accounting.json").read_text()
+    assert text == '{\n "a": 1,\n "total": {\n  "generated": 3,\n  "trained": 2\n }\n}\n'
