@@ -114,6 +114,7 @@ def late_from(steps: int) -> int:
 
 
 def final_eval(run: RunData, steps: int) -> dict | None:
+    """The run's evaluation record at step `steps` (None: it has none)."""
     return next((e for e in run.evals if e.get("step") == steps), None)
 
 
@@ -172,6 +173,7 @@ def needed(n_blend: int, grpo: int, n_grpo: int, level: float = LEVEL) -> int | 
 
 
 def primary(blend: list[bool], grpo: list[bool], level: float = LEVEL) -> Test:
+    """The registered test on the runs' escapes (one bool a run)."""
     b, g = int(sum(blend)), int(sum(grpo))
     p = fisher_greater(b, len(blend), g, len(grpo))
     return Test(b, len(blend), g, len(grpo), p, p < level, needed(len(blend), g, len(grpo), level))
@@ -265,9 +267,9 @@ class World:
     chain_pay: float | None
 
 
-def arms_of(world: World, grpo: str, blend: str | None, steps: int) -> dict[str, list[RunData]]:
-    """The world's runs by arm ("grpo", "blend"), checked: each arm present, each run's
-    estimator its arm's, every run finished (else one line listing those that are not)."""
+def arms_of(world: World, grpo: str, blend: str | None) -> dict[str, list[RunData]]:
+    """The world's runs by arm ("grpo", "blend", the variants named so), checked: each arm
+    present, each run's estimator its arm's (`unfinished_line` checks that they are done)."""
     if not world.out_dir.is_dir():
         raise WindowError(f"--{world.name} {world.out_dir}: no such directory")
     runs, _ = load_runs(world.out_dir)
@@ -290,6 +292,7 @@ def arms_of(world: World, grpo: str, blend: str | None, steps: int) -> dict[str,
 
 
 def unfinished_line(worlds: dict[str, dict[str, list[RunData]]], steps: int) -> str | None:
+    """One line naming every run not finished (None: all are), each with why."""
     behind = [
         f"{world}/{r.name} ({why})"
         for world, arms in worlds.items()
@@ -572,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         worlds = _checked(args)
         blend_variant = None if args.grpo_only else args.blend
-        arms = {w.name: arms_of(w, args.grpo, blend_variant, args.steps) for w in worlds}
+        arms = {w.name: arms_of(w, args.grpo, blend_variant) for w in worlds}
         if (line := unfinished_line(arms, args.steps)) is not None:
             raise WindowError(line)
         results = [
