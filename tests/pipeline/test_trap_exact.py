@@ -8,6 +8,8 @@ import torch
 
 from learner.estimators import estimate
 from pipeline.experiments.trap_exact import (
+    Expected,
+    _cosine,
     compositions,
     expected_path,
     expected_update,
@@ -176,3 +178,20 @@ def test_the_blend_damps_the_move_between_strata_by_one_minus_alpha_in_every_sam
 
     assert stratum_update(0.8) == pytest.approx(0.2 * stratum_update(0.0), rel=1e-9)
     assert stratum_update(1.0) == pytest.approx(0.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("choices", [2, 3, 6])
+def test_the_cosine_is_over_every_logit_of_the_stratum_and_both_hops(choices):
+    """Against the vectors written out: the stratum pair (+s, -s) and two hop vectors (u, then
+    -u / (M - 1) on each of the M - 1 wrong choices), for the update and the true gradient."""
+
+    def whole(stratum, hop):
+        hops = [hop, *[-hop / (choices - 1)] * (choices - 1)]
+        return np.array([stratum, -stratum, *hops, *hops])
+
+    found = Expected(stratum=0.3, hop=-0.7, true_stratum=0.2, true_hop=0.5)
+    mine, true = whole(found.stratum, found.hop), whole(found.true_stratum, found.true_hop)
+    cosine = mine @ true / np.sqrt((mine @ mine) * (true @ true))
+    assert _cosine(found, choices) == pytest.approx(cosine, rel=1e-12)
+    assert np.isnan(_cosine(Expected(0.0, 0.0, 0.2, 0.5), choices))
+    assert np.isnan(_cosine(Expected(0.3, 0.1, 0.0, 0.0), choices))
