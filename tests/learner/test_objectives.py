@@ -2,6 +2,7 @@
 computation from its paper's equation."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -15,7 +16,15 @@ from learner import surrogates
 from learner.algorithm import plan_step
 from learner.logprobs import token_logprobs
 from learner.losses import policy_loss
-from learner.surrogates import SURROGATES, Registered, register_surrogate
+from learner.surrogates import (
+    SURROGATES,
+    Registered,
+    clip_cov,
+    covariance,
+    register_surrogate,
+    surrogate_params,
+)
+from pipeline.config.algorithm import SURROGATES as SECTIONS
 from pipeline.config.schema import LearnerConfig, StrataConfig
 
 
@@ -138,6 +147,20 @@ def test_each_surrogate_section_holds_its_functions_parameters():
     for section in SECTIONS:
         fields = set(section.model_fields) - {"type"}
         assert fields == set(SURROGATES[section.model_fields["type"].default].params)
+        chosen = section(**{f: 0.5 for f in fields})  # every value away from its default
+        assert surrogate_params(chosen) == dict.fromkeys(fields, 0.5)
+
+
+@pytest.mark.parametrize("section", [s for s in SECTIONS if s.no_dual_clip])
+def test_a_surrogate_without_dual_clip_refuses_one_saying_why_as_its_section_does(section):
+    name = section.model_fields["type"].default
+    lp = torch.zeros(1, 2)
+    params = surrogate_params(section())
+    why = re.escape(f"surrogate {name} has no dual clip: {section.no_dual_clip}")
+    with pytest.raises(ValueError, match=f"^{why}$"):
+        policy_loss(
+            lp, lp, torch.ones(1), torch.ones(1, 2), surrogate=name, surrogate_params=params
+        )
 
 
 def covariances(advantages, logprobs):
@@ -238,3 +261,58 @@ def test_a_surrogate_registers_once_under_its_name_with_its_parameters(monkeypat
     with pytest.raises(ValueError, match="surrogate 'cispo' is registered twice"):
         register_surrogate("cispo", probe)
     assert surrogates.SURROGATES["cispo"] == SURROGATES["cispo"]
+
+
+def clip_cov_inputs():
+    """Two rows of six tokens at r = 1 (PPO clips nothing), advantages of both signs, the last
+    two tokens of each row masked out."""
+    g = torch.Generator().manual_seed(5)
+    logprobs = -torch.rand(2, 6, generator=g, dtype=torch.float64) * 3
+    advantages = torch.tensor([[1.5], [-0.5]], dtype=torch.float64)
+    mask = torch.ones(2, 6, dtype=torch.float64)
+    mask[:, 4:] = 0
+    ratio = torch.ones_like(logprobs)
+    return ratio, torch.zeros_like(logprobs), advantages, logprobs, mask
+
+
+def run_clip_cov(share, low_cov, high_cov):
+    ratio, log_ratio, advantages, logprobs, mask = clip_cov_inputs()
+    out = clip_cov(
+        ratio,
+        log_ratio,
+        advantages,
+        logprobs,
+        mask,
+        0.2,
+        0.2,
+        None,
+        share=share,
+        low_cov=low_cov,
+        high_cov=high_cov,
+    )
+    return out, covariance(advantages, logprobs, mask), mask
+
+
+def test_clip_cov_chooses_among_the_trained_tokens_strictly_inside_the_bounds():
+    """With share 1 every candidate is chosen: the chosen set is the candidates. Bounds set to
+    two tokens' own covariances leave those two out (the interval is open); a masked token,
+    whatever its covariance, is never a candidate."""
+    _, cov, mask = run_clip_cov(1.0, -1e9, 1e9)
+    trained = sorted(float(c) for c in cov[mask > 0])
+    low, high = trained[1], trained[-2]
+    out, cov, mask = run_clip_cov(1.0, low, high)
+    want = (mask > 0) & (cov > low) & (cov < high)
+    assert out.selected.tolist() == want.tolist() and int(want.sum()) == 4
+    assert ((mask == 0) & (cov > low) & (cov < high)).any()  # a masked token inside the bounds
+    assert (out.loss[out.selected] == 0).all() and (out.loss[~out.selected] != 0).all()
+
+
+def test_clip_cov_draws_its_share_the_same_whatever_the_global_random_state():
+    """The choice is seeded by the candidates' positions, not by torch's global generator: the
+    same inputs choose the same tokens after any reseed; these inputs choose these."""
+    chosen = []
+    for seed in (0, 1, 2):
+        torch.manual_seed(seed)
+        out, _, _ = run_clip_cov(0.25, -1e9, 1e9)  # int(0.25 * 8) = 2 of the 8 trained tokens
+        chosen.append(out.selected.nonzero().tolist())
+    assert chosen[0] == chosen[1] == chosen[2] == [[0, 3], [1, 3]]
