@@ -10,6 +10,7 @@ from learner.estimators import estimate
 from pipeline.experiments.trap_exact import (
     Expected,
     _cosine,
+    bias_table,
     compositions,
     expected_path,
     expected_update,
@@ -195,3 +196,44 @@ def test_the_cosine_is_over_every_logit_of_the_stratum_and_both_hops(choices):
     assert _cosine(found, choices) == pytest.approx(cosine, rel=1e-12)
     assert np.isnan(_cosine(Expected(0.0, 0.0, 0.2, 0.5), choices))
     assert np.isnan(_cosine(Expected(0.3, 0.1, 0.0, 0.0), choices))
+
+
+def test_the_bias_and_start_tables_are_the_exact_update_at_hop_one_over_m():
+    rows = bias_table([0.0, 0.8], [3, 5], 0.3, 8)  # P(chain) 0.5 unless told
+    assert [(r["chain_choices"], r["alpha"]) for r in rows] == [
+        (3, 0.0),
+        (3, 0.8),
+        (5, 0.0),
+        (5, 0.8),
+    ]
+    for r in rows:
+        found = expected_update(0.5, 1 / r["chain_choices"], 0.3, 8, alpha=r["alpha"], eps=1e-6)
+        assert {k: r[k] for k in found.__dict__} == found.__dict__
+    (row,) = bias_table([0.3], [4], 0.2, 6, chain=0.2)
+    found = expected_update(0.2, 1 / 4, 0.2, 6, alpha=0.3, eps=1e-6)
+    assert row == {"chain_choices": 4, "alpha": 0.3, **found.__dict__}
+    (row,) = start_table([0.8], [4], [0.2], 0.3, 6)
+    found = expected_update(0.2, 1 / 4, 0.3, 6, "stratified", alpha=0.8, eps=1e-6)
+    grpo = expected_update(0.2, 1 / 4, 0.3, 6, "grpo", eps=1e-6)
+    assert row == {
+        "start_chain": 0.2,
+        "chain_choices": 4,
+        "group_size": 6,
+        "alpha": 0.8,
+        **found.__dict__,
+        "stratum_over_grpo": found.stratum / grpo.stratum,
+        "hop_over_grpo": found.hop / grpo.hop,
+        **silent_shares(0.2, 1 / 4, 6),
+    }
+
+
+def test_the_silent_shares_are_their_closed_forms():
+    q = 0.4 * 0.4
+    assert silent_shares(0.3, 0.4, 5) == pytest.approx(
+        {
+            "alone": 0.7**4,
+            "paid_silent": (1 - 0.3 * (1 - q)) ** 4,
+            "failed_silent": (1 - 0.3 * q) ** 4,
+        },
+        rel=1e-12,
+    )
