@@ -7,6 +7,7 @@ in the equivalence file (`mutant_name  reason`, one a line, `#` comments) counts
 no test can tell it from the original.
 
     python benchmarks/mutation.py [--equivalent docs/results/mutation-equivalent.txt] [--survivors]
+    python benchmarks/mutation.py --worst-case [--own-tests]
 
 Prints a Markdown table: module, mutants, killed, survived, equivalent, timeout, no test reached,
 not run, the killed share of the non-equivalent mutants checked, and the CPU seconds the mutants'
@@ -22,6 +23,9 @@ from collections import Counter
 from pathlib import Path
 
 from mutmut.stats import status_by_exit_code
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.mutation import module_tests  # after the repository root is on the path
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -108,15 +112,56 @@ def markdown(table: dict[str, Counter], cpu: dict[str, float] | None = None) -> 
     return "\n".join(lines) + "\n"
 
 
+def worst_case(work: Path, own: dict[str, tuple[str, ...]] | None = None) -> dict[str, tuple]:
+    """Per module: (mutants, the seconds of the tests mapped to their functions summed over the
+    mutants): a run's cost if every mutant survived (a killed one stops at its first failing
+    test), from mutmut-stats.json's map and call durations. `own`: count only each module's own
+    test files ([tool.strata.mutation.tests]), for stats collected before tests/mutation.py."""
+    stats = json.loads((work / "mutmut-stats.json").read_text())
+    seconds, reached = stats["duration_by_test"], stats["tests_by_mangled_function_name"]
+    found = {}
+    for meta in sorted(work.rglob("*.py.meta")):
+        module = ".".join(meta.relative_to(work).with_suffix("").with_suffix("").parts)
+        names = json.loads(meta.read_text())["exit_code_by_key"]
+        total = 0.0
+        for name in names:
+            tests = reached.get(name.rpartition("__mutmut_")[0], [])
+            if own is not None:
+                tests = [t for t in tests if t.split("::", 1)[0] in own[module]]
+            total += sum(seconds.get(t, 0.0) for t in tests)
+        found[module] = (len(names), total)
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=ROOT / "mutants")
     parser.add_argument("--equivalent", type=Path)
     parser.add_argument("--survivors", action="store_true", help="list them after the table")
+    parser.add_argument(
+        "--worst-case",
+        action="store_true",
+        help="instead: each module's test seconds if no mutant died",
+    )
+    parser.add_argument(
+        "--own-tests",
+        action="store_true",
+        help="with --worst-case: only the module's own test files",
+    )
     args = parser.parse_args(argv)
     if not args.work.is_dir():
         print(f"mutation: error: no {args.work}: run make mutation first", file=sys.stderr)
         return 2
+    if args.worst_case:
+        own = module_tests(ROOT / "pyproject.toml") if args.own_tests else None
+        rows = worst_case(args.work, own)
+        print("| module | mutants | worst-case test s |\n|---|---|---|")
+        for module, (n, seconds) in [
+            *rows.items(),
+            ("all", tuple(map(sum, zip(*rows.values(), strict=True)))),
+        ]:
+            print(f"| {module} | {n} | {seconds:.0f} |")
+        return 0
     table, survivors = tally(args.work, equivalents(args.equivalent))
     print(markdown(table, cpu_seconds(args.work)), end="")
     if args.survivors:
