@@ -3,6 +3,7 @@ computation from its paper's equation."""
 
 import math
 import re
+import statistics
 
 import pytest
 import torch
@@ -21,6 +22,8 @@ from learner.surrogates import (
     Registered,
     clip_cov,
     covariance,
+    kl_cov,
+    ppo_clip,
     register_surrogate,
     surrogate_params,
 )
@@ -316,3 +319,65 @@ def test_clip_cov_draws_its_share_the_same_whatever_the_global_random_state():
         out, _, _ = run_clip_cov(0.25, -1e9, 1e9)  # int(0.25 * 8) = 2 of the 8 trained tokens
         chosen.append(out.selected.nonzero().tolist())
     assert chosen[0] == chosen[1] == chosen[2] == [[0, 3], [1, 3]]
+
+
+def test_clip_cov_and_kl_cov_choose_at_least_one_token():
+    ratio, log_ratio, advantages, logprobs, mask = clip_cov_inputs()
+    share = {"share": 0.01}  # int(0.01 * 8) = 0 of the 8 trained tokens: one all the same
+    out, _, _ = run_clip_cov(0.01, -1e9, 1e9)
+    assert int(out.selected.sum()) == 1
+    out = kl_cov(ratio, log_ratio, advantages, logprobs, mask, 0.2, 0.2, None, coef=1.0, **share)
+    assert int(out.selected.sum()) == 1
+
+
+def test_the_covariance_takes_its_means_over_the_trained_tokens_only():
+    _, _, advantages, logprobs, mask = clip_cov_inputs()
+    logprobs[1, 4:] = -50.0  # masked out: must not move the means
+    got = covariance(advantages, logprobs, mask)
+    a = advantages.expand_as(logprobs)
+    trained = [(float(a[i, t]), float(logprobs[i, t])) for i, t in (mask > 0).nonzero().tolist()]
+    mean_a = statistics.fmean(x for x, _ in trained)
+    mean_l = statistics.fmean(y for _, y in trained)
+    want = [
+        [(float(x) - mean_a) * (float(y) - mean_l) for x, y in zip(ra, rl, strict=True)]
+        for ra, rl in zip(a, logprobs, strict=True)
+    ]
+    torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64))
+    alone = torch.zeros_like(mask)
+    alone[0, 2] = 1
+    assert float(covariance(advantages, logprobs, alone)[0, 2]) == 0.0  # its own mean
+
+
+def test_kl_cov_chooses_only_trained_tokens_and_none_when_there_are_none():
+    """The masked tokens of row 1 have the largest covariance ((A - mean)(log pi - mean) with
+    A below the mean and log pi = -50): they are never chosen. Choices and flags are bool."""
+    ratio, _, advantages, logprobs, mask = clip_cov_inputs()
+    logprobs[1, 4:] = -50.0
+    log_ratio = torch.linspace(-0.5, 0.5, 12, dtype=torch.float64).view(2, 6)
+    ratio = log_ratio.exp()
+    cov = covariance(advantages, logprobs, mask)
+    assert set(cov.flatten().topk(2).indices.tolist()) == {10, 11}  # the masked ones
+    out = kl_cov(ratio, log_ratio, advantages, logprobs, mask, 0.2, 0.2, None, share=0.25, coef=1.0)
+    top = cov.masked_fill(mask == 0, -math.inf).flatten().topk(2).indices.tolist()
+    assert sorted(out.selected.flatten().nonzero().squeeze(-1).tolist()) == sorted(top)
+    assert out.selected.dtype == out.clipped.dtype == out.dual_clipped.dtype == torch.bool
+    none = kl_cov(
+        ratio, log_ratio, advantages, logprobs, mask * 0, 0.2, 0.2, None, share=0.25, coef=1.0
+    )
+    assert not none.selected.any()
+    torch.testing.assert_close(none.loss, -advantages * ratio)
+
+
+def test_ppo_clip_caps_a_negative_advantage_at_the_dual_clip_and_flags_only_what_it_capped():
+    """Per token: A = -1 at r = 3 (the loss -A r equals the cap -A 3: not capped) and r = 4
+    (capped at 3); A = 0.5 and A = 0 (never capped, never flagged); the flags are bool."""
+    ratio = torch.tensor([[3.0, 4.0, 1.0, 1.0, 5.0]], dtype=torch.float64)
+    advantages = torch.tensor([[-1.0, -1.0, 0.5, 0.0, 0.0]], dtype=torch.float64)
+    zeros = torch.zeros_like(ratio)
+    out = ppo_clip(ratio, ratio.log(), advantages, zeros, zeros + 1, 0.2, 0.2, 3.0)
+    assert out.loss.tolist() == [[3.0, 3.0, -0.5, 0.0, 0.0]]
+    assert out.dual_clipped.tolist() == [[False, True, False, False, False]]
+    plain = ppo_clip(ratio, ratio.log(), advantages, zeros, zeros + 1, 0.2, 0.2, None)
+    assert plain.loss.tolist() == [[3.0, 4.0, -0.5, 0.0, 0.0]]
+    assert plain.dual_clipped.dtype == plain.clipped.dtype == torch.bool
+    assert not plain.dual_clipped.any()
