@@ -40,7 +40,8 @@ def test_micro_batches_by_tokens_fill_the_longest_rows_first():
     """First fit, longest first: two 7s and two 3s under a budget of 10 make two micro-batches;
     filled in index order (or shortest first) the 3s would share one and each 7 take its own."""
     assert plan_micro_batches([3, 3, 7, 7], 4, 10) == [[0, 2], [1, 3]]
-    assert plan_micro_batches([5, 5, 5], 4, 10) == [[0, 1], [2]]  # equal lengths: index order
+    assert plan_micro_batches([5, 5, 5], 4, 10) == [[0, 1], [2]]  # an exact fit shares
+    assert plan_micro_batches([1] * 5, 2, 100) == [[0, 1], [2, 3], [4]]  # at most max_rows
 
 
 def test_chunked_log_probs_and_their_gradient_equal_the_full_softmax():
