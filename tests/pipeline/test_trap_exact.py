@@ -237,3 +237,9 @@ def test_the_silent_shares_are_their_closed_forms():
         },
         rel=1e-12,
     )
+
+
+def test_the_path_steps_at_learning_rate_1_unless_told():
+    path = expected_path(0.6, 4, 0.3, 6, steps=3)
+    assert path == expected_path(0.6, 4, 0.3, 6, steps=3, lr=1.0)
+    assert path[-1]["chain"] != expected_path(0.6, 4, 0.3, 6, steps=3, lr=2.0)[-1]["chain"]
