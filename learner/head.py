@@ -13,8 +13,9 @@ forward is not called beside the engine but through it: for one call the engine'
 HF model, or the peft model around it with LoRA) has its `forward` replaced by the split one,
 and the engine is called as usual. The backbone and the head are called as modules, so ZeRO-3's
 per-module hooks fetch the embeddings (inside the backbone) and the head's weight (tied to the
-embeddings or not) at each call. ZeRO 0-2 are tested on CPU (tests/learner/test_head.py);
-ZeRO-3 only runs on GPUs (the GPU tier): there each chunk's head call gathers the head's weight
+embeddings or not) at each call. ZeRO 0-3 are tested on CPU (tests/learner/test_head.py: ZeRO-3
+in one gloo process, which partitions the weights all the same), ZeRO-3 again with NCCL in the
+GPU tier: each chunk's head call, and its recomputation in backward, gathers the head's weight
 anew, which the GPU figure (benchmarks/learner_gpu_cost.py) has to show is affordable.
 
 **Which models.** Only a model whose own logits are exactly its head's output on its backbone's

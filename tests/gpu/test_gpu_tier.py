@@ -6,7 +6,7 @@ Tolerances, stated once: greedy tokens of the same float32 weights on CUDA and o
 on at least 7 of 8 prompts (a near-tie in the logits may break differently on other kernels) and
 their log-probs within 1e-3 where the tokens agree; one bf16 step's loss is within 0.05 of the
 fp32 step's, and the bf16 learner's log-probs after three steps are within 0.15 (mean absolute)
-of the fp32 learner's.
+of the fp32 learner's; the head in chunks under ZeRO-3 meets the CPU test's tolerances times 10.
 """
 
 import asyncio
@@ -29,10 +29,12 @@ from learner.attention import (
 )
 from learner.batch import build_batch, response_logprobs
 from learner.trainer import Learner
+from pipeline.assets.tiny_policy import build_tiny_policy
 from pipeline.config.schema import LearnerConfig
 from tests.conftest import assert_accounting, child_env
 from tests.gpu.conftest import MARKS
-from tests.learner.test_trainer import groups, uneven_groups
+from tests.learner.test_head import steps_as_the_models_own_forward
+from tests.learner.test_trainer import TEXTS, groups
 from tests.pipeline.test_local_run import ROOT, SHORT
 
 pytestmark = MARKS
@@ -150,19 +152,13 @@ def test_varlen_attention_on_the_gpu_equals_attention_per_trajectory(device):
         torch.testing.assert_close(g.float(), w.float(), rtol=5e-2, atol=5e-2)
 
 
-def test_the_head_in_chunks_under_zero3_steps_as_the_models_own_forward(policy, device):
-    """ZeRO-3 bypasses nothing: the backbone and the head are called through the engine, and
-    their own hooks gather the embeddings and the head. Two steps: the same losses, gradient
-    norms and entropy as the model's own logits (ZeRO-2 where the tier runs on a CPU)."""
-    stage = 3 if device == "cuda" else 2
-    config = LearnerConfig(lr=1e-3, zero_stage=stage, micro_batch_size=6, max_steps=10)
-    own, split = (
-        Learner(policy, config, group_size=4, dtype="float32", temperature=0.7) for _ in range(2)
+def test_the_head_in_chunks_under_zero3_steps_as_the_models_own_forward(tmp_path_factory):
+    """ZeRO-3 with NCCL on CUDA bypasses nothing: the backbone and the head are called through
+    the engine, and their own hooks gather the embeddings and the head at every call (the chunks'
+    recomputation in backward included). The CPU runs the same checks in one gloo process
+    (tests/learner/test_head.py); here on CUDA's kernels, tolerances 10x. The policy is at hidden
+    256 so that its head is over ZeRO-3's persistence threshold, as an 8B model's is."""
+    path = build_tiny_policy(
+        tmp_path_factory.mktemp("policy") / "wide", TEXTS, vocab_size=500, hidden_size=256
     )
-    assert own.split_head and split.split_head
-    own.split_head = False
-    for seed in (40, 41):
-        batch = uneven_groups(seed)
-        a, b = own.step(batch), split.step(batch)
-        for key in ("loss", "grad_norm", "ratio_mean", "entropy"):
-            assert b[key] == pytest.approx(a[key], rel=1e-3, abs=1e-5), key
+    steps_as_the_models_own_forward(path, stage=3, slack=10.0)
