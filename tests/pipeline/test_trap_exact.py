@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from learner.estimators import estimate
+from pipeline.experiments.trap import expected_reward as trap_expected_reward
 from pipeline.experiments.trap_exact import (
     Expected,
     _cosine,
@@ -243,3 +244,16 @@ def test_the_path_steps_at_learning_rate_1_unless_told():
     path = expected_path(0.6, 4, 0.3, 6, steps=3)
     assert path == expected_path(0.6, 4, 0.3, 6, steps=3, lr=1.0)
     assert path[-1]["chain"] != expected_path(0.6, 4, 0.3, 6, steps=3, lr=2.0)[-1]["chain"]
+
+
+def test_the_paths_expected_reward_is_the_sampling_trap_s_at_its_logits():
+    """Each row's E[reward] against pipeline.experiments.trap.expected_reward, fed the logits the
+    row's P(chain) and P(right hop) come from (the chain logit minus the guess's; the right hop's
+    logit above each wrong one's)."""
+    for row in expected_path(0.6, 4, 0.3, 6, steps=4, start_chain=0.2):
+        theta = np.array([[0.0, np.log(row["chain"] / (1 - row["chain"]))]])  # guess, chain
+        gap = np.log(row["hop"] * 3 / (1 - row["hop"]))  # right over each of M - 1 = 3 wrong
+        hops = np.array([[gap, 0.0, 0.0, 0.0]])
+        assert row["expected_reward"] == pytest.approx(
+            float(trap_expected_reward(theta, hops, hops, 0.3)[0]), rel=1e-12
+        )
