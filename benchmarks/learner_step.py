@@ -16,10 +16,17 @@ hidden 64: the padded full-vocabulary float32 path against the trainer's (traine
 chunked), each in a process of its own. Its last line is the packed/padded ratio.
 
     python benchmarks/learner_step.py [--steps 5] [--hidden 128] [--layers 2] [--spill DIR]
-        [--packing-only] [--lora-only]
+        [--packing-only] [--lora-only] [--head-only [--rounds 6]]
 
 LoRA against full fine-tuning (`--lora-only` for that alone): trained tokens/s, trainable
 parameters, Adam's state and the time to read the weights to publish (merged, with LoRA).
+
+The head in chunks against the model's own logits (`--head-only`, issue 62) on the spill's
+trained groups, configs/local.yaml's learner at `make run`'s threads (half the cores): trained
+tokens a second of wall time (the run's `trained_tokens` over its `step_seconds`) and of the
+process's CPU time, the two learners taking turns round by round in one process; the last lines
+are the median ratios of the rounds. On a machine busy with other work the wall-time figures
+scatter; the CPU-time ones hold.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
+import os
 import resource
 import statistics
 import sys
@@ -308,6 +316,57 @@ def peak_memory(packed: bool, vocab: int, hidden: int, tokens: int, rows: int) -
     return result
 
 
+def head_split_vs_own(
+    path: str, groups: list[Group], steps: int, rounds: int, per_step: int = 2
+) -> dict[str, dict[str, list[float]]]:
+    """Trained tokens a second, of wall time (`wall`: the run's `step_seconds`) and of this
+    process's CPU time (`cpu`: what other work on the machine barely moves), a round (`steps`
+    steps of `per_step` groups) of configs/local.yaml's learner with the head in chunks (`split`,
+    learner/head.py) and with the model's own logits (`own`), both on the same groups; the order
+    alternates round by round after one warm-up step each."""
+    section = load_config("configs/local.yaml").learner
+    learners = {arm: Learner(path, section, group_size=len(groups[0].members)) for arm in ARMS_HEAD}
+    assert learners["split"].split_head, "the tiny policy's logits are its head's plain output"
+    learners["own"].split_head = False
+    for learner in learners.values():
+        learner.step(groups[:per_step])
+    found: dict[str, dict[str, list[float]]] = {arm: {"wall": [], "cpu": []} for arm in ARMS_HEAD}
+    for r in range(rounds):
+        for arm in ARMS_HEAD if r % 2 == 0 else ARMS_HEAD[::-1]:
+            tokens = seconds = cpu = 0.0
+            for s in range(steps):
+                first = (per_step * (1 + r * steps + s)) % (len(groups) - per_step)
+                start = time.process_time()
+                metrics = learners[arm].step(groups[first : first + per_step])
+                cpu += time.process_time() - start
+                tokens += metrics["trained_tokens"]
+                seconds += metrics["step_seconds"]
+            found[arm]["wall"].append(tokens / seconds)
+            found[arm]["cpu"].append(tokens / cpu)
+    return found
+
+
+ARMS_HEAD = ("split", "own")
+
+
+def report_head(args, spill: Path, found: dict[str, dict[str, list[float]]]) -> None:
+    print(
+        f"learner on {spill}'s trained groups, configs/local.yaml's learner, "
+        f"{torch.get_num_threads()} threads, {args.rounds} rounds of {args.steps} steps:"
+    )
+    for clock, unit in (("wall", "trained tokens/s"), ("cpu", "trained tokens/CPU s")):
+        for arm, name in (("split", "head in chunks    "), ("own", "model's own logits")):
+            values = found[arm][clock]
+            figures = ", ".join(f"{v:.0f}" for v in values)
+            print(f"  {name} : median {statistics.median(values):6.0f} {unit}  ({figures})")
+    for clock in ("wall", "cpu"):
+        ratios = [a / b for a, b in zip(found["split"][clock], found["own"][clock], strict=True)]
+        print(
+            f"head in chunks / own logits, {clock} time, median of the rounds: "
+            f"{statistics.median(ratios):.3f} (rounds {min(ratios):.3f} to {max(ratios):.3f})"
+        )
+
+
 def policy(tmp: str, args) -> Path:
     heads = max(2, args.hidden // 32)
     return build_tiny_policy(
@@ -332,6 +391,10 @@ def main() -> None:
         "--packing-only", action="store_true", help="only packed vs padded and the memory"
     )
     parser.add_argument("--lora-only", action="store_true", help="only LoRA against full")
+    parser.add_argument(
+        "--head-only", action="store_true", help="only the head in chunks against own logits"
+    )
+    parser.add_argument("--rounds", type=int, default=6, help="--head-only's rounds")
     args = parser.parse_args()
     spill = args.spill or newest_spill()
     if args.lora_only:
@@ -346,6 +409,13 @@ def main() -> None:
             file=sys.stderr,
         )
         sys.exit(2)
+    if args.head_only:
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))  # runtime.threads 0's
+        with tempfile.TemporaryDirectory() as tmp:
+            path = str(policy(tmp, args))
+            found = head_split_vs_own(path, spill_groups(spill, 1900), args.steps, args.rounds)
+        report_head(args, spill, found)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         path = str(policy(tmp, args))
         vocab = 1900
