@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from learner.corrections import Correction
-from learner.losses import aggregate, kl_penalty, policy_loss
+from learner.losses import aggregate, kept_by_importance, kl_penalty, policy_loss
 
 
 def logs(ratios):
@@ -269,3 +269,52 @@ def test_unknown_corrections_and_parameters_are_refused_in_one_line():
         Correction("bogus")
     with pytest.raises(ValueError, match="correction tis takes cap, not floor"):
         Correction("tis", {"floor": 0.5})
+
+
+def test_k3_is_k3_by_default_never_negative_and_its_gradient_finite_at_any_ratio():
+    lp = torch.tensor([0.0, 0.0, -2.0], dtype=torch.float64)
+    ref = torch.tensor([-1.0, 0.5, -1.0], dtype=torch.float64)
+    assert kl_penalty(lp, ref).tolist() == kl_penalty(lp, ref, "k3").tolist()
+    # exp(x) - x - 1 rounds below 0 at x = 3e-8 in float32: the result is clamped to 0
+    tiny = kl_penalty(torch.zeros(1), torch.tensor([3e-8]), "k3")
+    assert float(tiny) == 0.0
+    assert float(torch.exp(torch.tensor([3e-8])) - torch.tensor([3e-8]) - 1.0) < 0
+    # the log-ratio is clamped before exp: at log q - log p = 1000 the gradient is 0, not NaN
+    far = torch.tensor([-1000.0, 0.3], dtype=torch.float64, requires_grad=True)
+    kl_penalty(far, torch.zeros(2, dtype=torch.float64), "k3").sum().backward()
+    assert far.grad[0] == 0 and far.grad[1] != 0 and torch.isfinite(far.grad).all()
+
+
+def test_the_shape_refusals_name_the_shapes():
+    one = torch.tensor([1.0])
+    with pytest.raises(ValueError, match=r"^logprobs must be \[B, T\], got shape \(3,\)$"):
+        policy_loss(torch.zeros(3), torch.zeros(3), one, torch.ones(3))
+    with pytest.raises(
+        ValueError, match=r"^proximal_logprobs \(1, 3\) must match logprobs \(1, 2\)$"
+    ):
+        policy_loss(zeros(1, 2), zeros(1, 2), one, torch.ones(1, 2), proximal_logprobs=zeros(1, 3))
+    with pytest.raises(ValueError, match=r"^advantages \[B\] has B=1, logprobs has B=2$"):
+        policy_loss(zeros(2, 3), zeros(2, 3), one, torch.ones(2, 3))
+
+
+def test_without_proximal_log_probs_nothing_is_dropped():
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    behaviour = torch.tensor([[-1.0, -5.0, -1.0]])
+    for name in ("mask", "icepop", "seq_mask", "tis"):
+        assert kept_by_importance(mask, behaviour, None, Correction(name)) is mask
+    proximal = behaviour + torch.tensor([[0.0, 3.0, 0.0]])  # w = e^3 over the cap on token 1
+    kept = kept_by_importance(mask, behaviour, proximal, Correction("mask", {"cap": 2.0}))
+    assert kept.tolist() == [[1.0, 0.0, 0.0]]
+
+
+def test_the_ratio_telemetry_reads_the_trained_tokens_only():
+    """ratio_max and the means over the trained tokens (a masked token's larger ratio is not
+    read); one trained token is its own mean; no trained token reads 0."""
+    lp = logs([[1.5, 3.0], [0.5, 1.0]])
+    mask = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
+    _, stats = policy_loss(lp, zeros(2, 2), torch.tensor([1.0, 1.0]), mask, dual_clip=None)
+    assert stats["ratio_max"] == pytest.approx(1.5)
+    assert stats["ratio_mean"] == pytest.approx(1.5)
+    assert stats["tokens"] == 1.0
+    _, empty = policy_loss(lp, zeros(2, 2), torch.tensor([1.0, 1.0]), mask * 0, dual_clip=None)
+    assert empty["ratio_max"] == 0.0 and empty["ratio_mean"] == 0.0
