@@ -295,6 +295,45 @@ def test_the_shape_refusals_name_the_shapes():
         policy_loss(zeros(1, 2), zeros(1, 2), one, torch.ones(1, 2), proximal_logprobs=zeros(1, 3))
     with pytest.raises(ValueError, match=r"^advantages \[B\] has B=1, logprobs has B=2$"):
         policy_loss(zeros(2, 3), zeros(2, 3), one, torch.ones(2, 3))
+    with pytest.raises(
+        ValueError,
+        match=r"^advantages must be \[B\] or \[B, T\], got \(2, 2\) for logprobs \(2, 3\)$",
+    ):
+        policy_loss(zeros(2, 3), zeros(2, 3), zeros(2, 2), torch.ones(2, 3))
+    args = (zeros(1, 2), zeros(1, 2), one, torch.ones(1, 2))
+    with pytest.raises(ValueError, match=r"^unknown ratio level 'tok': use token or sequence$"):
+        policy_loss(*args, ratio_level="tok")
+    with pytest.raises(
+        ValueError, match=r"^unknown surrogate 'trpo': use ppo_clip, cispo, clip_cov, kl_cov$"
+    ):
+        policy_loss(*args, surrogate="trpo")
+
+
+def test_any_dual_clip_above_1_is_taken_and_the_loss_keeps_the_log_probs_dtype():
+    lp = torch.log(torch.tensor([[1.8, 1.0]]))  # float32
+    loss, stats = policy_loss(
+        lp,
+        torch.zeros(1, 2),
+        torch.tensor([-1.0], dtype=torch.float64),
+        torch.ones(1, 2),
+        dual_clip=1.5,
+    )
+    assert loss.dtype == torch.float32  # float64 advantages do not promote it
+    assert float(loss) == pytest.approx((1.5 + 1.0) / 2)  # r = 1.8 capped at 1.5
+    assert stats["dual_clip_fraction"] == 0.5
+
+
+def test_a_bool_loss_mask_trains_as_its_0_1_floats_do():
+    lp = logs([[1.3, 0.7, 1.0], [0.6, 1.6, 1.1]])
+    behaviour = zeros(2, 3)
+    proximal = behaviour + torch.tensor([[0.0, 2.0, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]], dtype=torch.float64)
+    kwargs = dict(proximal_logprobs=proximal, correction=Correction("mask", {"cap": 2.0}))
+    adv = torch.tensor([0.5, -2.0])
+    floats, stats = policy_loss(lp, behaviour, adv, mask, **kwargs)
+    bools, bool_stats = policy_loss(lp, behaviour, adv, mask.bool(), **kwargs)
+    assert float(bools) == pytest.approx(float(floats)) and bool_stats == stats
+    assert stats["mask_drop_fraction"] == pytest.approx(1 / 5)
 
 
 def test_without_proximal_log_probs_nothing_is_dropped():
