@@ -16,7 +16,15 @@ from buffers.records import Group
 from buffers.testing import synthetic_trajectory
 from learner import step_credit
 from learner.algorithm import plan_step
-from learner.step_credit import STEP_CREDITS, Registered, gigpo, register_step_credit, turns
+from learner.step_credit import (
+    STEP_CREDITS,
+    Registered,
+    gigpo,
+    igpo,
+    register_step_credit,
+    step_advantages,
+    turns,
+)
 from pipeline.config.schema import LearnerConfig
 
 
@@ -220,3 +228,28 @@ def test_a_step_credit_registers_once_under_its_name_with_its_parameters(monkeyp
     with pytest.raises(ValueError, match="step credit 'gigpo' is registered twice"):
         register_step_credit("gigpo", probe)
     assert step_credit.STEP_CREDITS["gigpo"] == STEP_CREDITS["gigpo"]
+
+
+def test_igpo_needs_a_scorer_and_calls_it_only_with_something_to_score():
+    members = [agent_trajectory("p", i, [7, 9][: i + 1], float(i)) for i in range(2)]
+    groups, episode = torch.tensor([0, 0]), torch.tensor([0.25, -0.5])
+    with pytest.raises(
+        ValueError, match=r"^step credit igpo scores the gold answer with the policy: no scorer$"
+    ):
+        step_advantages("igpo", members, groups, episode, 0.5, gamma=1.0, eps=1e-6)
+    asked = []
+
+    def scorer(items):
+        asked.append(len(items))
+        return [-float(cut) for _, cut in items]
+
+    got = step_advantages("igpo", members, groups, episode, 0.5, scorer, gamma=1.0, eps=1e-6)
+    steps = igpo(members, groups, gamma=1.0, eps=1e-6, scorer=scorer)
+    for a, s, g in zip(episode.tolist(), steps, got, strict=True):
+        assert g.tolist() == pytest.approx((a + 0.5 * s).tolist())
+    assert asked[0] > 0 and any(float(s.abs().max()) > 0 for s in steps)
+
+    def refuse(items):
+        raise AssertionError("nothing to score: the scorer (a forward pass) is not called")
+
+    assert igpo([], torch.tensor([], dtype=torch.int64), gamma=1.0, eps=1e-6, scorer=refuse) == []
