@@ -261,11 +261,16 @@ def gathered_calls(model: Learner, micro) -> tuple[list[tuple[str, bool]], list[
     [(0, False, True), (1, True, True), (2, False, True), (3, False, True), (3, False, False)],
     ids=["z0", "z1-lora", "z2", "z3", "z3-untied"],
 )
-def test_a_split_learner_steps_as_the_models_own_forward_under_zero(request, stage, lora, tied):
+def test_a_split_learner_steps_as_the_models_own_forward_under_zero(
+    request, monkeypatch, stage, lora, tied
+):
     """Through DeepSpeed's engine (its forward's hooks kept): the same log-probs and entropy as
     the model's own logits, two steps of two micro-batches each with the same losses and the
     same gradient of every parameter (the head and the embeddings, tied or not, included), then
     the same weights. Under ZeRO-3 the head and the embeddings are gathered at every call."""
+    # a ZeRO-3 engine replaces F.linear for the whole process ("until manually reset"): put
+    # torch's back for the tests that follow in this worker
+    monkeypatch.setattr(torch.nn.functional, "linear", torch.nn.functional.linear)
     wide = "wide_policy" if tied else "untied_policy"  # ZeRO-3: weights it partitions
     path = request.getfixturevalue("policy" if stage < 3 else wide)
     steps_as_the_models_own_forward(path, stage, lora, tied)
