@@ -357,3 +357,19 @@ def test_the_ratio_telemetry_reads_the_trained_tokens_only():
     assert stats["tokens"] == 1.0
     _, empty = policy_loss(lp, zeros(2, 2), torch.tensor([1.0, 1.0]), mask * 0, dual_clip=None)
     assert empty["ratio_max"] == 0.0 and empty["ratio_mean"] == 0.0
+
+
+def test_gspos_ratio_of_a_sequence_of_one_kept_token_is_that_tokens():
+    lp = logs([[1.1, 1.5, 0.9], [1.05, 1.0, 1.0]])
+    mask = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    loss, stats = policy_loss(
+        lp,
+        zeros(2, 3),
+        torch.tensor([1.0, 1.0]),
+        mask,
+        ratio_level="sequence",
+        agg="seq-mean-token-mean",
+    )
+    second = math.exp((math.log(1.05) + 0 + 0) / 3)
+    assert float(loss) == pytest.approx((-1.1 - second) / 2)  # both inside the clip range
+    assert stats["ratio_max"] == pytest.approx(1.1)
