@@ -373,3 +373,19 @@ def test_gspos_ratio_of_a_sequence_of_one_kept_token_is_that_tokens():
     second = math.exp((math.log(1.05) + 0 + 0) / 3)
     assert float(loss) == pytest.approx((-1.1 - second) / 2)  # both inside the clip range
     assert stats["ratio_max"] == pytest.approx(1.1)
+
+
+def test_a_sequence_without_generated_tokens_is_not_counted_as_dropped():
+    lp = logs([[1.0, 1.0], [1.0, 1.0], [1.0, 1.0]])
+    behaviour = zeros(3, 2)
+    proximal = behaviour + torch.tensor([[0.0, 0.0], [3.0, 3.0], [0.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 1.0], [0.0, 0.0]])  # the third row: no tokens at all
+    _, stats = policy_loss(
+        lp,
+        behaviour,
+        torch.tensor([1.0, 1.0, 1.0]),
+        mask,
+        proximal_logprobs=proximal,
+        correction=Correction("seq_mask", {"floor": 0.5, "cap": 2.0}),
+    )
+    assert stats["sequence_drop_fraction"] == pytest.approx(1 / 2)  # of the two with tokens
