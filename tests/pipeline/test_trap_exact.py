@@ -257,3 +257,10 @@ def test_the_paths_expected_reward_is_the_sampling_trap_s_at_its_logits():
         assert row["expected_reward"] == pytest.approx(
             float(trap_expected_reward(theta, hops, hops, 0.3)[0]), rel=1e-12
         )
+
+
+def test_where_the_true_stratum_gradient_is_0_the_paths_ratio_is_nan_not_an_error():
+    """M 2, p_guess 1/4: at the start a chain pays (1/2)^2, what a guess pays, so the true
+    gradient of the chain logit is 0 and the update's ratio to it is undefined."""
+    (row,) = expected_path(0.6, 2, 0.25, 4, steps=1)
+    assert np.isnan(row["stratum_ratio"])
