@@ -83,6 +83,15 @@ def test_log_probs_at_trained_positions_equal_the_padded_full_reference(policy, 
     assert read == (real if packed else batch.input_ids.numel()) and read > 0
     given = model_input(batch, packed)
     assert given.targets.numel() == int(mask.sum())
+    # outside no_grad: the log-probs carry a gradient, the entropy one only when asked for it,
+    # with the head in chunks too
+    logp, entropy, _ = packed_logprobs(model, batch, packed, 1.0, on)
+    assert logp.requires_grad and not entropy.requires_grad
+    for split in (False, True):
+        _, entropy, _ = packed_logprobs(
+            model, batch, packed, 1.0, on, entropy_grad=True, split=split
+        )
+        assert entropy.requires_grad
 
 
 # Every estimator, correction and aggregation mode at least once (a case each, not the product).
