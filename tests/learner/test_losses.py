@@ -375,17 +375,29 @@ def test_gspos_ratio_of_a_sequence_of_one_kept_token_is_that_tokens():
     assert stats["ratio_max"] == pytest.approx(1.1)
 
 
-def test_a_sequence_without_generated_tokens_is_not_counted_as_dropped():
-    lp = logs([[1.0, 1.0], [1.0, 1.0], [1.0, 1.0]])
-    behaviour = zeros(3, 2)
-    proximal = behaviour + torch.tensor([[0.0, 0.0], [3.0, 3.0], [0.0, 0.0]], dtype=torch.float64)
-    mask = torch.tensor([[1.0, 1.0], [1.0, 1.0], [0.0, 0.0]])  # the third row: no tokens at all
-    _, stats = policy_loss(
-        lp,
-        behaviour,
-        torch.tensor([1.0, 1.0, 1.0]),
-        mask,
-        proximal_logprobs=proximal,
-        correction=Correction("seq_mask", {"floor": 0.5, "cap": 2.0}),
-    )
-    assert stats["sequence_drop_fraction"] == pytest.approx(1 / 2)  # of the two with tokens
+def test_the_dropped_share_counts_the_sequences_with_tokens_and_the_tail_gaps_over_1():
+    """Four rows: two kept, one of a single token dropped whole (w = e^3), one with no
+    generated token at all (not counted); alone, the dropped row is the whole share. A gap of
+    exactly 1 nat is not in the tail; ppo_clip chooses no token (cov_selected_fraction 0)."""
+    lp = torch.tensor([[0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]], dtype=torch.float64)
+    behaviour = torch.tensor([[-1.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]], dtype=torch.float64)
+    proximal = behaviour + torch.tensor([[0.0, 0.0], [0.0, 0.0], [3.0, 0.0], [0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 1.0], [1.0, 0.0], [0.0, 0.0]])
+    seq_mask = Correction("seq_mask", {"floor": 0.5, "cap": 2.0})
+
+    def stats(rows):
+        return policy_loss(
+            lp[rows],
+            behaviour[rows],
+            torch.ones(len(rows)),
+            mask[rows],
+            proximal_logprobs=proximal[rows],
+            correction=seq_mask,
+            dual_clip=None,
+        )[1]
+
+    every = stats([0, 1, 2, 3])
+    assert every["sequence_drop_fraction"] == pytest.approx(1 / 3)  # of the three with tokens
+    assert stats([2])["sequence_drop_fraction"] == 1.0
+    assert every["logprob_gap_tail_fraction"] == 0.0  # the one gap of 1.0 is not over 1
+    assert every["cov_selected_fraction"] == 0.0
