@@ -253,3 +253,50 @@ def test_igpo_needs_a_scorer_and_calls_it_only_with_something_to_score():
         raise AssertionError("nothing to score: the scorer (a forward pass) is not called")
 
     assert igpo([], torch.tensor([], dtype=torch.int64), gamma=1.0, eps=1e-6, scorer=refuse) == []
+
+
+def test_gigpo_and_igpo_with_a_large_eps_or_none_follow_their_loops():
+    """eps 0.5 weighs in the denominator (the loops' (x - mean) / (std + eps)); eps 0 on equal
+    returns or gains gives 0, not a division by 0; a flat step group before a spread one does
+    not stop the spread one's normalisation."""
+    members = [agent_trajectory("p", i, [7, 9][: i % 3], [1.0, 0.0, 0.5][i % 3]) for i in range(4)]
+    groups = [0, 0, 0, 0]
+    got = gigpo(members, torch.tensor(groups), gamma=0.9, eps=0.5)
+    want = loop_gigpo(members, groups, 0.9, 0.5)
+    assert any(max(abs(x) for x in w) > 0.1 for w in want)
+    for g, w in zip(got, want, strict=True):
+        assert g.tolist() == pytest.approx(w, abs=1e-6)
+    # group 0 flat (two one-turn members rewarded alike), then group 1 spread
+    flat_first = [agent_trajectory(f"p{i // 2}", i, [], [1.0, 1.0, 1.0, 0.0][i]) for i in range(4)]
+    got = gigpo(flat_first, torch.tensor([0, 0, 1, 1]), gamma=0.9, eps=0.0)
+    assert [float(g.abs().max()) for g in got] == [0.0, 0.0, 1.0, 1.0]
+
+    def chance(t, cut):
+        return random.Random(hash((t.sample_index, cut, 3))).random()
+
+    def scorer(items):
+        return [math.log(chance(t, cut)) for t, cut in items]
+
+    searchers = [agent_trajectory("p", i, [7, 9, 11][: 1 + i % 3], 1.0) for i in range(4)]
+    got = igpo(searchers, torch.tensor(groups), gamma=0.9, eps=0.5, scorer=scorer)
+    want = loop_igpo(searchers, groups, 0.9, 0.5, chance)
+    assert any(max(abs(x) for x in w) > 0.1 for w in want)
+    for g, w in zip(got, want, strict=True):
+        assert g.tolist() == pytest.approx(w, abs=1e-6)
+    same = igpo(
+        searchers,
+        torch.tensor(groups),
+        gamma=0.9,
+        eps=0.0,
+        scorer=lambda items: [-1.0] * len(items),
+    )
+    assert all(float(s.abs().max()) == 0.0 for s in same)
+
+
+def test_an_observation_before_the_first_generated_token_is_the_first_turns_state():
+    t = agent_trajectory("p", 0, [7], 1.0)
+    t.token_ids = np.array([42, *t.token_ids.tolist()], dtype=np.int32)
+    t.loss_mask = np.array([0, *t.loss_mask.tolist()], dtype=np.int8)
+    spans = turns(t)
+    assert spans[0] == (1, 4, ((42,),))
+    assert spans[1][2] == ((42,), (7, 8))
