@@ -3,6 +3,7 @@ blend has its own loop reference (Algorithm 1 as the paper writes it) in test_ad
 
 import math
 import statistics
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,7 +13,13 @@ from hypothesis import strategies as st
 from learner import estimators
 from learner.advantages import stratified_advantages
 from learner.estimator_loops import loop_estimate
-from learner.estimators import ESTIMATORS, Estimator, estimate, register_estimator
+from learner.estimators import (
+    ESTIMATORS,
+    Estimator,
+    estimate,
+    register_estimator,
+    section_params,
+)
 
 
 def reference(name, rewards, groups, strata, eps=1e-6):
@@ -182,3 +189,89 @@ def test_an_estimator_registers_once_under_its_name_with_its_parameters(monkeypa
     with pytest.raises(ValueError, match="estimator 'grpo' is registered twice"):
         register_estimator("grpo", probe)
     assert estimators.ESTIMATORS["grpo"] == ESTIMATORS["grpo"]
+
+
+SPREAD = (
+    torch.tensor([1.0, 0.0, 0.5, 0.0, 2.0, 1.0, 0.25], dtype=torch.float64),
+    torch.tensor([0, 0, 0, 1, 1, 1, 1]),
+    torch.tensor([0, 0, 1, 0, 1, 1, 0]),
+)
+
+
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+def test_an_estimator_called_without_parameters_takes_its_sections_defaults(name):
+    """alpha 0.6 and eps 1e-6, the config sections' defaults (tests/pipeline/test_config.py
+    checks the signatures against the sections; this, that the functions act on them)."""
+    fn = ESTIMATORS[name].fn
+    bare, given = fn(*SPREAD), fn(*SPREAD, **all_params(name))
+    assert bare.advantages.tolist() == given.advantages.tolist()
+    assert bare.keep.tolist() == given.keep.tolist()
+
+
+def test_stratified_takes_its_eps():
+    got = estimate("stratified", *SPREAD, alpha=0.6, eps=0.5).advantages
+    assert got.tolist() == stratified_advantages(*SPREAD, 0.6, 0.5).tolist()
+    assert got.tolist() != stratified_advantages(*SPREAD, 0.6, 1e-6).tolist()
+
+
+@pytest.mark.parametrize(
+    "name", sorted(set(LOOPED) & {n for n in ESTIMATORS if "eps" in ESTIMATORS[n].params})
+)
+def test_eps_0_gives_a_flat_group_and_a_singleton_0_not_nan(name):
+    """With eps 0 a flat group's deviation over its spread is 0 / 0: the estimators give 0, as
+    their loops do (0.5 and 1.0 square exactly, so the flat group's std is exactly 0)."""
+    rewards = [0.5, 0.5, 0.5, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 3.0]
+    groups = [0, 0, 0, 1, 2, 2, 2, 2, 3, 3, 3]  # flat, singleton, MAD 0 with a spread, a spread
+    got, keep = run(name, rewards, groups, [0] * len(rewards), eps=0.0)
+    want, want_keep = reference(name, rewards, groups, [], eps=0.0)
+    assert all(math.isfinite(a) for a in got)
+    assert got == pytest.approx(want, abs=1e-12) and keep == want_keep
+    if name != "reinforce_pp":
+        assert got[:4] == [0.0] * 4
+
+
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+def test_an_empty_step_gets_empty_advantages(name):
+    none = torch.zeros(0, dtype=torch.int64)
+    out = estimate(name, torch.zeros(0, dtype=torch.float32), none, none, **all_params(name))
+    assert out.advantages.shape == out.keep.shape == (0,)
+    assert out.advantages.dtype == torch.float32 and out.keep.dtype == torch.bool
+
+
+@pytest.mark.parametrize("name", ["reinforce_pp", "reinforce_pp_baseline"])
+def test_eps_0_gives_a_flat_step_0_not_nan(name):
+    got, _ = run(name, [0.5] * 4, [0, 0, 1, 2], [0] * 4, eps=0.0)
+    assert got == [0.0] * 4
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.int32])
+def test_group_ids_of_any_integer_dtype_group_as_their_int64_values_do(dtype):
+    """int8 ids spanning -128..127 are made dense by subtracting -128: in int8 that wraps."""
+    lo, hi = (-128, 128) if dtype == torch.int8 else (0, 256 if dtype == torch.uint8 else 300)
+    ids = torch.arange(lo, hi).repeat(2)
+    rewards = torch.arange(len(ids), dtype=torch.float64) % 3
+    for name in sorted(ESTIMATORS):
+        want = estimate(name, rewards, ids, ids % 2, **all_params(name))
+        got = estimate(name, rewards, ids.to(dtype), (ids % 2).to(dtype), **all_params(name))
+        assert got.advantages.tolist() == want.advantages.tolist(), name
+        assert got.keep.tolist() == want.keep.tolist(), name
+
+
+def test_the_refusals_name_every_choice_and_every_unknown_parameter():
+    zeros = torch.zeros(2, dtype=torch.long)
+    with pytest.raises(ValueError) as error:
+        estimate("ppo", torch.zeros(2), zeros, zeros)
+    assert str(error.value) == (f"unknown advantage estimator 'ppo': use {', '.join(ESTIMATORS)}")
+    with pytest.raises(ValueError) as error:
+        estimate("stratified", torch.zeros(2), zeros, zeros, gamma=1, beta=2)
+    assert str(error.value) == "estimator stratified takes alpha, eps, not beta, gamma"
+    for name in ("grpo", "stratified"):
+        with pytest.raises(ValueError) as error:
+            estimate(name, torch.zeros(2), zeros, zeros, **{**all_params(name), "eps": -0.5})
+        assert str(error.value) == "eps must be >= 0, got -0.5"
+
+
+def test_section_params_reads_the_estimators_keys_from_its_section():
+    section = SimpleNamespace(type="stratified", alpha=0.25, eps=0.125, other=1)
+    assert section_params("stratified", section) == {"alpha": 0.25, "eps": 0.125}
+    assert section_params("rloo", section) == {}
