@@ -5,7 +5,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from learner.advantages import stratified_advantages, stratified_advantages_with_stats
+from learner import native
+from learner.advantages import (
+    _dense_ids,
+    segment_stats,
+    stratified_advantages,
+    stratified_advantages_with_stats,
+)
 
 
 def reference(rewards, group_ids, strata, alpha, eps):
@@ -274,3 +280,92 @@ def test_all_equal_cells_and_groups_are_exactly_zero_in_any_dtype(dtype):
     gn = (mixed - mixed.mean()) / mixed.std(unbiased=False)
     expected = 0.4 * gn + 0.6 * t([0.0] * 6 + [1.0, -1.0])
     torch.testing.assert_close(stats.advantages[8:], expected.to(dtype))
+
+
+def random_batch(n=300, seed=3, strata_range=4):
+    gen = torch.Generator().manual_seed(seed)
+    groups = torch.randint(0, 60, (n,), generator=gen)
+    strata = torch.randint(0, strata_range, (n,), generator=gen)
+    rewards = torch.rand(n, generator=gen, dtype=torch.float64)
+    return rewards, groups, strata
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("strata_range", [4, 200])  # slot cells, then occurring cells
+def test_every_field_is_in_the_rewards_dtype_and_each_scale_is_taken_in_it(dtype, strata_range):
+    """Each field in the rewards' dtype; SAN and GN are the deviations times 1 / (std + eps) in
+    the working dtype (float32 for 16-bit rewards), bit for bit; the cell index and the groups'
+    stratum -1 as the docs say."""
+    rewards, groups, strata = random_batch(strata_range=strata_range)
+    stats = stratified_advantages_with_stats(rewards.to(dtype), groups, strata, alpha=0.6)
+    for field in ("advantages", "san", "gn", "stratified_centered", "global_centered"):
+        assert getattr(stats, field).dtype == dtype, field
+    for table in (stats.groups, stats.cells):
+        assert table.mean.dtype == table.std.dtype == dtype
+    assert stats.groups.stratum.tolist() == [-1] * len(stats.groups.group_id)
+    assert stats.cells.group_id[stats.cell_index].tolist() == groups.tolist()
+    assert stats.cells.stratum[stats.cell_index].tolist() == strata.tolist()
+    if dtype == torch.float32:
+        cell_scale = (stats.cells.std + 1e-6).reciprocal()[stats.cell_index]
+        assert torch.equal(stats.san, stats.stratified_centered * cell_scale)
+        group = torch.searchsorted(stats.groups.group_id, groups)
+        group_scale = (stats.groups.std + 1e-6).reciprocal()[group]
+        assert torch.equal(stats.gn, stats.global_centered * group_scale)
+
+
+@pytest.mark.parametrize("strata_range", [4, 200])
+def test_the_torch_path_gives_the_c_loops_bits(strata_range):
+    rewards, groups, strata = random_batch(strata_range=strata_range)
+    for dtype in (torch.float32, torch.float64):
+        fused = stratified_advantages(rewards.to(dtype), groups, strata, alpha=0.7)
+        with native.torch_only():
+            alone = stratified_advantages(rewards.to(dtype), groups, strata, alpha=0.7)
+        assert torch.equal(alone, fused)
+    want = reference(rewards.tolist(), groups.tolist(), strata.tolist(), 0.7, 1e-6)
+    torch.testing.assert_close(alone, t(want))
+
+
+def test_a_float64_all_equal_groups_mean_is_exact_and_its_centred_rewards_exactly_0():
+    rewards = t([0.1] * 7 + [0.3, 0.7])
+    count, mean, std = segment_stats(rewards, ids([0] * 7 + [1, 1]), 2)
+    assert mean.tolist() == [0.1, 0.5] and count.tolist() == [7, 2] and std[0] < 1e-8
+    _, mean, std = segment_stats(rewards.float(), ids([0] * 7 + [1, 1]), 2)
+    assert mean.dtype == std.dtype == torch.float32
+    stats = stratified_advantages_with_stats(rewards, ids([0] * 7 + [1, 1]), ids([0, 1] * 4 + [0]))
+    assert stats.global_centered[:7].tolist() == [0.0] * 7
+    assert stats.groups.mean.tolist() == [0.1, 0.5]
+
+
+def test_eps_0_and_a_spread_below_float64s_resolution_give_0_not_the_deviation_over_0():
+    """1e6 and 1e6 + 2^-28: the one-pass variance rounds to 0 while the deviations do not."""
+    rewards = t([1e6, 1e6 + 2.0**-28])
+    stats = stratified_advantages_with_stats(rewards, ids([0, 0]), ids([0, 0]), 1.0, eps=0.0)
+    assert stats.cells.std.tolist() == [0.0] and stats.stratified_centered.abs().max() > 0
+    assert stats.advantages.tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32])
+def test_ids_of_any_integer_dtype_group_as_their_int64_values_do(dtype):
+    """int8 ids spanning -128..127 are made dense by subtracting -128: in int8 that wraps."""
+    lo, hi = (-128, 128) if dtype == torch.int8 else (0, 300)
+    groups = torch.arange(lo, hi).repeat(2)
+    strata = groups.flip(0)
+    rewards = torch.arange(len(groups), dtype=torch.float64) % 3
+    want = stratified_advantages(rewards, groups, strata)
+    assert torch.equal(stratified_advantages(rewards, groups.to(dtype), strata.to(dtype)), want)
+
+
+def test_an_empty_batchs_ids_and_statistics_are_empty():
+    dense, values = _dense_ids(ids([]))
+    assert dense.shape == values.shape == (0,)
+    stats = stratified_advantages_with_stats(t([]), ids([]), ids([]))
+    assert stats.groups.group_id.shape == stats.cells.group_id.shape == (0,)
+
+
+def test_the_refusals_are_one_line_each():
+    with pytest.raises(ValueError) as error:
+        stratified_advantages(t([1.0]), ids([0]), ids([0]), alpha=1.5)
+    assert str(error.value) == "alpha must lie in [0, 1], got 1.5"
+    with pytest.raises(ValueError) as error:
+        stratified_advantages(t([1.0]), ids([0]), ids([0]), eps=-0.25)
+    assert str(error.value) == "eps must be >= 0, got -0.25"
