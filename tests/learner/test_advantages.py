@@ -369,3 +369,34 @@ def test_the_refusals_are_one_line_each():
     with pytest.raises(ValueError) as error:
         stratified_advantages(t([1.0]), ids([0]), ids([0]), eps=-0.25)
     assert str(error.value) == "eps must be >= 0, got -0.25"
+
+
+def test_the_torch_path_keeps_trailing_empty_cells_and_exact_float64_means():
+    """Group 1 has no stratum 1: the last slot is empty (bincount's minlength keeps it), and a
+    float64 all-equal segment's mean is exact through the head and tail sums."""
+    rewards, groups, strata = t([0.1] * 3 + [0.3, 0.7]), ids([0, 0, 0, 1, 1]), ids([0, 1, 1, 0, 0])
+    with native.torch_only():
+        got = stratified_advantages_with_stats(rewards, groups, strata, eps=0.0)
+    assert got.groups.mean.tolist() == [0.1, 0.5]
+    assert got.global_centered[:3].tolist() == [0.0] * 3 and got.san[:3].tolist() == [0.0] * 3
+    assert torch.equal(got.advantages, stratified_advantages(rewards, groups, strata, eps=0.0))
+
+
+def test_each_input_refusal_names_what_it_got():
+    one, flat = t([1.0]), ids([0])
+    cases = [
+        (
+            (one, flat, ids([[0]])),
+            "rewards, group_ids and strata must be 1-D tensors, got shapes (1,), (1,), (1, 1)",
+        ),
+        (
+            (one, flat, ids([0, 0])),
+            "rewards, group_ids and strata must have equal length, got 1, 1, 2",
+        ),
+        ((ids([1]), flat, flat), "rewards must be a float tensor, got torch.int64"),
+        ((one, flat, t([0.0])), "group_ids and strata must be integer tensors"),
+    ]
+    for args, message in cases:
+        with pytest.raises(ValueError) as error:
+            stratified_advantages(*args)
+        assert str(error.value) == message
