@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from learner import native
 from learner.advantages import (
     _dense_ids,
+    _sqrt_,
     segment_stats,
     stratified_advantages,
     stratified_advantages_with_stats,
@@ -400,3 +401,10 @@ def test_each_input_refusal_names_what_it_got():
         with pytest.raises(ValueError) as error:
             stratified_advantages(*args)
         assert str(error.value) == message
+
+
+def test_the_roots_of_the_variances_are_correctly_rounded():
+    """_sqrt_ takes numpy's root on the CPU: torch's was off in the last bit on about 17% of
+    these 100k float32s here (against the float64 root rounded to float32)."""
+    x = torch.rand(100_000, generator=torch.Generator().manual_seed(7)) * 100
+    assert torch.equal(_sqrt_(x.clone()), x.double().sqrt().float())
