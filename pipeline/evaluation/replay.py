@@ -100,9 +100,11 @@ def _run_config(run_dir: Path) -> dict:
         raise ReplayError(f"{path}: invalid YAML ({str(exc).splitlines()[0]})") from None
 
 
-def _write_atomically(path: Path, write: Callable[[Path], None]) -> None:
+def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
+    """`write` to a file beside `path` (same suffix: a plot's format follows it), then put it in
+    place: nothing half-written."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
     os.close(fd)
     try:
         write(Path(tmp))
@@ -182,7 +184,7 @@ def _plot(table: pa.Table, path: Path) -> None:
         ax.legend(loc="best")
     fig.suptitle(f"{table.num_rows} trajectories")
     fig.tight_layout()
-    _write_atomically(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    write_atomically(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     plt.close(fig)
 
 
@@ -275,7 +277,7 @@ def replay(args: argparse.Namespace) -> int:
                 "status": table["status"],
             }
         )
-        _write_atomically(Path(args.out), lambda tmp: pq.write_table(out, tmp, compression="zstd"))
+        write_atomically(Path(args.out), lambda tmp: pq.write_table(out, tmp, compression="zstd"))
         print(f"wrote {out.num_rows} rows to {args.out}")
     if args.plot:
         _plot(table, Path(args.plot))

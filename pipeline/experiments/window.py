@@ -29,17 +29,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
-import tempfile
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 from scipy import stats as sps
 
+from pipeline.evaluation.replay import write_atomically
 from pipeline.experiments.data import RunData, is_grpo, level_accuracy, load_runs, setting
 from pipeline.experiments.diagnose import matched_depth
 from pipeline.experiments.searches import bucket, read_trajectories
@@ -482,18 +480,6 @@ def plot(results: list[RunResult], worlds: list[World], steps: int, path: Path) 
     plt.close(fig)
 
 
-def _atomic(path: Path, write: Callable[[Path], None]) -> None:
-    """`write` to a file beside `path`, then put it in place: nothing half-written."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 # ------------------------------------------------------------------------------ the command
 
 
@@ -638,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join(["python", "-m", "pipeline.experiments.window", *(argv or sys.argv[1:])])
     print("\n".join(printed), flush=True)
     if args.plot:
-        _atomic(args.plot, lambda tmp: plot(results, worlds, args.steps, tmp))
+        write_atomically(args.plot, lambda tmp: plot(results, worlds, args.steps, tmp))
     if args.json:
         found = {
             "command": command,
@@ -655,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
             "bandit": [asdict(b) for b in bandits],
         }
         text = json.dumps(found, indent=1) + "\n"
-        _atomic(args.json, lambda tmp: tmp.write_text(text))
+        write_atomically(args.json, lambda tmp: tmp.write_text(text))
     return 0
 
 
