@@ -18,7 +18,11 @@ start share p0, the pooled figure of the frozen start runs: `python -m pipeline.
 - the trap bandit's prediction for the same cell where the start's pay is given
   (`--guess-pay-*`, `--chain-pay-*`: M the depth whose 1/M^2 is nearest what chains pay, as the
   pre-registration says), else the command that prints it;
-- `--plot`: a strip plot of every run's late chain share per world and arm, with the p0 lines.
+- `--plot`: a strip plot of every run's late chain share per world and arm, with the p0 lines;
+- `--diagnose-versions N`: how `python -m pipeline.diagnose` did (issue 59, item 6): each run
+  diagnosed from its own first N policy versions, the trap model's predicted escape at the run's
+  alpha set beside whether it escaped (per world and arm, and the Brier score over runs), and
+  the readings counted.
 
 A run that is not finished (fewer learner steps than `--steps`, no evaluation at the last step,
 no late two-hop trajectory) is refused with the others like it, in one line: the registered
@@ -39,7 +43,13 @@ from scipy import stats as sps
 
 from pipeline.evaluation.replay import write_atomically
 from pipeline.experiments.data import RunData, is_grpo, level_accuracy, load_runs, setting
-from pipeline.experiments.diagnose import matched_depth
+from pipeline.experiments.diagnose import (
+    ALPHAS,
+    REPORT_QUESTIONS,
+    DiagnoseError,
+    diagnose,
+    matched_depth,
+)
 from pipeline.experiments.searches import bucket, read_trajectories
 from pipeline.experiments.stats import welch
 from pipeline.experiments.trap import Trap, cell
@@ -103,6 +113,18 @@ class Bandit:
     high: float
 
 
+@dataclass(frozen=True)
+class Foretold:
+    """`pipeline.diagnose` on one run's first versions, beside the run's outcome."""
+
+    world: str
+    arm: str
+    name: str
+    reading: str  # the reading's first words: "stratify", "no window", ...
+    predicted: float | None  # the trap model's escape at the run's alpha (None: no match)
+    escaped: bool
+
+
 # ------------------------------------------------------------------------------ per run
 
 
@@ -151,6 +173,69 @@ def run_result(run: RunData, world: str, arm: str, p0: float, steps: int) -> Run
         float(late.reward[chain].sum()),
         None if record is None else level_accuracy(record).get("L2"),
     )
+
+
+def reading_kind(reading: str) -> str:
+    """The reading's verdict in a few words, to count them."""
+    for kind in ("stratify", "do not stratify", "no window", "too few"):
+        if reading.startswith(kind):
+            return kind
+    return "no trap" if reading.startswith("chains already pay") else "no match"
+
+
+def foretold(run: RunData, result: RunResult, alpha: float, versions: int, seeds: int) -> Foretold:
+    """Diagnose `run` from its first `versions` policy versions (at least REPORT_QUESTIONS
+    two-hop questions with both kinds, as its report would) and take the prediction at
+    `alpha`, the run's own."""
+    try:
+        d = diagnose(run.run_dir, versions, seeds=seeds, min_questions=REPORT_QUESTIONS)
+    except DiagnoseError as exc:
+        raise WindowError(str(exc)) from None
+    at = next((p.escape for p in d.predictions if p.alpha == alpha), None)
+    return Foretold(
+        result.world, result.arm, result.name, reading_kind(d.reading), at, result.escaped
+    )
+
+
+def brier(found: list[Foretold]) -> float | None:
+    """Mean squared gap between predicted escape and the outcome (1 escaped, 0 not) over the
+    runs with a prediction."""
+    pairs = [(f.predicted, float(f.escaped)) for f in found if f.predicted is not None]
+    return float(np.mean([(p - o) ** 2 for p, o in pairs])) if pairs else None
+
+
+def foretold_lines(found: list[Foretold], versions: int, seeds: int) -> list[str]:
+    out = [
+        f"How the diagnostic did: `python -m pipeline.diagnose RUN --first-versions {versions} "
+        f"--seeds {seeds}` on every run (its first {versions} policy versions), the trap "
+        "model's escape at the run's own alpha against whether the run escaped:",
+        "",
+        "| world | arm | runs | readings | mean predicted escape | escaped |",
+        "|---|---|---|---|---|---|",
+    ]
+    for world in dict.fromkeys(f.world for f in found):
+        for arm in ("grpo", "blend"):
+            mine = [f for f in found if f.world == world and f.arm == arm]
+            if not mine:
+                continue
+            kinds = {
+                k: sum(f.reading == k for f in mine) for k in dict.fromkeys(f.reading for f in mine)
+            }
+            told = [f.predicted for f in mine if f.predicted is not None]
+            mean = f"{np.mean(told):.2f} ({len(told)} runs)" if told else "–"
+            out.append(
+                f"| {world} | {arm} | {len(mine)} | "
+                + ", ".join(f"{k} {n}" for k, n in kinds.items())
+                + f" | {mean} | {sum(f.escaped for f in mine)} / {len(mine)} |"
+            )
+    score = brier(found)
+    out += [
+        "",
+        "Brier score over the runs with a prediction: "
+        + ("–" if score is None else f"{score:.3f} (0 is perfect; always saying 0.5 scores 0.250)"),
+        "",
+    ]
+    return out
 
 
 # ------------------------------------------------------------------------------ the tests
@@ -512,6 +597,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--bandit-seeds", type=int, default=200, help="bandit seeds a prediction (default 200)"
     )
+    p.add_argument(
+        "--diagnose-versions",
+        type=int,
+        help="also diagnose each run from its first N policy versions and set the diagnostic's "
+        "prediction beside the outcome (the report's choice: a tenth of the steps)",
+    )
+    p.add_argument(
+        "--diagnose-seeds", type=int, default=200, help="bandit seeds a diagnosis (default 200)"
+    )
     p.add_argument("--json", type=Path, help="write the analysis here")
     p.add_argument("--plot", type=Path, help="write the strip plot here (PNG)")
     return p
@@ -535,6 +629,10 @@ def _checked(args: argparse.Namespace) -> list[World]:
         problems.append(f"--steps {args.steps} must be at least 4 (its last quarter is read)")
     if args.bandit_seeds < 1:
         problems.append("--bandit-seeds must be >= 1")
+    if args.diagnose_versions is not None and not 1 <= args.diagnose_versions <= args.steps:
+        problems.append(f"--diagnose-versions must be in 1..--steps ({args.steps})")
+    if args.diagnose_seeds < 1:
+        problems.append("--diagnose-seeds must be >= 1")
     for name, path in (("json", args.json), ("plot", args.plot)):
         if path is not None and not path.parent.is_dir():
             problems.append(f"--{name} {path}: its folder does not exist")
@@ -620,7 +718,34 @@ def main(argv: list[str] | None = None) -> int:
                 f"{w.name}: `{bandit_command(w.p0, alphas, size, groups)}`, or give "
                 f"--guess-pay-{w.name} and --chain-pay-{w.name} here"
             )
+    diagnosed: list[Foretold] = []
+    if args.diagnose_versions is not None:
+        alpha_of = {"grpo": 0.0, "blend": alpha}
+        if alpha is not None and alpha not in ALPHAS:
+            print(
+                f"strata: error: the blend's alpha {alpha:g} is not one the diagnostic predicts "
+                f"({', '.join(f'{a:g}' for a in ALPHAS)}): leave out --diagnose-versions",
+                file=sys.stderr,
+            )
+            return 2
+        by_name = {(w.name, r.name): r for w in worlds for rs in arms[w.name].values() for r in rs}
+        try:
+            diagnosed = [
+                foretold(
+                    by_name[(r.world, r.name)],
+                    r,
+                    alpha_of[r.arm],
+                    args.diagnose_versions,
+                    args.diagnose_seeds,
+                )
+                for r in results
+            ]
+        except WindowError as exc:
+            print(f"strata: error: {exc}", file=sys.stderr)
+            return 2
     printed = lines(results, worlds, tests, inter, accuracy, bandits, commands, args.steps, alpha)
+    if diagnosed:
+        printed += ["", *foretold_lines(diagnosed, args.diagnose_versions, args.diagnose_seeds)]
     command = shlex.join(["python", "-m", "pipeline.experiments.window", *(argv or sys.argv[1:])])
     print("\n".join(printed), flush=True)
     if args.plot:
@@ -639,6 +764,14 @@ def main(argv: list[str] | None = None) -> int:
                 k: None if v is None else asdict(v[0]) | {"p": v[1]} for k, v in accuracy.items()
             },
             "bandit": [asdict(b) for b in bandits],
+            "diagnosed": None
+            if args.diagnose_versions is None
+            else {
+                "versions": args.diagnose_versions,
+                "seeds": args.diagnose_seeds,
+                "runs": [asdict(f) for f in diagnosed],
+                "brier": brier(diagnosed),
+            },
         }
         text = json.dumps(found, indent=1) + "\n"
         write_atomically(args.json, lambda tmp: tmp.write_text(text))

@@ -15,6 +15,7 @@ import yaml
 
 from buffers.spill import spill_table
 from buffers.testing import synthetic_trajectory
+from pipeline.experiments.diagnose import diagnose
 from pipeline.experiments.window import (
     fisher_greater,
     interaction,
@@ -198,3 +199,37 @@ def test_a_grpo_only_pilot_is_read_without_a_test(tmp_path, capsys):
     assert "| window | 0.500 | 1 / 2 | – |" in printed
     assert "1 of 2 GRPO runs collapsed (late chain share below p0 / 2 = 0.250)" in printed
     assert "| window | grpo | astray095-seed1 | 10 | 0.600 | yes | 0.200 |" in printed
+
+
+def test_the_diagnostic_is_set_beside_each_runs_outcome(tmp_path, capsys):
+    window = tmp_path / "window"
+    write_experiment(window, {"grpo": [(1, 0.1), (6, 0.2)], "blend": [(5, 0.3), (2, 0.3)]})
+    out = tmp_path / "w.json"
+    argv = ["--window", str(window), "--p0-window", "0.5", "--steps", str(STEPS)]
+    argv += ["--json", str(out), "--diagnose-seeds", "5"]
+    # versions 0-5 hold six two-hop questions with chains and the rest: enough to match
+    assert main([*argv, "--diagnose-versions", "6"]) == 0
+    printed = capsys.readouterr().out
+    found = json.loads(out.read_text())["diagnosed"]
+    assert (found["versions"], found["seeds"], len(found["runs"])) == (6, 5, 4)
+    for run in found["runs"]:  # each run's prediction is the diagnosis at its own alpha
+        d = diagnose(window / run["name"], 6, seeds=5, min_questions=5)
+        alpha = 0.8 if run["arm"] == "blend" else 0.0
+        assert run["predicted"] == next(p.escape for p in d.predictions if p.alpha == alpha)
+    outcome = {r["name"]: r["escaped"] for r in found["runs"]}
+    assert outcome == {
+        "grpo-seed0": False,
+        "grpo-seed1": True,
+        "blend-seed0": True,
+        "blend-seed1": False,
+    }
+    expected = np.mean([(r["predicted"] - r["escaped"]) ** 2 for r in found["runs"]])
+    assert found["brier"] == pytest.approx(expected)
+    assert "| window | grpo | 2 |" in printed and "| 1 / 2 |" in printed
+    # two versions meet two questions, fewer than a report predicts from: no prediction
+    assert main([*argv, "--diagnose-versions", "2"]) == 0
+    found = json.loads(out.read_text())["diagnosed"]
+    assert {r["reading"] for r in found["runs"]} == {"too few"}
+    assert found["brier"] is None and all(r["predicted"] is None for r in found["runs"])
+    assert main([*argv, "--diagnose-versions", "0"]) == 2
+    assert "--diagnose-versions must be in 1..--steps (8)" in capsys.readouterr().err
