@@ -147,3 +147,17 @@ def test_wilson_interval():
     assert wilson(10, 10)[1] == 1.0
     low, high = wilson(30, 60)
     assert low == pytest.approx(0.3773, abs=1e-3) and high == pytest.approx(0.6227, abs=1e-3)
+
+
+def test_the_path_is_written_by_the_trap_command(tmp_path, capsys):
+    out = tmp_path / "path.json"
+    argv = ["--path", str(out), "--alphas", "0,1", "--chain-choices", "5", "--group-size", "4"]
+    assert main([*argv, "--steps", "3", "--path-plot", str(tmp_path / "p.png")]) == 0
+    found = json.loads(out.read_text())
+    assert [len(p) for p in found["paths"]] == [3, 3] and found["settings"]["chain_choices"] == 5
+    assert found["paths"][1][-1]["chain"] == pytest.approx(0.5)  # alpha 1: Theorem 3
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    assert "alpha 1  M 5" in capsys.readouterr().out
+    assert main(["--path-plot", str(tmp_path / "q.png")]) == 2
+    assert main(["--path", str(out), "--estimator", "grpo"]) == 2
+    assert "leave --estimator out" in capsys.readouterr().err

@@ -1,7 +1,5 @@
 """The trap's exact expected update against sampling, and Theorem 3 on it."""
 
-import json
-
 import numpy as np
 import pytest
 import torch
@@ -85,22 +83,6 @@ def test_the_mean_field_path_starts_at_the_trap_and_follows_theorem_3():
     assert grpo[-1]["chain"] < 0.02  # collapsed onto guessing
     low = min(r["chain"] for r in blend)  # the blend first drifts toward guessing, then turns
     assert low < 0.25 and blend[-1]["chain"] > 0.3 > low + 0.1
-
-
-def test_the_path_is_written_by_the_trap_command(tmp_path, capsys):
-    from pipeline.experiments.trap import main
-
-    out = tmp_path / "path.json"
-    argv = ["--path", str(out), "--alphas", "0,1", "--chain-choices", "5", "--group-size", "4"]
-    assert main([*argv, "--steps", "3", "--path-plot", str(tmp_path / "p.png")]) == 0
-    found = json.loads(out.read_text())
-    assert [len(p) for p in found["paths"]] == [3, 3] and found["settings"]["chain_choices"] == 5
-    assert found["paths"][1][-1]["chain"] == pytest.approx(0.5)  # alpha 1: Theorem 3
-    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
-    assert "alpha 1  M 5" in capsys.readouterr().out
-    assert main(["--path-plot", str(tmp_path / "q.png")]) == 2
-    assert main(["--path", str(out), "--estimator", "grpo"]) == 2
-    assert "leave --estimator out" in capsys.readouterr().err
 
 
 def test_san_is_silent_on_a_rare_chain_as_often_as_the_shares_say():
