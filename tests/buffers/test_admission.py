@@ -231,3 +231,36 @@ def test_abandoning_a_due_group_releases_the_learner_waiting_for_it():
         return [g.prompt_id for g in await asyncio.wait_for(step, 1)]
 
     assert run(scenario()) == ["fresh"]
+
+
+def test_a_step_trained_into_the_version_already_served_frees_its_places_at_once():
+    """`trained` with the version the engines already serve (a step that published nothing
+    newer): nothing later will `serve` a newer version for it, so its place comes back now."""
+
+    async def scenario():
+        buffer = GroupBuffer(group_size=1, max_staleness=0)
+        buffer.serve(2)
+        await buffer.admit("a")
+        await fill(buffer, "a", version=2)
+        step = await buffer.next_groups(2, 1)
+        assert buffer.stats().places_used == 1
+        buffer.trained(step, 2)
+        assert buffer.stats().places_used == 0 and not await blocked(buffer, "b")
+
+    run(scenario())
+
+
+def test_a_complete_due_group_is_taken_while_another_due_group_still_generates():
+    """η = 0, one group a step, both admitted at version 0 (due at 0): the learner keeps the
+    step's room for due groups only against groups that are not due, so the complete due
+    group is taken at once, not held back for the one still generating."""
+
+    async def scenario():
+        buffer = GroupBuffer(group_size=2, max_staleness=0, groups_per_step=2)
+        for name in ("open", "done"):
+            await buffer.admit(name)
+        await buffer.put(traj("open", 0))
+        await fill(buffer, "done")
+        return await asyncio.wait_for(buffer.next_groups(0, 1), 1)
+
+    assert [g.prompt_id for g in run(scenario())] == ["done"]

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from buffers.group_buffer import GroupBuffer, rewards_differ
-from buffers.records import Group
+from buffers.records import Group, InvalidTrajectory
 from buffers.spill import ParquetSpill
 from buffers.testing import synthetic_trajectory as traj
 from tests.buffers.test_group_buffer import assert_accounting
@@ -100,3 +100,23 @@ def test_admission_over_admits_by_the_share_filtered_and_caps_it():
 def test_over_admission_is_refused_below_one():
     with pytest.raises(ValueError, match="max_overadmit >= 1"):
         GroupBuffer(group_size=2, max_staleness=0, max_overadmit=0.5)
+
+
+def test_a_filtered_group_leaves_no_trace_but_its_closed_status(tmp_path):
+    """Filtered at consumption: spilled with the version that consumed it, out of the buffer's
+    ready prompts, and a late member for it is refused, naming why."""
+
+    async def scenario():
+        spill = ParquetSpill(tmp_path / "spill", rows_per_file=1000)
+        buffer = GroupBuffer(group_size=2, max_staleness=3, spill=spill, usable=rewards_differ)
+        await fill(buffer, "flat", [1.0, 1.0])
+        await fill(buffer, "kept", [0.0, 1.0])
+        assert [g.prompt_id for g in await buffer.next_groups(3, 1)] == ["kept"]
+        assert buffer._ready_ids == set()  # only groups not consumed yet
+        with pytest.raises(InvalidTrajectory, match=r"already complete \(filtered\)"):
+            await buffer.put(traj("flat", 0))
+        await buffer.close()
+        table = pq.read_table(tmp_path / "spill").to_pydict()
+        return {(s, v) for s, v in zip(table["status"], table["consumed_version"], strict=True)}
+
+    assert asyncio.run(scenario()) == {("filtered", 3), ("released", 3)}

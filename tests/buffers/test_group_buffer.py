@@ -235,6 +235,25 @@ def test_timeout_with_a_fake_clock():
     assert buffer.stats().abandoned == 2
 
 
+def test_the_learner_sleeps_until_the_oldest_open_group_times_out():
+    """Waiting for a group, the learner wakes at the oldest open group's deadline, not in a busy
+    loop: over 0.2 s with a frozen clock and a 10 s timeout it reads the clock a few times."""
+    reads = [0]
+
+    def clock():
+        reads[0] += 1
+        return 0.0
+
+    async def scenario():
+        buffer = GroupBuffer(group_size=2, max_staleness=0, group_timeout_s=10, clock=clock)
+        await buffer.put(traj("open", 0))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(buffer.next_group(0), 0.2)
+
+    run(scenario())
+    assert reads[0] < 10, reads[0]
+
+
 def test_bad_arrivals_are_rejected_and_lose_nothing():
     async def scenario():
         buffer = GroupBuffer(group_size=3, max_staleness=0)
