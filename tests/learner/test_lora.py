@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from learner.batch import build_batch, response_logprobs
 from learner.checkpoint import load_checkpoint, save_checkpoint
-from learner.lora import LoraError, adapted_layers
+from learner.lora import LoraError, adapted_layers, adapter_weights, save_adapter
 from learner.trainer import Learner
 from pipeline.assets.tiny_policy import build_tiny_policy
 from pipeline.config.schema import LearnerConfig, LoraSection
@@ -171,3 +171,18 @@ def test_adapter_dropout_takes_the_proximal_log_probs_from_an_eval_pass(policy):
         torch.testing.assert_close(
             proximal.cpu()[mask], want[rows, : proximal.shape[1]][mask], atol=1e-5, rtol=1e-5
         )
+
+
+def test_the_adapters_save_into_a_new_nested_folder_and_over_an_earlier_save(policy, tmp_path):
+    """save_adapter makes the folders it needs and writes over a save already there (a
+    checkpoint saved again to the same place); peft loads the result onto the base model."""
+    from peft import PeftModel
+
+    learner = lora_learner(policy)
+    learner.step(groups(7))
+    model = learner.engine.module
+    target = tmp_path / "not" / "there" / "adapter"
+    save_adapter(model, on_cpu(adapter_weights(model)), target)
+    save_adapter(model, on_cpu(adapter_weights(model)), target)
+    onto_base = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(policy), target)
+    torch.testing.assert_close(logits(onto_base), logits(model), atol=1e-5, rtol=1e-4)
