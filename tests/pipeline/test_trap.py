@@ -6,10 +6,11 @@ agree within sampling noise, cell by cell."""
 import json
 import math
 import random
+from dataclasses import asdict
 
 import pytest
 
-from pipeline.experiments.trap import Trap, cell, main, run, wilson
+from pipeline.experiments.trap import Trap, _parser, cell, comparisons, main, run, wilson
 
 
 def mean(xs: list[float]) -> float:
@@ -161,3 +162,99 @@ def test_the_path_is_written_by_the_trap_command(tmp_path, capsys):
     assert main(["--path-plot", str(tmp_path / "q.png")]) == 2
     assert main(["--path", str(out), "--estimator", "grpo"]) == 2
     assert "leave --estimator out" in capsys.readouterr().err
+
+
+REFUSED = [
+    (["--p-guess", "-0.1"], "--p-guess must be in [0, 1] each"),
+    (["--p-guess", "0.5,1.01"], "--p-guess must be in [0, 1] each"),
+    (["--group-size", "8,0"], "--group-size must be >= 1 each"),
+    (["--groups", "0"], "--groups must be >= 1"),
+    (["--steps", "-1"], "--steps must be >= 0"),
+    (["--seeds", "0"], "--seeds must be >= 1"),
+    (["--chain-choices", "0"], "--chain-choices must be >= 1 each"),
+    (["--alphas", "0,1.01"], "--alphas must be in [0, 1] each"),
+    (["--alphas", "-0.5"], "--alphas must be in [0, 1] each"),
+    (["--start-chain", "0"], "--start-chain must be in (0, 1) each"),
+    (["--hop-speed", "0"], "--hop-speed must be > 0 each"),
+    (["--exact-plot", "x.png"], "--exact-plot needs --exact (the expected updates it plots)"),
+    (["--path-plot", "x.png"], "--path-plot needs --path (the JSON the paths are written to)"),
+    (
+        ["--path", "x.json", "--estimator", "grpo"],
+        "--path follows the stratified blend's alphas: leave --estimator out",
+    ),
+    (
+        ["--exact", "--estimator", "grpo"],
+        "--exact compares the stratified blend's alphas: leave --estimator out",
+    ),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), REFUSED)
+def test_each_bad_setting_is_refused_in_one_line_naming_it(argv, message, capsys):
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"strata: error: {message}\n"
+
+
+def test_the_settings_at_their_bounds_are_accepted(capsys):
+    argv = ["--steps", "0", "--seeds", "1", "--chain-choices", "1", "--group-size", "1"]
+    argv += ["--groups", "1", "--p-guess", "0,1", "--alphas", "0,1", "--start-chain", "0.01"]
+    assert main([*argv, "--hop-speed", "0.01"]) == 0
+    assert capsys.readouterr().out.count("escape") == 4 + 2  # four cells, two comparisons
+
+
+def test_the_defaults_are_the_settings_the_documents_tables_used():
+    """docs/results/trap.md's cells run `python -m pipeline.trap` with these unless a flag says
+    otherwise; a changed default changes what its commands print."""
+    args = vars(_parser().parse_args([]))
+    assert args == {
+        "estimator": "stratified",
+        "alphas": [0.0, 0.8, 1.0],
+        "chain_choices": [4, 6],
+        "p_guess": [0.3],
+        "group_size": [8],
+        "start_chain": [0.5],
+        "hop_speed": [1.0],
+        "groups": 4,
+        "steps": 300,
+        "lr": 1.0,
+        "seeds": 60,
+        "seed": 0,
+        "json": None,
+        "plot": None,
+        "path": None,
+        "path_plot": None,
+        "exact_plot": None,
+        "exact": False,
+    }
+    parsed = _parser().parse_args(["--groups", "3", "--lr", "0.5", "--chain-choices", "4,6,8"])
+    assert (parsed.groups, parsed.lr, parsed.chain_choices) == (3, 0.5, [4, 6, 8])
+    with pytest.raises(SystemExit):  # argparse refuses an estimator it does not know
+        _parser().parse_args(["--estimator", "nonsense"])
+
+
+def test_the_command_records_its_settings_and_seeds_its_cells(tmp_path, capsys):
+    out, png = tmp_path / "trap.json", tmp_path / "trap.png"
+    argv = ["--alphas", "0,1", "--chain-choices", "3", "--steps", "20", "--seeds", "6"]
+    argv += ["--seed", "5", "--groups", "2", "--json", str(out), "--plot", str(png)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    found = json.loads(out.read_text())
+    settings = found["settings"]
+    assert set(settings) == set(vars(_parser().parse_args([]))) - {"json"}
+    assert (settings["seed"], settings["groups"], settings["plot"]) == (5, 2, str(png))
+    expected = cell(Trap(chain_choices=3, groups=2, steps=20, alpha=1.0), seeds=6, seed=5)
+    assert found["cells"][1] == json.loads(json.dumps(asdict(expected)))
+    assert "M 3       alpha 0  escape" in printed and "alpha 1 - alpha 0: escape" in printed
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    # an estimator without alpha: one cell a setting, named by the estimator
+    assert (
+        main(["--estimator", "grpo", "--chain-choices", "3", "--steps", "5", "--seeds", "2"]) == 0
+    )
+    lines = [x for x in capsys.readouterr().out.splitlines() if "escape" in x]
+    assert len(lines) == 1 and "M 3          grpo  escape" in lines[0]
+
+
+def test_comparisons_skip_the_baseline_itself_and_cells_without_one():
+    cells = [cell(Trap(chain_choices=3, steps=5, alpha=a), seeds=2) for a in (0.0, 0.5, 1.0)]
+    assert [d["alpha"] for d in comparisons(cells)] == [0.5, 1.0]
+    assert comparisons(cells[1:]) == []  # no alpha-0 cell to compare against
