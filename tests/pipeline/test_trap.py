@@ -8,9 +8,19 @@ import math
 import random
 from dataclasses import asdict
 
+import numpy as np
 import pytest
 
-from pipeline.experiments.trap import Trap, _parser, cell, comparisons, main, run, wilson
+from pipeline.experiments.trap import (
+    Trap,
+    _parser,
+    cell,
+    comparisons,
+    main,
+    run,
+    softmax,
+    wilson,
+)
 
 
 def mean(xs: list[float]) -> float:
@@ -140,6 +150,21 @@ def test_the_exact_start_prints_each_alpha_against_grpo(tmp_path, capsys):
     rows = json.loads((tmp_path / "x.json").read_text())["rows"]
     assert [r["alpha"] for r in rows] == [0.0, 0.8]
     assert main([*argv, "--estimator", "grpo"]) == 2
+    capsys.readouterr()
+    # every --p-guess's rows, each naming its p_guess
+    assert main([*argv, "--p-guess", "0.2,0.3", "--json", str(tmp_path / "y.json")]) == 0
+    rows = json.loads((tmp_path / "y.json").read_text())["rows"]
+    assert [(r["p_guess"], r["alpha"]) for r in rows] == [
+        (0.2, 0),
+        (0.2, 0.8),
+        (0.3, 0),
+        (0.3, 0.8),
+    ]
+
+
+def test_the_softmax_holds_logits_far_from_zero():
+    found = softmax(np.array([[1000.0, 0.0], [-1000.0, -1000.0 + math.log(3)]]))
+    np.testing.assert_allclose(found, [[1.0, 0.0], [0.25, 0.75]], atol=1e-12)
 
 
 def test_wilson_interval():
