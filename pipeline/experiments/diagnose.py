@@ -37,6 +37,10 @@ from pipeline.experiments.trap import Trap, cell
 
 ALPHAS = (0.0, 0.6, 0.8)
 MAX_DEPTH = 12  # a chain that never paid is matched to this depth (1/144 a start)
+WORTH = 0.5
+"""The blend's predicted escape below which the reading is "deep trap", not "stratify": the
+window experiment's runs read "stratify" at 0.13 against 0.01 from their first 30 versions, and
+none of them escaped (docs/results/window.md)."""
 
 
 @dataclass(frozen=True)
@@ -119,10 +123,17 @@ def reading_line(
             "chains already pay more than the rest of their questions (gap interval above 0): "
             "no trap to escape; stratification is not predicted to matter"
         )
-    if best.alpha > 0 and best.low > grpo.high:
+    if best.alpha > 0 and best.low > grpo.high and best.escape >= WORTH:
         return (
             f"stratify: the trap model predicts escape {best.escape:.2f} at alpha "
             f"{best.alpha:g} against {grpo.escape:.2f} under GRPO ({matched})"
+        )
+    if best.alpha > 0 and best.low > grpo.high:
+        return (
+            f"deep trap: the trap model predicts the blend escapes more often than GRPO but "
+            f"rarely ({best.escape:.2f} at alpha {best.alpha:g} against {grpo.escape:.2f}): "
+            f"stratifying would rescue few runs; read more versions once chains pay "
+            f"({matched})"
         )
     if grpo.escape > 0 and grpo.low > max(p.high for p in predictions if p.alpha > 0):
         return (

@@ -177,7 +177,7 @@ def run_result(run: RunData, world: str, arm: str, p0: float, steps: int) -> Run
 
 def reading_kind(reading: str) -> str:
     """The reading's verdict in a few words, to count them."""
-    for kind in ("stratify", "do not stratify", "no window", "too few"):
+    for kind in ("stratify", "do not stratify", "deep trap", "no window", "too few"):
         if reading.startswith(kind):
             return kind
     return "no trap" if reading.startswith("chains already pay") else "no match"

@@ -47,6 +47,12 @@ def test_the_reading_follows_the_predictions():
     assert harm.startswith("do not stratify")
     level = reading_line("m", predicted((0.0, 0.0, 0.04), (0.01, 0.0, 0.05)), -0.2, (-0.3, -0.1))
     assert level.startswith("no window")
+    # above GRPO's interval but rarely escaping (the window experiment's first versions)
+    deep = reading_line("m", predicted((0.01, 0.0, 0.05), (0.13, 0.08, 0.21)), -0.3, (-0.6, -0.1))
+    assert deep.startswith("deep trap: the trap model predicts the blend escapes more often")
+    assert "(0.13 at alpha 0.6 against 0.01)" in deep
+    at_worth = reading_line("m", predicted((0.1, 0.05, 0.2), (0.5, 0.4, 0.6)), -0.3, (-0.6, -0.1))
+    assert at_worth.startswith("stratify")
     assert reading_line("m", predicted((1, 1, 1), (1, 1, 1)), 0.2, (0.1, 0.3)).startswith(
         "chains already pay more"
     )
