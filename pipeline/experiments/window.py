@@ -51,7 +51,7 @@ from pipeline.experiments.diagnose import (
     matched_depth,
 )
 from pipeline.experiments.searches import bucket, read_trajectories
-from pipeline.experiments.stats import welch
+from pipeline.experiments.stats import detectable, welch
 from pipeline.experiments.trap import Trap, cell
 
 LEVEL = 0.01  # the primary test's threshold, registered
@@ -284,14 +284,36 @@ def interaction(
     return Interval((wb - wg) - (cb - cg), float(low), float(high))
 
 
-def accuracy_difference(blend: list[float], grpo: list[float]) -> tuple[Interval, float] | None:
-    """Blend - GRPO held-out accuracy, Welch's 95% interval and two-sided p; None with fewer
-    than two runs a side."""
+@dataclass(frozen=True)
+class Difference:
+    """Blend - GRPO over runs: Welch's 95% interval, two-sided p, the Welch-Satterthwaite
+    degrees of freedom (0: no spread) and the difference these runs detect with 80% power."""
+
+    value: float
+    low: float
+    high: float
+    p: float
+    df: float
+    detectable: float
+
+
+def difference(blend: list[float], grpo: list[float]) -> Difference | None:
+    """Blend - GRPO (held-out accuracy, late chain share); None with fewer than two runs a
+    side."""
     a, b = np.asarray(blend, dtype=float), np.asarray(grpo, dtype=float)
     if len(a) < 2 or len(b) < 2:
         return None
     p, (low, high) = welch(a, b)
-    return Interval(float(a.mean() - b.mean()), low, high), p
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)  # Welch-Satterthwaite
+    spread = va**2 / (len(a) - 1) + vb**2 / (len(b) - 1)
+    df = float((va + vb) ** 2 / spread) if spread > 0 else 0.0
+    return Difference(float(a.mean() - b.mean()), low, high, p, df, detectable(a, b))
+
+
+def escape_interval(escaped: int, runs: int) -> tuple[float, float]:
+    """Clopper-Pearson (exact) 95% interval of an arm's escape rate."""
+    ci = sps.binomtest(escaped, runs).proportion_ci(method="exact")
+    return float(ci.low), float(ci.high)
 
 
 def bandit(
@@ -404,7 +426,8 @@ def lines(
     worlds: list[World],
     tests: dict[str, Test],
     inter: Interval | None,
-    accuracy: dict[str, tuple[Interval, float] | None],
+    accuracy: dict[str, Difference | None],
+    shares: dict[str, Difference | None],
     bandits: list[Bandit],
     commands: list[str],
     steps: int,
@@ -500,30 +523,68 @@ def lines(
                 f"({'GRPO only' if test is None else 'fewer than two runs an arm'})."
             )
             continue
-        d, p = found
         out.append(
-            f"Held-out L2 accuracy at step {steps}, blend − GRPO, {w.name}: {d.value:+.3f}, 95% "
-            f"Welch interval [{d.low:+.3f}, {d.high:+.3f}], p = {p:.2g}."
+            f"Held-out L2 accuracy at step {steps}, blend − GRPO, {w.name}: "
+            + _difference_text(found)
         )
+    for w in worlds:
+        found = shares.get(w.name)
+        if found is not None:
+            out.append(
+                f"Late chain share, blend − GRPO, {w.name} (not a registered endpoint): "
+                + _difference_text(found)
+            )
+    counted = [
+        (w.name, arm, [r.escaped for r in results if r.world == w.name and r.arm == arm])
+        for w in worlds
+        for arm in ("grpo", "blend")
+    ]
+    out.append(
+        "Escape rates, Clopper-Pearson 95%: "
+        + "; ".join(
+            f"{world} {arm} {sum(e)} / {len(e)} [{lo:.2f}, {hi:.2f}]"
+            for world, arm, e in counted
+            if e
+            for lo, hi in [escape_interval(sum(e), len(e))]
+        )
+        + "."
+    )
     out.append("")
     if bandits:
         out += [
             "The trap bandit at the start's figures (pre-registered: P(chain) p0, a guess pays "
             "what 0-1 search trajectories paid, M the depth whose 1/M² is nearest what chains "
-            "paid), escape fraction [Wilson 95%]:",
+            "paid), escape fraction [Wilson 95%], and the probability of the runs' escape count "
+            "were that fraction each run's chance:",
             "",
-            "| world | p0 | p_guess | M | groups | α | escape |",
-            "|---|---|---|---|---|---|---|",
-            *(
+            "| world | p0 | p_guess | M | groups | α | escape | the runs' escapes | P(that count) |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for b in bandits:
+            arm = "grpo" if b.alpha == 0 else "blend"
+            mine = [r.escaped for r in results if r.world == b.world and r.arm == arm]
+            seen = f"{sum(mine)} / {len(mine)}" if mine else "–"
+            chance = f"{binom_pmf(sum(mine), len(mine), b.escape):.2g}" if mine else "–"
+            out.append(
                 f"| {b.world} | {b.start_chain:.3f} | {b.p_guess:.3f} | {b.depth} | "
                 f"{b.groups} of {b.group_size} | {b.alpha:g} | {b.escape:.2f} "
-                f"[{b.low:.2f}, {b.high:.2f}] ({b.seeds} seeds) |"
-                for b in bandits
-            ),
-        ]
+                f"[{b.low:.2f}, {b.high:.2f}] ({b.seeds} seeds) | {seen} | {chance} |"
+            )
     for c in commands:
         out.append(f"The bandit's prediction: {c}")
     return out
+
+
+def _difference_text(d: Difference) -> str:
+    return (
+        f"{d.value:+.3f}, 95% Welch interval [{d.low:+.3f}, {d.high:+.3f}], p = {d.p:.2g} "
+        f"(df {d.df:.1f}; 80% power at two-sided 0.05 for {d.detectable:.3f})."
+    )
+
+
+def binom_pmf(k: int, n: int, rate: float) -> float:
+    """The probability of k escapes in n runs that each escape with `rate`."""
+    return float(sps.binom.pmf(k, n, rate))
 
 
 def plot(results: list[RunResult], worlds: list[World], steps: int, path: Path) -> None:
@@ -695,7 +756,17 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
         )
     accuracy = {
-        w.name: accuracy_difference(accuracies(w.name, "blend"), accuracies(w.name, "grpo"))
+        w.name: difference(accuracies(w.name, "blend"), accuracies(w.name, "grpo"))
+        if both
+        else None
+        for w in worlds
+    }
+
+    def late_shares(world: str, arm: str) -> list[float]:
+        return [r.chain_share for r in results if r.world == world and r.arm == arm]
+
+    shares = {
+        w.name: difference(late_shares(w.name, "blend"), late_shares(w.name, "grpo"))
         if both
         else None
         for w in worlds
@@ -743,7 +814,9 @@ def main(argv: list[str] | None = None) -> int:
         except WindowError as exc:
             print(f"strata: error: {exc}", file=sys.stderr)
             return 2
-    printed = lines(results, worlds, tests, inter, accuracy, bandits, commands, args.steps, alpha)
+    printed = lines(
+        results, worlds, tests, inter, accuracy, shares, bandits, commands, args.steps, alpha
+    )
     if diagnosed:
         printed += ["", *foretold_lines(diagnosed, args.diagnose_versions, args.diagnose_seeds)]
     command = shlex.join(["python", "-m", "pipeline.experiments.window", *(argv or sys.argv[1:])])
@@ -760,9 +833,8 @@ def main(argv: list[str] | None = None) -> int:
             "runs": [asdict(r) for r in results],
             "tests": {k: asdict(t) for k, t in tests.items()},
             "interaction": None if inter is None else asdict(inter),
-            "accuracy": {
-                k: None if v is None else asdict(v[0]) | {"p": v[1]} for k, v in accuracy.items()
-            },
+            "accuracy": {k: None if v is None else asdict(v) for k, v in accuracy.items()},
+            "chain_share": {k: None if v is None else asdict(v) for k, v in shares.items()},
             "bandit": [asdict(b) for b in bandits],
             "diagnosed": None
             if args.diagnose_versions is None

@@ -12,10 +12,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from scipy import stats as sps
 
 from buffers.spill import spill_table
 from buffers.testing import synthetic_trajectory
 from pipeline.experiments.diagnose import diagnose
+from pipeline.experiments.stats import detectable
 from pipeline.experiments.window import (
     fisher_greater,
     interaction,
@@ -149,11 +151,23 @@ def test_the_command_analyses_both_worlds(tmp_path, capsys):
     acc = found["accuracy"]["window"]
     assert acc["value"] == pytest.approx(0.35 - 0.10) and acc["low"] < 0.25 < acc["high"]
     assert found["accuracy"]["control"]["value"] == pytest.approx(0.0)
+    assert acc["df"] == pytest.approx(
+        sps.ttest_ind([0.3, 0.35, 0.4], [0.1, 0.15, 0.05], equal_var=False).df
+    )
+    assert acc["detectable"] == pytest.approx(
+        detectable(np.array([0.3, 0.35, 0.4]), np.array([0.1, 0.15, 0.05]))
+    )
+    shares = found["chain_share"]["window"]  # late chain shares: 0.5-0.9 against 0.1-0.4
+    assert shares["value"] == pytest.approx(0.7 - 0.7 / 3)
+    assert "Late chain share, blend − GRPO, window (not a registered endpoint): +0.467" in printed
+    assert "window grpo 0 / 3 [0.00, 0.71]; window blend 3 / 3 [0.29, 1.00]" in printed
     assert "| window | 0.500 | 0 / 3 | 3 / 3 |" in printed  # escape counts
     assert "1.000 (7) | 1.000 (21) | 0.100 (3 runs) | 0.350 (3 runs) |" in printed
     bandit = {b["alpha"]: b for b in found["bandit"]}
     assert set(bandit) == {0.0, 0.8} and bandit[0.8]["depth"] == 5
     assert (bandit[0.8]["group_size"], bandit[0.8]["groups"], bandit[0.8]["seeds"]) == (4, 1, 5)
+    chance = sps.binom.pmf(3, 3, bandit[0.8]["escape"])  # the blend's 3 of 3 at its rate
+    assert f"({5} seeds) | 3 / 3 | {chance:.2g} |" in printed
     assert "control: `python -m pipeline.trap --start-chain 0.3 --p-guess PAY01" in printed
     assert png.read_bytes()[:4] == b"\x89PNG"
 
