@@ -268,3 +268,12 @@ def test_ties_that_differ_by_rounding_count_at_any_scale():
     a = np.array([640000.3, 270000.1, 40000.2])
     b = np.array([810000.1, 910000.3, 610000.2])
     assert permutation_p(a, b) == pytest.approx(0.2)  # 4 of 20, not 3
+
+
+def test_a_tie_is_equality_up_to_rounding_not_a_near_miss():
+    """The permutation test counts a relabelling's difference as reaching the observed one when
+    it is within 1e-12 (relative above 1): rounding, not data. Differences 1.5e-12 apart are
+    distinct: here one relabelling falls short of the observed 0.5 + 0.5e-12 by 1.5e-12."""
+    a, b = np.array([1.0]), np.array([0.0, 1.0 - 1e-12])
+    assert permutation_p(a, b) == pytest.approx(2 / 3)  # {1.0} itself and {0.0}, not {1 - 1e-12}
+    assert permutation_p(a, np.array([0.0, 1.0 - 2e-13])) == 1.0  # 0.3e-12 apart: a tie
