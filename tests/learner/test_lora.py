@@ -2,6 +2,8 @@
 is the merged policy under the base model's names, the reference is the policy with its adapters
 off, and checkpoints resume the adapters and their optimizer."""
 
+import json
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -127,6 +129,12 @@ def test_a_lora_checkpoint_resumes_like_straight_training(policy, tmp_path):
 def test_a_layer_the_policy_does_not_have_is_refused_in_one_line(policy):
     with pytest.raises(LoraError, match="no linear layer named nope; its linear layers are down"):
         lora_learner(policy, lora=LoraSection(r=4, target_modules=["q_proj", "nope"]))
+    with pytest.raises(LoraError) as refused:
+        lora_learner(policy, lora=LoraSection(r=4, target_modules=["nope", "q_proj", "nor"]))
+    assert str(refused.value) == (
+        "model.lora.target_modules: the policy has no linear layer named nope, nor; its linear "
+        "layers are down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj"
+    )
 
 
 def test_adapter_dropout_takes_the_proximal_log_probs_from_an_eval_pass(policy):
@@ -186,3 +194,15 @@ def test_the_adapters_save_into_a_new_nested_folder_and_over_an_earlier_save(pol
     save_adapter(model, on_cpu(adapter_weights(model)), target)
     onto_base = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(policy), target)
     torch.testing.assert_close(logits(onto_base), logits(model), atol=1e-5, rtol=1e-4)
+
+
+def test_the_adapters_config_is_the_sections_for_a_causal_lm(policy, tmp_path):
+    """What peft records of model.lora (and what a user's PeftModel.from_pretrained reads back):
+    the section's rank, scale and layers, no bias, a causal LM's task."""
+    section = LoraSection(r=2, alpha=16.0, target_modules=["k_proj", "o_proj"])
+    model = lora_learner(policy, lora=section).engine.module
+    save_adapter(model, on_cpu(adapter_weights(model)), tmp_path)
+    found = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert (found["r"], found["lora_alpha"], found["bias"]) == (2, 16.0, "none")
+    assert sorted(found["target_modules"]) == ["k_proj", "o_proj"]
+    assert found["task_type"] == "CAUSAL_LM"
