@@ -1,13 +1,14 @@
 import asyncio
 import contextlib
 import random
+import re
 
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from buffers.group_buffer import GroupBuffer
+from buffers.group_buffer import _CLOSED_MEMORY, GroupBuffer
 from buffers.records import InvalidTrajectory
 from buffers.spill import ParquetSpill
 from buffers.testing import synthetic_trajectory as traj
@@ -379,3 +380,234 @@ def test_a_step_interrupted_while_it_waits_for_its_groups_releases_none(tmp_path
     assert (final.released, final.pending) == (4, 2)
     statuses = sorted(pq.read_table(tmp_path).column("status").to_pylist())
     assert statuses == ["pending"] * 2 + ["released"] * 4
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"group_size": 0},
+        {"max_staleness": -1},
+        {"max_groups_in_flight": 0},
+        {"max_resident_bytes": 0},
+        {"groups_per_step": 0},
+        {"max_overadmit": 0.99},
+    ],
+)
+def test_each_limit_below_its_floor_is_refused_alone_with_the_floors_named(bad):
+    limits = {"group_size": 2, "max_staleness": 1} | bad
+    message = (
+        "group_size, max_groups_in_flight, max_resident_bytes, groups_per_step, "
+        "max_overadmit >= 1; max_staleness >= 0"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        GroupBuffer(**limits)
+
+
+def test_every_limit_at_its_floor_is_accepted():
+    buffer = GroupBuffer(
+        group_size=1,
+        max_staleness=0,
+        max_groups_in_flight=1,
+        max_resident_bytes=1,
+        groups_per_step=1,
+        max_overadmit=1,
+    )
+    assert (buffer.max_resident_bytes, buffer.max_overadmit, buffer.places) == (1, 1, 1)
+
+
+def test_by_default_64_groups_are_in_flight_and_a_65th_waits():
+    async def scenario():
+        buffer = GroupBuffer(group_size=2, max_staleness=0)
+        for i in range(64):
+            await asyncio.wait_for(buffer.put(traj(f"p{i}", 0)), 1)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(buffer.put(traj("p64", 0)), 0.05)
+        return buffer.stats().open_groups
+
+    assert run(scenario()) == 64
+
+
+def test_complete_groups_waiting_for_the_learner_count_against_the_room():
+    async def scenario():
+        buffer = GroupBuffer(group_size=1, max_staleness=0, max_groups_in_flight=2)
+        await buffer.put(traj("a", 0))
+        await buffer.put(traj("b", 0))  # both complete, neither taken
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(buffer.put(traj("c", 0)), 0.05)
+        return buffer.stats()
+
+    stats = run(scenario())
+    assert (stats.ready_groups, stats.open_groups, stats.put) == (2, 0, 2)
+
+
+def test_a_buffer_holding_exactly_its_byte_limit_opens_no_new_group():
+    async def scenario():
+        one = traj("a", 0, tokens=100).nbytes
+        buffer = GroupBuffer(group_size=2, max_staleness=0, max_resident_bytes=one)
+        await buffer.put(traj("a", 0, tokens=100))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(buffer.put(traj("b", 0, tokens=100)), 0.05)
+        await buffer.put(traj("a", 1, tokens=100))  # a member of an open group never waits
+        return buffer.stats(), 2 * one
+
+    stats, two = run(scenario())
+    assert (stats.ready_groups, stats.resident_bytes) == (1, two)
+
+
+def test_a_step_larger_than_the_byte_room_still_fills():
+    """Groups chosen for a step no longer hold bytes: with room for one group's bytes, the
+    second group of a step is admitted while the first waits in the step."""
+
+    async def scenario():
+        one = traj("p0", 0).nbytes
+        buffer = GroupBuffer(
+            group_size=1, max_staleness=0, max_resident_bytes=one, groups_per_step=2
+        )
+
+        async def produce():
+            for i in range(2):
+                await buffer.admit(f"p{i}")
+                await buffer.put(traj(f"p{i}", 0))
+                await asyncio.sleep(0.01)  # the learner takes it into the step
+
+        producer = asyncio.create_task(produce())
+        groups = await asyncio.wait_for(buffer.next_groups(0, 2), 2.0)
+        await producer
+        return [g.prompt_id for g in groups]
+
+    assert run(scenario()) == ["p0", "p1"]
+
+
+def test_dropping_a_stale_group_lets_a_waiting_producer_in():
+    """The learner drops the one group in flight as stale and keeps waiting for a fresh one: the
+    producer it blocked opens its group without any other event."""
+
+    async def scenario():
+        buffer = GroupBuffer(group_size=2, max_staleness=0, max_groups_in_flight=1)
+        await buffer.put(traj("old", 0, version=0))
+        await buffer.put(traj("old", 1, version=0))
+        blocked = asyncio.create_task(buffer.put(traj("new", 0, version=3)))
+        await asyncio.sleep(0.01)
+        assert not blocked.done()
+        step = asyncio.create_task(buffer.next_groups(3, 1))
+        await asyncio.wait_for(blocked, 1)
+        await buffer.put(traj("new", 1, version=3))
+        return [g.prompt_id for g in await asyncio.wait_for(step, 1)], buffer.stats()
+
+    step, stats = run(scenario())
+    assert step == ["new"] and stats.dropped_stale == 2
+
+
+def test_a_late_member_of_a_stale_group_is_refused_naming_why():
+    async def scenario():
+        buffer = GroupBuffer(group_size=2, max_staleness=0)
+        await fill_group(buffer, "old", version=0)
+        await fill_group(buffer, "new", version=1)
+        assert (await buffer.next_group(1)).prompt_id == "new"
+        with pytest.raises(InvalidTrajectory, match=r"already complete \(dropped_stale\)$"):
+            await buffer.put(traj("old", 0, version=0))
+        return buffer.stats()
+
+    stats = run(scenario())
+    assert (stats.dropped_stale, stats.rejected, stats.abandoned_groups) == (2, 1, 0)
+
+
+def test_every_arrival_for_a_complete_group_is_counted_as_rejected():
+    async def scenario():
+        buffer = GroupBuffer(group_size=2, max_staleness=0)
+        await fill_group(buffer, "p")
+        for i in (0, 1, 0):
+            with pytest.raises(InvalidTrajectory, match="already complete"):
+                await buffer.put(traj("p", i))
+        return buffer.stats()
+
+    stats = run(scenario())
+    assert (stats.rejected, stats.per_stratum[1]["rejected"], stats.put) == (3, 3, 2)
+
+
+def test_an_abandoned_groups_spilled_rows_carry_no_consuming_version(tmp_path):
+    """Abandoned members were never consumed: the spill records consumed_version -1."""
+
+    async def scenario():
+        buffer = GroupBuffer(group_size=3, max_staleness=0, spill=ParquetSpill(tmp_path))
+        await buffer.put(traj("dead", 0))
+        await buffer.put(traj("dead", 1))
+        assert buffer.abandon("dead") == 2
+        await buffer.close()
+
+    run(scenario())
+    rows = pq.read_table(tmp_path).to_pylist()
+    assert [(r["status"], r["consumed_version"]) for r in rows] == [("abandoned", -1)] * 2
+
+
+def test_without_a_timeout_nothing_expires():
+    async def scenario():
+        buffer = GroupBuffer(group_size=2, max_staleness=0)
+        await buffer.put(traj("a", 0))
+        return buffer.expire_overdue(), buffer.stats().open_groups
+
+    assert run(scenario()) == (0, 1)
+
+
+def test_resident_bytes_are_the_payload_held():
+    async def scenario():
+        buffer = GroupBuffer(group_size=2, max_staleness=0)
+        held = [traj("a", 0, tokens=50), traj("b", 0, tokens=70), traj("b", 1, tokens=90)]
+        for t in held:
+            await buffer.put(t)
+        return buffer.stats().resident_bytes, sum(t.nbytes for t in held)
+
+    resident, expected = run(scenario())
+    assert resident == expected > 0
+
+
+def close_others(buffer: GroupBuffer, count: int, tag: str = "other") -> None:
+    """Close `count` other prompts (abandoned before any member arrived)."""
+    for i in range(count):
+        buffer.abandon(f"{tag}{i}")
+
+
+def test_the_buffer_remembers_the_last_closed_memory_prompts_and_forgets_the_oldest():
+    """Late arrivals are caught for the last _CLOSED_MEMORY closed prompts: the oldest of them is
+    still remembered, one closure later it is forgotten (a new group), the newest never is."""
+
+    async def scenario():
+        buffer = GroupBuffer(group_size=2, max_staleness=0)
+        buffer.abandon("first")
+        close_others(buffer, _CLOSED_MEMORY - 1)
+        await buffer.put(traj("first", 0))  # still remembered: a straggler, kept as abandoned
+        remembered = buffer.stats()
+        buffer.abandon("last")
+        await buffer.put(traj("last", 0))
+        await buffer.put(traj("first", 1))  # forgotten now: it opens a group
+        return remembered, buffer.stats(), [t.prompt_id for t in buffer.held()]
+
+    remembered, after, held = run(scenario())
+    assert (remembered.abandoned, remembered.open_groups) == (1, 0)
+    assert (after.abandoned, after.open_groups, after.pending) == (2, 1, 1)
+    assert held == ["first"]
+
+
+@pytest.mark.parametrize("way_out", ["dropped_stale", "released"])
+def test_a_consumed_prompt_once_forgotten_opens_a_new_group(way_out):
+    """A prompt that left the buffer is remembered as closed, then forgotten after
+    _CLOSED_MEMORY later closures: nothing else of it stays behind to refuse its id."""
+
+    async def scenario():
+        buffer = GroupBuffer(group_size=2, max_staleness=0)
+        await fill_group(buffer, "p", version=0)
+        await fill_group(buffer, "q", version=1)
+        taken = await buffer.next_group(1 if way_out == "dropped_stale" else 0)
+        assert getattr(buffer.stats(), way_out) == 2
+        close_others(buffer, _CLOSED_MEMORY)
+        await buffer.put(traj("p", 0, version=1))
+        return taken.prompt_id, buffer.stats()
+
+    taken, stats = run(scenario())
+    assert taken == ("q" if way_out == "dropped_stale" else "p")
+    assert (stats.open_groups, stats.rejected) == (1, 0)
+
+
+async def fill_group(buffer, prompt, version=0):
+    for i in range(buffer.group_size):
+        await buffer.put(traj(prompt, i, version=version))
