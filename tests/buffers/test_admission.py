@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from buffers.group_buffer import GroupBuffer
+from buffers.group_buffer import _CLOSED_MEMORY, GroupBuffer
 from buffers.records import InvalidTrajectory
 from buffers.testing import synthetic_trajectory as traj
 
@@ -264,3 +264,99 @@ def test_a_complete_due_group_is_taken_while_another_due_group_still_generates()
         return await asyncio.wait_for(buffer.next_groups(0, 1), 1)
 
     assert [g.prompt_id for g in run(scenario())] == ["done"]
+
+
+@pytest.mark.parametrize("how", ["abandoned", "served"])
+def test_a_pool_waiting_for_a_place_is_let_in_when_one_comes_back(how):
+    """One place, taken: a second admission waits, and goes in as soon as the place comes back
+    (the group abandoned, or its trained version served), with no other event."""
+
+    async def scenario():
+        buffer = GroupBuffer(group_size=1, max_staleness=0)
+        await buffer.admit("a")
+        if how == "served":
+            await fill(buffer, "a")
+            buffer.trained(await buffer.next_groups(0, 1), 1)
+        waiting = asyncio.create_task(buffer.admit("b"))
+        await asyncio.sleep(0.02)
+        assert not waiting.done()
+        if how == "abandoned":
+            buffer.abandon("a")
+        else:
+            buffer.serve(1)
+        await asyncio.wait_for(waiting, 1)
+        return buffer.stats()
+
+    stats = run(scenario())
+    assert (stats.admitted_groups, stats.places_used) == (2, 1)
+
+
+@pytest.mark.parametrize("before", ["admitted", "opened by a member", "abandoned", "released"])
+def test_a_prompt_is_admitted_at_most_once(before):
+    async def scenario():
+        buffer = GroupBuffer(group_size=2, max_staleness=0, groups_per_step=2)
+        if before == "admitted":
+            await buffer.admit("p")
+        elif before == "opened by a member":
+            await buffer.put(traj("p", 0))
+        elif before == "abandoned":
+            await buffer.admit("p")
+            buffer.abandon("p")
+        else:
+            await fill(buffer, "p")
+            await buffer.next_groups(0, 1)
+        with pytest.raises(
+            ValueError, match=r"^prompt 'p' was admitted already: prompt ids are unique$"
+        ):
+            await buffer.admit("p")
+
+    run(scenario())
+
+
+def test_stats_report_the_version_served():
+    buffer = GroupBuffer(group_size=1, max_staleness=0)
+    buffer.serve(3)
+    buffer.serve(2)  # never back
+    assert buffer.stats().served_version == 3
+
+
+def test_a_due_group_that_never_finishes_holds_the_step_until_its_timeout():
+    """The step's one place is kept for a due group; when no member ever comes, the group times
+    out and the learner takes the ready group, with no other call on the buffer."""
+
+    async def scenario():
+        buffer = GroupBuffer(group_size=2, max_staleness=1, group_timeout_s=0.1)
+        await buffer.admit("due")  # admitted at version 0: due at version 1
+        await buffer.put(traj("due", 0))
+        buffer.serve(1)
+        await buffer.admit("fresh")
+        await fill(buffer, "fresh", version=1)
+        step = asyncio.create_task(buffer.next_groups(1, 1))
+        await asyncio.sleep(0.02)
+        assert not step.done()
+        chosen = await asyncio.wait_for(step, 2)
+        return [g.prompt_id for g in chosen], buffer.stats()
+
+    chosen, stats = run(scenario())
+    assert chosen == ["fresh"] and (stats.abandoned, stats.abandoned_groups) == (1, 1)
+
+
+def test_a_place_settled_by_serve_is_not_freed_again_by_a_later_serve():
+    """A consumed group's place comes back once, when its version is served. Once the buffer has
+    forgotten the prompt (after _CLOSED_MEMORY later closures) its id may be admitted again,
+    and serving the same version again must not free that new place."""
+
+    async def scenario():
+        buffer = GroupBuffer(group_size=1, max_staleness=1)
+        await buffer.admit("p")
+        await fill(buffer, "p")
+        buffer.trained(await buffer.next_groups(0, 1), 1)
+        buffer.serve(1)
+        assert buffer.stats().places_used == 0
+        for i in range(_CLOSED_MEMORY):
+            buffer.abandon(f"other{i}")
+        await buffer.admit("p")
+        buffer.serve(1)
+        return buffer.stats().places_used
+
+    assert run(scenario()) == 1
