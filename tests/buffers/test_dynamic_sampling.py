@@ -120,3 +120,63 @@ def test_a_filtered_group_leaves_no_trace_but_its_closed_status(tmp_path):
         return {(s, v) for s, v in zip(table["status"], table["consumed_version"], strict=True)}
 
     assert asyncio.run(scenario()) == {("filtered", 3), ("released", 3)}
+
+
+def test_the_over_admission_follows_the_share_filtered_over_every_step():
+    async def scenario():
+        buffer = GroupBuffer(group_size=2, max_staleness=1, usable=rewards_differ)
+        limits = [buffer.place_limit()]  # (η + 1) * groups_per_step = 2
+        await fill(buffer, "flat", [1.0, 1.0])
+        await fill(buffer, "u0", [0.0, 1.0])
+        await buffer.next_groups(0, 1)
+        limits.append(buffer.place_limit())  # one of two filtered: 2 / (1 - 1/2)
+        await fill(buffer, "u1", [1.0, 0.0])
+        await buffer.next_groups(0, 1)
+        limits.append(buffer.place_limit())  # one of three: 2 / (1 - 1/3)
+        return limits
+
+    assert asyncio.run(scenario()) == [2, 4, 3]
+
+
+def test_a_filtered_group_lets_a_pool_waiting_for_a_place_in():
+    """Both places taken (η = 1, none due yet). A group that took no place is filtered: the
+    over-admission grows and the pool waiting for a place goes in, while the learner still
+    waits for a usable group."""
+
+    async def scenario():
+        buffer = GroupBuffer(group_size=2, max_staleness=1, usable=rewards_differ)
+        await buffer.admit("a0")
+        await buffer.admit("a1")
+        waiting = asyncio.create_task(buffer.admit("b"))
+        await fill(buffer, "flat", [0.0, 0.0])
+        await asyncio.sleep(0.02)
+        assert not waiting.done()
+        step = asyncio.create_task(buffer.next_groups(0, 1))
+        await asyncio.wait_for(waiting, 1)
+        assert not step.done() and buffer.place_limit() == 8  # 2 / (1 - 3/4), the cap
+        step.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await step
+        return buffer.stats()
+
+    stats = asyncio.run(scenario())
+    assert (stats.admitted_groups, stats.places_used, stats.filtered_groups) == (3, 3, 1)
+
+
+def test_a_filtered_group_lets_a_waiting_producer_in():
+    """Room for one group, held by a complete one the step cannot use: filtering it lets the
+    blocked producer open its group while the learner waits."""
+
+    async def scenario():
+        buffer = GroupBuffer(
+            group_size=2, max_staleness=0, max_groups_in_flight=1, usable=rewards_differ
+        )
+        await fill(buffer, "flat", [1.0, 1.0])
+        blocked = asyncio.create_task(fill(buffer, "next", [0.0, 1.0]))
+        await asyncio.sleep(0.02)
+        assert not blocked.done()
+        step = asyncio.create_task(buffer.next_groups(0, 1))
+        await asyncio.wait_for(blocked, 1)
+        return [g.prompt_id for g in await asyncio.wait_for(step, 1)]
+
+    assert asyncio.run(scenario()) == ["next"]
