@@ -331,3 +331,147 @@ def steps_as_the_models_own_forward(
         chunks = forward.count(("head", True))  # the embeddings once, the head once a chunk
         assert forward == [("embed", True)] + [("head", True)] * chunks and chunks >= 1, forward
         assert backward == [("head", True)] * chunks, backward  # each chunk's logits recomputed
+
+
+def reference(logits: torch.Tensor, targets: torch.Tensor, temperature: float):
+    """log softmax(logits / T)[target] and the entropy, autograd's own full-softmax chain."""
+    full = torch.log_softmax(logits / temperature, -1)
+    return full.gather(-1, targets[:, None]).squeeze(-1), -(full.exp() * full).sum(-1)
+
+
+def both_paths(hidden, head, targets, **kwargs):
+    """(head_logprobs, token_logprobs of the head's logits), each called with `kwargs`."""
+    return {
+        "head": head_logprobs(hidden, head, targets, **kwargs),
+        "token": token_logprobs(head(hidden), targets, **kwargs),
+    }
+
+
+def test_by_default_the_temperature_is_1_and_the_entropy_is_telemetry():
+    torch.manual_seed(0)
+    head = torch.nn.Linear(12, 97, dtype=torch.float64)
+    hidden = torch.randn(21, 12, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 97, (21,))
+    want, want_entropy = reference(head(hidden), targets, 1.0)
+    for name, (logp, entropy) in both_paths(hidden, head, targets, chunk=8).items():
+        torch.testing.assert_close(logp, want.float(), rtol=1e-6, atol=1e-6, msg=name)
+        torch.testing.assert_close(entropy, want_entropy.float().detach(), msg=name)
+        assert logp.requires_grad and not entropy.requires_grad, name
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.0, 0.5])
+def test_log_probs_entropy_and_gradients_at_any_temperature_equal_the_full_softmax(temperature):
+    """At 1 (no division), 2 and 0.5: the values and the gradient of log-probs and entropy,
+    the head in chunks and the logits in chunks."""
+    torch.manual_seed(1)
+    head = torch.nn.Linear(12, 97, dtype=torch.float64)
+    hidden = torch.randn(21, 12, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 97, (21,))
+    a, b = torch.randn(21, dtype=torch.float64), torch.randn(21, dtype=torch.float64)
+    want, want_entropy = reference(head(hidden), targets, temperature)
+    expected = torch.autograd.grad((want * a).sum() + (want_entropy * b).sum(), hidden)
+    kwargs = {"temperature": temperature, "chunk": 8, "entropy_grad": True}
+    for name, (logp, entropy) in both_paths(hidden, head, targets, **kwargs).items():
+        torch.testing.assert_close(logp, want.float(), rtol=1e-6, atol=1e-6, msg=name)
+        torch.testing.assert_close(entropy, want_entropy.float(), rtol=1e-6, atol=1e-6, msg=name)
+        got = torch.autograd.grad((logp.double() * a).sum() + (entropy.double() * b).sum(), hidden)
+        torch.testing.assert_close(got[0], expected[0], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_rows_of_very_different_scale_each_get_their_own_softmax():
+    """One row's logits 1000 above another's: each row's maximum is its own, so neither row's
+    exponentials underflow to a log of 0 (eighths: the same values in float32)."""
+    torch.manual_seed(2)
+    logits = (torch.randn(6, 40, dtype=torch.float64) * 16).round() / 8
+    logits[::2] += 1000.0
+    logits.requires_grad_(True)
+    targets = torch.randint(0, 40, (6,))
+    want, want_entropy = reference(logits, targets, 0.7)
+    logp, entropy = token_logprobs(logits, targets, 0.7, chunk=4)
+    assert logp.isfinite().all() and entropy.isfinite().all()
+    torch.testing.assert_close(logp, want.float(), rtol=1e-5, atol=1e-5)
+    # H = lse - sum(p s) in float32 with s near 1430: a few of its units in the last place
+    torch.testing.assert_close(entropy, want_entropy.float().detach(), rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("entropy_grad", [False, True])
+@pytest.mark.parametrize("n", [0, 1])
+def test_no_or_one_trained_token_gives_that_many_log_probs_attached_to_the_graph(n, entropy_grad):
+    """No position: empty [0] log-probs and entropy that a loss can still backpropagate through
+    (a zero gradient), the entropy attached only for a bonus; one position: its log-prob."""
+    torch.manual_seed(3)
+    head = torch.nn.Linear(12, 97, dtype=torch.float64)
+    hidden = torch.randn(n, 12, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 97, (n,))
+    want, want_entropy = reference(head(hidden), targets, 0.7)
+    kwargs = {"temperature": 0.7, "entropy_grad": entropy_grad}
+    for name, (logp, entropy) in both_paths(hidden, head, targets, **kwargs).items():
+        assert logp.shape == entropy.shape == (n,), name
+        torch.testing.assert_close(logp, want.float(), rtol=1e-6, atol=1e-6, msg=name)
+        torch.testing.assert_close(entropy, want_entropy.float().detach(), msg=name)
+        assert logp.requires_grad and entropy.requires_grad == entropy_grad, name
+        loss = logp.sum() + (entropy.sum() if entropy_grad else 0)
+        (grad,) = torch.autograd.grad(loss, hidden)
+        assert grad.shape == hidden.shape and (n > 0 or grad.numel() == 0), name
+
+
+def test_targets_a_chunk_short_of_the_positions_are_refused():
+    torch.manual_seed(4)
+    head = torch.nn.Linear(12, 97)
+    hidden, targets = torch.randn(8, 12), torch.randint(0, 97, (4,))
+    with pytest.raises(ValueError, match="zip"):
+        head_logprobs(hidden, head, targets, chunk=4)
+    with pytest.raises(ValueError, match="zip"):
+        token_logprobs(head(hidden), targets, chunk=4)
+
+
+def test_a_trained_head_on_frozen_hidden_states_recomputes_each_chunk_in_the_backward():
+    """LoRA on the head alone: the hidden states carry no gradient, the head does; its chunks'
+    logits are still recomputed in the backward (not kept whole), and its gradient is right."""
+    torch.manual_seed(5)
+    head = torch.nn.Linear(12, 97, dtype=torch.float64)
+    hidden = torch.randn(21, 12, dtype=torch.float64)
+    targets = torch.randint(0, 97, (21,))
+    calls = []
+    hook = head.register_forward_pre_hook(lambda *_: calls.append(1))
+    logp, _ = head_logprobs(hidden, head, targets, 0.7, chunk=8)
+    forward = len(calls)
+    got = torch.autograd.grad(logp.sum(), list(head.parameters()))
+    hook.remove()
+    assert forward == 3 and len(calls) == 2 * forward  # 3 chunks, each recomputed once
+    want, _ = reference(head(hidden), targets, 0.7)
+    expected = torch.autograd.grad(want.sum(), list(head.parameters()))
+    for g, w in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+class Divisions(TorchDispatchMode):
+    """The shape of every division by a number (the temperature), forward and backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        by = args[1] if len(args) > 1 else None
+        number = not isinstance(by, torch.Tensor) or by.dim() == 0
+        if func.overloadpacket in (torch.ops.aten.div, torch.ops.aten.div_) and number:
+            self.shapes.append(tuple(out.shape))
+        return out
+
+
+def test_at_temperature_1_no_chunk_of_logits_is_divided():
+    """Dividing by 1 gives the same values: at temperature 1 no [chunk, V] buffer is spent on it,
+    forward or backward; at 0.7 the logits and their gradient are divided."""
+    torch.manual_seed(6)
+    head = torch.nn.Linear(12, 97)
+    hidden = torch.randn(16, 12, requires_grad=True)
+    targets = torch.randint(0, 97, (16,))
+    seen = {}
+    for temperature in (1.0, 0.7):
+        with Divisions() as divisions:
+            logp, _ = head_logprobs(hidden, head, targets, temperature, chunk=8)
+            logp.sum().backward()
+        seen[temperature] = divisions.shapes.count((8, 97))
+    assert seen[1.0] == 0 and seen[0.7] > 0

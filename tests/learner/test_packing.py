@@ -63,7 +63,8 @@ def test_chunked_log_probs_and_their_gradient_equal_the_full_softmax():
 @pytest.mark.parametrize("packed", [True, False])
 def test_log_probs_at_trained_positions_equal_the_padded_full_reference(policy, packed):
     """Packed (one row, position ids restarting) or padded, logits only where a token trains:
-    the same log-probs as the full forward of the padded batch, 0 where the mask is 0."""
+    the same log-probs as the full forward of the padded batch, 0 where the mask is 0, at the
+    sampling temperature (0.7) as at 1."""
     model = Learner(policy, LearnerConfig(), group_size=4, dtype="float32").model.eval()
     trajectories = [t for g in uneven_groups(3) for t in g.members]
     batch = build_batch(trajectories, torch.zeros(len(trajectories)), 0)
@@ -72,13 +73,15 @@ def test_log_probs_at_trained_positions_equal_the_padded_full_reference(policy, 
         full = model(
             input_ids=batch.input_ids.to(on), attention_mask=batch.attention_mask.to(on)
         ).logits
-        want, want_entropy = response_logprobs(full, batch)
-        got, entropy, read = packed_logprobs(model, batch, packed, 1.0, on)
-    got, entropy, want, want_entropy = (t.cpu() for t in (got, entropy, want, want_entropy))
-    mask = batch.response_mask > 0
-    torch.testing.assert_close(got[mask], want[mask], rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(entropy[mask], want_entropy[mask], rtol=1e-4, atol=1e-4)
-    assert (got[~mask] == 0).all()
+        for temperature in (1.0, 0.7):
+            want, want_entropy = response_logprobs(full, batch, temperature)
+            got, entropy, read = packed_logprobs(model, batch, packed, temperature, on)
+            got, entropy = got.cpu(), entropy.cpu()
+            want, want_entropy = want.cpu(), want_entropy.cpu()
+            mask = batch.response_mask > 0
+            torch.testing.assert_close(got[mask], want[mask], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(entropy[mask], want_entropy[mask], rtol=1e-4, atol=1e-4)
+            assert (got[~mask] == 0).all()
     real = int(batch.attention_mask.sum())
     assert read == (real if packed else batch.input_ids.numel()) and read > 0
     given = model_input(batch, packed)
