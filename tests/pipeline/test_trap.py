@@ -10,7 +10,9 @@ from dataclasses import asdict
 
 import numpy as np
 import pytest
+import torch
 
+from learner.estimators import ESTIMATORS, estimate
 from pipeline.experiments.trap import (
     Trap,
     _parser,
@@ -21,6 +23,7 @@ from pipeline.experiments.trap import (
     softmax,
     wilson,
 )
+from pipeline.experiments.trap_exact import expected_path
 
 
 def mean(xs: list[float]) -> float:
@@ -283,3 +286,136 @@ def test_comparisons_skip_the_baseline_itself_and_cells_without_one():
     cells = [cell(Trap(chain_choices=3, steps=5, alpha=a), seeds=2) for a in (0.0, 0.5, 1.0)]
     assert [d["alpha"] for d in comparisons(cells)] == [0.5, 1.0]
     assert comparisons(cells[1:]) == []  # no alpha-0 cell to compare against
+
+
+def test_run_and_cell_seed_their_stream_with_0_unless_told():
+    """The command's --seed defaults to 0: a run or cell called without a seed is that run."""
+    trap = Trap(chain_choices=3, steps=10)
+    unseeded, at_0, at_1 = run(trap, 4), run(trap, 4, seed=0), run(trap, 4, seed=1)
+    np.testing.assert_array_equal(unseeded[1], at_0[1])
+    assert not np.array_equal(unseeded[1], at_1[1])
+    assert cell(trap, 4) == cell(trap, 4, seed=0) != cell(trap, 4, seed=1)
+
+
+def test_a_cell_summarises_the_run_at_its_seed_and_names_its_settings():
+    trap = Trap(chain_choices=3, p_guess=0.2, group_size=4, steps=30, estimator="grpo")
+    p_chain, reward = run(trap, 8, seed=3)
+    found = cell(trap, 8, seed=3)
+    assert found.escape == (p_chain > 0.9).mean()
+    assert (found.final_reward_mean, found.final_reward_std) == (reward.mean(), reward.std())
+    assert found.final_reward_mean != cell(trap, 8, seed=0).final_reward_mean
+    settings = (found.estimator, found.alpha, found.chain_choices, found.p_guess)
+    assert (*settings, found.group_size, found.seeds) == ("grpo", None, 3, 0.2, 4, 8)
+
+
+def test_a_trap_one_choice_deep_is_no_trap_every_seed_escapes():
+    """M 1: each hop has one choice, so a chain always pays 1, more than a guess's 0.3."""
+    found = cell(Trap(chain_choices=1, alpha=0.0, steps=60), seeds=10)
+    assert found.escape == 1.0
+    assert found.final_reward_mean > 0.9
+
+
+def replica(trap: Trap, seed: int) -> tuple[float, float]:
+    """One seed of `run` written out trajectory by trajectory, drawing the same numbers from the
+    same stream (the strata, then the first hops, the second hops, the guesses): the module
+    doc's REINFORCE step on theta and on both hops' logits, hops at `hop_speed` times lr."""
+    rng = np.random.default_rng(seed)
+    m, k = trap.chain_choices, trap.groups * trap.group_size
+    theta = [0.0, math.log(trap.start_chain / (1 - trap.start_chain))]
+    hops = [[0.0] * m, [0.0] * m]
+    params = {p: getattr(trap, p) for p in ESTIMATORS[trap.estimator].params}
+
+    def pick(u: float, p: list[float]) -> int:
+        total = 0.0
+        for i, q in enumerate(p):
+            total += q
+            if u <= total:
+                return i
+        return len(p) - 1
+
+    for _ in range(trap.steps):
+        p_s, p_h = soft(theta), [soft(h) for h in hops]
+        strata = [int(u < p_s[1]) for u in rng.random(k)]
+        firsts = [pick(u, p_h[0]) for u in rng.random(k)]
+        seconds = [pick(u, p_h[1]) for u in rng.random(k)]
+        guessed = [u < trap.p_guess for u in rng.random(k)]
+        rewards = [
+            float(a == b == 0) if s == 1 else float(g)
+            for s, a, b, g in zip(strata, firsts, seconds, guessed, strict=True)
+        ]
+        advantages = estimate(
+            trap.estimator,
+            torch.tensor(rewards, dtype=torch.float64),
+            torch.tensor([i // trap.group_size for i in range(k)]),
+            torch.tensor(strata),
+            **params,
+        ).advantages.tolist()
+        d_theta, d_hops = [0.0, 0.0], [[0.0] * m, [0.0] * m]
+        for s, a, b, adv in zip(strata, firsts, seconds, advantages, strict=True):
+            for j in range(2):
+                d_theta[j] += adv * ((j == s) - p_s[j])
+            if s == 1:
+                for hop, chosen in enumerate((a, b)):
+                    for j in range(m):
+                        d_hops[hop][j] += adv * ((j == chosen) - p_h[hop][j])
+        theta = [t + trap.lr * d / k for t, d in zip(theta, d_theta, strict=True)]
+        step = trap.lr * trap.hop_speed / k
+        hops = [
+            [x + step * d for x, d in zip(h, dh, strict=True)]
+            for h, dh in zip(hops, d_hops, strict=True)
+        ]
+    strata, first, second = soft(theta), soft(hops[0]), soft(hops[1])
+    return strata[1], strata[0] * trap.p_guess + strata[1] * first[0] * second[0]
+
+
+@pytest.mark.parametrize(
+    "trap",
+    [
+        Trap(chain_choices=3, group_size=4, groups=2, steps=6, lr=2.0, start_chain=0.3),
+        Trap(chain_choices=4, groups=2, steps=6, lr=2.0, alpha=0.0, hop_speed=3.0),
+        # the median centres mc_grpo's advantages: a seed's need not sum to 0
+        Trap(chain_choices=3, group_size=5, groups=2, steps=6, lr=2.0, estimator="mc_grpo"),
+    ],
+)
+def test_run_is_the_reinforce_step_written_out_draw_for_draw(trap):
+    p_chain, reward = run(trap, seeds=1, seed=11)
+    theirs = replica(trap, seed=11)
+    assert (p_chain[0], reward[0]) == (pytest.approx(theirs[0]), pytest.approx(theirs[1]))
+    assert theirs[0] != pytest.approx(trap.start_chain)  # the stratum logits moved
+
+
+def test_the_softmax_takes_the_last_axis_of_a_vector_too():
+    found = softmax(np.array([0.0, math.log(3)]))
+    np.testing.assert_allclose(found, [0.25, 0.75], atol=1e-12)
+
+
+def test_the_path_prints_each_alpha_after_its_last_step_and_records_its_settings(tmp_path, capsys):
+    out = tmp_path / "path.json"
+    argv = ["--path", str(out), "--alphas", "0,0.5", "--chain-choices", "4", "--p-guess", "0.2"]
+    argv += ["--group-size", "4", "--start-chain", "0.3", "--hop-speed", "3", "--lr", "2"]
+    assert main([*argv, "--steps", "4"]) == 0
+    found = json.loads(out.read_text())
+    assert found["settings"] == {
+        "chain_choices": 4,
+        "p_guess": 0.2,
+        "group_size": 4,
+        "start_chain": 0.3,
+        "hop_speed": 3.0,
+        "steps": 4,
+        "lr": 2.0,
+    }
+    paths = [
+        expected_path(a, 4, 0.2, 4, 4, lr=2.0, start_chain=0.3, hop_speed=3.0) for a in (0, 0.5)
+    ]
+    assert found["paths"] == paths
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    for line, alpha, rows in zip(lines, ("0", "0.5"), paths, strict=True):
+        end = rows[-1]
+        assert line == (
+            f"alpha {alpha}  M 4  p_guess 0.2  group 4: after 4 steps P(chain) {end['chain']:.3f}, "
+            f"E[reward] {end['expected_reward']:.3f}, cosine to the true gradient "
+            f"{end['cosine']:.3f}"
+        )
+    assert main([*argv, "--steps", "1"]) == 0  # a path of one row: its first is its last
+    assert len(json.loads(out.read_text())["paths"][1]) == 1
