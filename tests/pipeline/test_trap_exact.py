@@ -1,5 +1,7 @@
 """The trap's exact expected update against sampling, and Theorem 3 on it."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -18,7 +20,7 @@ from pipeline.experiments.trap_exact import (
 )
 
 
-def sampled(chain, hop, p_guess, size, groups, alpha, seed=0):
+def sampled(chain, hop, p_guess, size, groups, estimator="stratified", seed=0, **params):
     """The same expectations by sampling `groups` groups, trajectory by trajectory."""
     rng = np.random.default_rng(seed)
     n = size * groups
@@ -27,12 +29,11 @@ def sampled(chain, hop, p_guess, size, groups, alpha, seed=0):
     reward = np.where(is_chain, a1 & a2, rng.random(n) < p_guess).astype(np.float64)
     ids = torch.from_numpy(np.repeat(np.arange(groups), size))
     adv = estimate(
-        "stratified",
+        estimator,
         torch.from_numpy(reward),
         ids,
         torch.from_numpy(is_chain.astype(np.int64)),
-        alpha=alpha,
-        eps=1e-6,
+        **params,
     ).advantages.numpy()
     stratum = adv * (is_chain - chain)
     hop_term = adv * is_chain * (a1 - hop)
@@ -50,7 +51,7 @@ def test_compositions_count_and_sum():
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
 def test_the_exact_update_is_what_sampling_averages_to(alpha):
     exact = expected_update(0.4, 0.35, 0.3, 4, alpha=alpha, eps=1e-6)
-    (s, s_se), (h, h_se) = sampled(0.4, 0.35, 0.3, 4, 60_000, alpha)
+    (s, s_se), (h, h_se) = sampled(0.4, 0.35, 0.3, 4, 60_000, alpha=alpha, eps=1e-6)
     assert abs(exact.stratum - s) < 4 * s_se + 1e-12
     assert abs(exact.hop - h) < 4 * h_se + 1e-12
 
@@ -246,3 +247,38 @@ def test_where_the_true_stratum_gradient_is_0_the_paths_ratio_is_nan_not_an_erro
     gradient of the chain logit is 0 and the update's ratio to it is undefined."""
     (row,) = expected_path(0.6, 2, 0.25, 4, steps=1)
     assert np.isnan(row["stratum_ratio"])
+
+
+def test_an_estimator_whose_advantages_need_not_sum_to_0_is_exact_too():
+    """mc_grpo centres a group on its median: its advantages need not sum to 0, so the stratum
+    update's -c sum(A) part counts, and the exact update still averages what sampling does."""
+    exact = expected_update(0.4, 0.35, 0.3, 4, "mc_grpo", eps=1e-6)
+    (s, s_se), (h, h_se) = sampled(0.4, 0.35, 0.3, 4, 60_000, "mc_grpo", eps=1e-6)
+    assert abs(exact.stratum - s) < 4 * s_se + 1e-12
+    assert abs(exact.hop - h) < 4 * h_se + 1e-12
+
+
+@pytest.mark.parametrize(
+    ("chain", "hop", "p_guess"),
+    [(0.4, 0.3, 0.0), (0.4, 0.3, 1.0), (0.4, 1.0, 0.3), (0.7, 1.0, 0.0)],
+)
+def test_where_an_outcome_cannot_happen_rloo_still_follows_the_true_gradient(chain, hop, p_guess):
+    """A guess that never (or always) pays, or hops that are always right (a chain that cannot
+    fail): RLOO's expected update is still exactly the true gradient (its multiple is 1)."""
+    found = expected_update(chain, hop, p_guess, 6, "rloo")
+    assert found.stratum == pytest.approx(found.true_stratum, rel=1e-9)
+    assert found.hop == pytest.approx(found.true_hop, rel=1e-9, abs=1e-15)
+
+
+def test_each_step_of_the_path_adds_lr_times_the_expected_update():
+    """The chain logit moves by lr s and the guess logit by -lr s (their gap by 2 lr s); the right
+    hop's logit by lr k u and each wrong one's by -lr k u / (M - 1), k the hop speed."""
+    rows = expected_path(0.6, 4, 0.3, 6, steps=3, lr=0.5, start_chain=0.3, hop_speed=2.0)
+    assert [(r["step"], r["alpha"]) for r in rows] == [(0, 0.6), (1, 0.6), (2, 0.6)]
+    first = rows[0]
+    assert (first["chain"], first["hop"]) == (pytest.approx(0.3), 0.25)
+    found = expected_update(first["chain"], first["hop"], 0.3, 6, alpha=0.6, eps=1e-6)
+    gap = math.log(first["chain"] / (1 - first["chain"])) + 2 * 0.5 * found.stratum
+    hop_gap = 0.5 * 2.0 * found.hop * (1 + 1 / 3)
+    assert rows[1]["chain"] == pytest.approx(1 / (1 + math.exp(-gap)), rel=1e-12)
+    assert rows[1]["hop"] == pytest.approx(1 / (1 + 3 * math.exp(-hop_gap)), rel=1e-12)
