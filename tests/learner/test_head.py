@@ -33,17 +33,22 @@ CPU = torch.device("cpu")
 
 
 class Sizes(TorchDispatchMode):
-    """The shape of every tensor an operation makes, forward and backward."""
+    """The shape of every tensor an operation makes, forward and backward (`counts` picks the
+    operations: all by default)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.shapes: list[tuple[int, ...]] = []
 
+    def counts(self, func, args) -> bool:
+        return True
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, tuple | list) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.shapes.append(tuple(t.shape))
+        if self.counts(func, args):
+            for t in out if isinstance(out, tuple | list) else (out,):
+                if isinstance(t, torch.Tensor):
+                    self.shapes.append(tuple(t.shape))
         return out
 
 
@@ -445,20 +450,13 @@ def test_a_trained_head_on_frozen_hidden_states_recomputes_each_chunk_in_the_bac
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
 
 
-class Divisions(TorchDispatchMode):
+class Divisions(Sizes):
     """The shape of every division by a number (the temperature), forward and backward."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.shapes: list[tuple[int, ...]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+    def counts(self, func, args) -> bool:
         by = args[1] if len(args) > 1 else None
         number = not isinstance(by, torch.Tensor) or by.dim() == 0
-        if func.overloadpacket in (torch.ops.aten.div, torch.ops.aten.div_) and number:
-            self.shapes.append(tuple(out.shape))
-        return out
+        return func.overloadpacket in (torch.ops.aten.div, torch.ops.aten.div_) and number
 
 
 def test_at_temperature_1_no_chunk_of_logits_is_divided():
