@@ -51,7 +51,7 @@ from pipeline.experiments.diagnose import (
     matched_depth,
 )
 from pipeline.experiments.searches import bucket, read_trajectories
-from pipeline.experiments.stats import detectable, welch
+from pipeline.experiments.stats import _welch_parts, detectable, welch
 from pipeline.experiments.trap import Trap, cell
 
 LEVEL = 0.01  # the primary test's threshold, registered
@@ -304,9 +304,8 @@ def difference(blend: list[float], grpo: list[float]) -> Difference | None:
     if len(a) < 2 or len(b) < 2:
         return None
     p, (low, high) = welch(a, b)
-    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)  # Welch-Satterthwaite
-    spread = va**2 / (len(a) - 1) + vb**2 / (len(b) - 1)
-    df = float((va + vb) ** 2 / spread) if spread > 0 else 0.0
+    se, df = _welch_parts(a, b)
+    df = float(df) if se > 0 else 0.0  # JSON has no nan
     return Difference(float(a.mean() - b.mean()), low, high, p, df, detectable(a, b))
 
 
