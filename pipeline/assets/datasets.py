@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -190,7 +190,8 @@ def _search_r1_row(row: dict[str, Any], index: int, path: Path) -> Question:
 
 def load_search_r1(path: str | os.PathLike[str]) -> list[Question]:
     """Questions of a Search-R1 parquet file (id, question or prompt, data_source, reward_model or
-    golden_answers; extra_info optional), in file order."""
+    golden_answers; extra_info optional), in file order. Ids that repeat across data sources
+    (Search-R1's published train and test files) are read as `<data_source>_<id>`."""
     p = Path(path)
     table = _read_parquet(p)
     names, rows = set(table.column_names), f"all {table.num_rows} rows"
@@ -210,7 +211,25 @@ def load_search_r1(path: str | os.PathLike[str]) -> list[Question]:
         _search_r1_row({n: values[i] for n, values in columns.items()}, i, p)
         for i in range(table.num_rows)
     ]
-    return _unique(questions, p, "row", list(range(table.num_rows)), "id")
+    return _unique(_qualified(questions, p), p, "row", list(range(table.num_rows)), "id")
+
+
+def _qualified(questions: list[Question], path: Path) -> list[Question]:
+    """`questions` with every id written `<data_source>_<id>` when ids repeat across data
+    sources, as in Search-R1's published files (FlashRAG's `test_0` in each of the seven
+    datasets): the ids `prepare search_r1` writes for the same rows. A repeat within one data
+    source is refused (two prompts sharing an id would be merged into one group downstream)."""
+    if len({q.id for q in questions}) == len(questions):
+        return questions
+    seen: dict[tuple[str, str], int] = {}
+    for row, q in enumerate(questions):
+        if (q.data_source, q.id) in seen:
+            raise DatasetError(
+                f"{path}: rows {seen[q.data_source, q.id]} and {row}: field 'id' value {q.id!r} "
+                f"is duplicated within data_source {q.data_source!r}"
+            )
+        seen[q.data_source, q.id] = row
+    return [replace(q, id=f"{q.data_source}_{q.id}") for q in questions]
 
 
 # ---------------------------------------------------------------------------- GAIA metadata.jsonl

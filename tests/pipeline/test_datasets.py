@@ -121,6 +121,49 @@ def test_search_r1_fallbacks(tmp_path):
     assert ids == ["nq_train-0", "nq_train-1"]
 
 
+def test_ids_repeating_across_data_sources_are_read_with_the_source_in_front(tmp_path):
+    """Search-R1's published files keep FlashRAG's ids, which restart in every dataset: read
+    as `prepare search_r1` writes them, `<data_source>_<id>`, so nothing merges two prompts."""
+    rows = [
+        search_r1_row(i, id=f"train_{i}", data_source=source)
+        for source in ("nq", "hotpotqa")
+        for i in range(2)
+    ]
+    ids = [q.id for q in load_search_r1(write_parquet(tmp_path / "train.parquet", rows))]
+    assert ids == ["nq_train_0", "nq_train_1", "hotpotqa_train_0", "hotpotqa_train_1"]
+    for row in rows:  # ids from extra_info.index restart the same way
+        del row["id"]
+    ids = [q.id for q in load_search_r1(write_parquet(tmp_path / "index.parquet", rows))]
+    assert ids == ["nq_0", "nq_1", "hotpotqa_0", "hotpotqa_1"]
+    unique = [search_r1_row(0, data_source="nq"), search_r1_row(1, data_source="hotpotqa")]
+    ids = [q.id for q in load_search_r1(write_parquet(tmp_path / "unique.parquet", unique))]
+    assert ids == ["q0", "q1"]  # a file whose ids are unique keeps them as written
+
+
+def test_a_repeat_within_one_source_or_made_by_the_prefix_is_refused(tmp_path):
+    rows = [
+        search_r1_row(0, data_source="nq"),
+        search_r1_row(1, id="q0", data_source="hotpotqa"),
+        search_r1_row(2, id="q0", data_source="hotpotqa"),
+    ]
+    path = write_parquet(tmp_path / "d.parquet", rows)
+    with pytest.raises(
+        DatasetError,
+        match=r"rows 1 and 2: field 'id' value 'q0' is duplicated within data_source 'hotpotqa'$",
+    ):
+        load_search_r1(path)
+    rows = [  # nq + "_x_q0" and nq_x + "_q0" are one id once qualified
+        search_r1_row(0, id="x_q0", data_source="nq"),
+        search_r1_row(1, id="x_q0", data_source="hotpotqa"),
+        search_r1_row(2, id="q0", data_source="nq_x"),
+    ]
+    path = write_parquet(tmp_path / "e.parquet", rows)
+    with pytest.raises(
+        DatasetError, match=r"rows 0 and 2: field 'id' value 'nq_x_q0' is duplicated$"
+    ):
+        load_search_r1(path)
+
+
 def test_gaia_level_as_int_and_as_string(tmp_path):
     path = write_jsonl(tmp_path / "metadata.jsonl", [gaia_row(0, 1), "", gaia_row(1, "3")])
     q0, q1 = load_gaia(path)
