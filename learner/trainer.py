@@ -13,7 +13,7 @@ With `learner.advantage.type: gae` a critic (learner/critic.py) trains beside th
 same ranks: its values before the step give GAE's per-token advantages (learner/gae.py), and it
 takes `ppo_epochs` passes of its clipped value loss after the policy's.
 
-On CPU it runs DeepSpeed ZeRO 0-2 over gloo; on GPUs ZeRO-3 with NCCL. With `learner.num_ranks`
+It runs DeepSpeed ZeRO 0-3: over gloo on CPU, with NCCL on GPUs. With `learner.num_ranks`
 N > 1 this object is rank 0 of N (learner/ranks.py): `step` splits the groups across the ranks by
 tokens and every rank trains its share in `train_rows`, with global loss normalisation.
 """
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -63,6 +64,13 @@ def init_distributed() -> None:
             os.environ.setdefault(name, value)
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     deepspeed.init_distributed(dist_backend=backend, verbose=False)
+    # ZeRO-3's every gather and reduce-scatter calls torch's old names, whose FutureWarning
+    # came back every step (something resets the warning registry): nothing a user can act on.
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
+        category=FutureWarning,
+    )
 
 
 def rank_metrics(ranks: list[dict[str, float]]) -> dict[str, float]:

@@ -20,8 +20,6 @@ def unavailable(config: StrataConfig) -> str | None:
             "model.dtype float16 trains only on CUDA GPUs (DeepSpeed refuses fp16 on CPU): "
             "use --set model.dtype=bfloat16 or float32 here"
         )
-    if problem is None and config.learner.zero_stage == 3 and not gpus:
-        problem = "learner.zero_stage 3 needs CUDA GPUs here: use --set learner.zero_stage=2 on CPU"
     return problem or config.runtime.refused(config, gpus)
 
 
