@@ -385,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
         problems.append("--exact-plot needs --exact (the expected updates it plots)")
     if args.path_plot and not args.path:
         problems.append("--path-plot needs --path (the JSON the paths are written to)")
+    if args.path and args.steps < 1:
+        problems.append("--path needs --steps >= 1 (a path of no step has no end to report)")
     if args.path and args.estimator != "stratified":
         problems.append("--path follows the stratified blend's alphas: leave --estimator out")
     if args.exact and args.estimator != "stratified":

@@ -207,6 +207,10 @@ REFUSED = [
     (["--exact-plot", "x.png"], "--exact-plot needs --exact (the expected updates it plots)"),
     (["--path-plot", "x.png"], "--path-plot needs --path (the JSON the paths are written to)"),
     (
+        ["--path", "x.json", "--steps", "0"],
+        "--path needs --steps >= 1 (a path of no step has no end to report)",
+    ),
+    (
         ["--path", "x.json", "--estimator", "grpo"],
         "--path follows the stratified blend's alphas: leave --estimator out",
     ),
