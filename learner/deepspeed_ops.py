@@ -12,13 +12,27 @@ The op is built for one environment (its include paths are the venv's), and torc
 per op name in ~/.cache/torch_extensions: two checkouts on one machine would rebuild it in turn,
 each time the other one ran (30-60 s each on 2 cores). `use_own_extension_dir` gives each
 environment its own directory; every process that loads the op calls it first.
+
+torch guards a build with a lock file it removes when the build ends; a build whose process was
+killed (SIGKILL, a closed terminal, a CI timeout) leaves it, and every later process waited on it
+forever, printing nothing. So the op is loaded here (`load_cpu_op`) before DeepSpeed asks for it
+(DeepSpeed then takes the loaded module and builds nothing), by one process at a time under an
+flock, which the kernel releases when its holder dies: whoever holds it knows that no other
+Strata process is building, and removes a lock file left behind, saying so in one line.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
+
+LOCK = "lock"  # torch.utils.cpp_extension's build lock, in each op's build directory
+FOREIGN_S = 60.0  # how long a lock file may be a foreign process's live one: a no-op load is ~1 s
 
 
 def use_own_extension_dir() -> None:
@@ -28,24 +42,75 @@ def use_own_extension_dir() -> None:
         os.environ["TORCH_EXTENSIONS_DIR"] = str(Path(sys.prefix) / "torch_extensions")
 
 
-def main() -> int:
-    os.environ.setdefault("DS_BUILD_OPS", "0")
+@contextmanager
+def one_builder(root: Path) -> Iterator[None]:
+    """Held by one process at a time (an flock on `root`/.strata-build.lock), released by the
+    kernel when its holder dies, however it dies."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".strata-build.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def clear_left_lock(
+    build_dir: Path,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str | None:
+    """Remove torch's build lock in `build_dir` if one is there, to be called under
+    `one_builder`: no Strata process holds it then. A foreign process's live lock lasts a
+    no-op load (about a second), so a lock is first waited on until it is `FOREIGN_S` old.
+    Returns the line saying what was removed, or None."""
+    lock = build_dir / LOCK
+    while True:
+        try:
+            age = clock() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return None
+        if age >= FOREIGN_S:
+            break
+        sleep(min(1.0, FOREIGN_S - age))
+    lock.unlink(missing_ok=True)
+    return (
+        f"strata: removed {lock}, a build lock {age:.0f} s old whose build was killed "
+        "(every later process would have waited on it forever)"
+    )
+
+
+def load_cpu_op() -> str:
+    """DeepSpeed's shared-memory op loaded into this process (built first if need be) under
+    `one_builder`, with a lock a killed build left removed. Returns what happened, in a line."""
     use_own_extension_dir()
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator
 
     builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
     if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
-        print("learner.deepspeed_ops: no shared-memory op to build on this accelerator")
-        return 0
-    try:
-        builder.load(verbose=False)
-    except Exception as exc:  # no compiler here: DeepSpeed tries again at run time
-        print(
-            f"learner.deepspeed_ops: could not build {builder.NAME} ({exc}); runs build it on first use"
-        )
-        return 0
-    print(f"learner.deepspeed_ops: {builder.NAME} is built")
+        return "no shared-memory op to build on this accelerator"
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    guarded = bool(root) and _writable(Path(root))  # a read-only one: builds nothing, no lock
+    with one_builder(Path(root)) if guarded else nullcontext():
+        if guarded and (removed := clear_left_lock(Path(root) / builder.NAME)):
+            print(removed, file=sys.stderr, flush=True)
+        try:
+            builder.load(verbose=False)
+        except Exception as exc:  # no compiler here: DeepSpeed tries again at run time
+            return f"could not build {builder.NAME} ({exc}); runs build it on first use"
+    return f"{builder.NAME} is built"
+
+
+def _writable(root: Path) -> bool:
+    with suppress(OSError):
+        root.mkdir(parents=True, exist_ok=True)
+    return os.access(root, os.W_OK)
+
+
+def main() -> int:
+    os.environ.setdefault("DS_BUILD_OPS", "0")
+    print(f"learner.deepspeed_ops: {load_cpu_op()}")
     return 0
 
 

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from learner.checkpoint import load_checkpoint, save_rank_part
-from learner.deepspeed_ops import use_own_extension_dir
+from learner.deepspeed_ops import load_cpu_op
 
 
 class RankError(RuntimeError):
@@ -92,7 +92,7 @@ def init_rank_group(rank: int, world: int, where: str | TcpRendezvous) -> None:
     import deepspeed
     import torch.distributed as dist
 
-    use_own_extension_dir()  # the CPU op DeepSpeed loads here: learner/deepspeed_ops.py
+    load_cpu_op()  # before DeepSpeed asks for it: learner/deepspeed_ops.py
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if not isinstance(where, TcpRendezvous) or is_loopback(where.host):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's pairs connect over loopback only

@@ -36,7 +36,7 @@ from learner.attention import implementation
 from learner.batch import TrainBatch, build_batch
 from learner.corrections import Correction
 from learner.critic import Critic
-from learner.deepspeed_ops import use_own_extension_dir
+from learner.deepspeed_ops import load_cpu_op
 from learner.gae import explained, explained_variance, gae, outcome_rewards, whiten
 from learner.head import splits
 from learner.lora import adapter_weights, adapters_off, merged_state_dict, with_adapters
@@ -57,7 +57,7 @@ def init_distributed() -> None:
 
     if dist.is_available() and dist.is_initialized():
         return
-    use_own_extension_dir()  # the CPU op DeepSpeed loads here: learner/deepspeed_ops.py
+    load_cpu_op()  # before DeepSpeed asks for it: learner/deepspeed_ops.py
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if "MASTER_ADDR" not in os.environ and int(os.environ.get("WORLD_SIZE", "1")) == 1:
         for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
