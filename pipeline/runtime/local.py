@@ -11,7 +11,6 @@ the Ray runtime; this module builds the in-process roles.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 from pathlib import Path
 
@@ -79,15 +78,8 @@ class LocalRoles(Roles):
         trim()  # the step's activations go back to the system (pipeline/runtime/allocator.py)
         return metrics
 
-    async def step(self, groups):
-        work = asyncio.ensure_future(asyncio.to_thread(self._step, groups))
-        try:
-            return await asyncio.shield(work)
-        except asyncio.CancelledError:  # the run is stopping: let the step end before a checkpoint
-            while not work.done():  # however often it is asked to stop meanwhile
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.shield(work)
-            raise
+    async def step(self, groups):  # a stop lets it end: pipeline/runtime/stream.py's unstoppable
+        return await asyncio.to_thread(self._step, groups)
 
     async def weights(self):
         return self.learner.state_dict()

@@ -17,14 +17,15 @@ import itertools
 import json
 import math
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from actors.pool import ActorPool
 from actors.tools import ToolStats
 from buffers.group_buffer import BufferStats, GroupBuffer
+from buffers.records import Group
 from pipeline.assets.datasets import DatasetError, drop_long_prompts, load_questions, load_world
 from pipeline.backends.runtime import RuntimeUnavailable
 from pipeline.config.schema import StrataConfig
@@ -178,6 +179,66 @@ async def stream(
         loggers.begin(roles.version)
     if evaluator is not None and roles.version == 0:  # the starting policy: what training adds
         evaluator.start(0, 0)
+
+    async def one_step(groups: list[Group], waited: float) -> dict | None:
+        """Train on `groups`, publish, record: the step's metrics (None: nothing trained)."""
+        nonlocal trained
+        busy = clock()
+        summary.learner_idle_s += busy - waited
+        metrics = await roles.step(groups)  # the pools keep generating meanwhile
+        summary.learner_busy_s += clock() - busy
+        if not metrics.get("groups"):  # nothing usable: nothing trained, nothing published
+            buffer.trained(groups, None)
+            summary.empty_steps += 1
+            if math.log10(summary.empty_steps).is_integer():  # the 1st, 10th, 100th, ...
+                print(
+                    f"strata: {summary.empty_steps} step(s) so far had no usable group (e.g. "
+                    f"all rewards equal): nothing trained or published",
+                    flush=True,
+                )
+            return None
+        published = await roles.publish()
+        metrics.update(published)
+        # A failed publish frees the places at once: waiting for a version an engine may never
+        # serve would hang the run. What an engine that kept older weights generates is
+        # dropped as stale at consumption, and counted.
+        buffer.trained(groups, roles.version if published["published"] else None)
+        buffer.serve(published["served_version"])
+        summary.steps = roles.version
+        trained += sum(g.size for g in groups)
+        summary.trajectories += sum(g.size for g in groups)
+        elapsed = clock() - start
+        stats = buffer.stats()
+        actors = await roles.actor_stats()
+        tokens = sum(s.generated_tokens for s in actors.values()) - tokens_at_start
+        metrics.update(
+            step=summary.steps,
+            elapsed_s=elapsed,
+            trajectories_per_s=trained / elapsed,
+            generated_tokens_per_s=max(tokens, 0) / elapsed,
+            buffer_ready=stats.ready_groups,
+            buffer_open=stats.open_groups,
+            dropped_stale=stats.dropped_stale,
+            filtered=stats.filtered,
+            filtered_groups=stats.filtered_groups,
+            abandoned=stats.abandoned,
+            abandoned_groups=stats.abandoned_groups,
+            empty_steps=summary.empty_steps,
+            skipped_prompts=summary.skipped_prompts,
+            aborted=sum(p.stats.aborted for p in pools),
+            server_rejoins=sum(a.server_rejoins for a in actors.values()),
+        )
+        metrics.update(fairness_metrics(stats))
+        metrics_file.write(json.dumps(metrics) + "\n")
+        metrics_file.flush()
+        if loggers is not None:
+            members = [t for g in groups for t in g.members]
+            loggers.log_step(StepRecord(metrics, members, busy - waited, stats, actors))
+        summary.metrics.append(metrics)
+        if progress is not None:
+            progress(metrics)
+        return metrics
+
     finished = False
     try:
         while roles.version < config.learner.max_steps:
@@ -185,60 +246,14 @@ async def stream(
             groups = await _next_groups(
                 buffer, roles.version, config.learner.groups_per_step, pool_tasks
             )
-            busy = clock()
-            summary.learner_idle_s += busy - waited
-            metrics = await roles.step(groups)  # the pools keep generating meanwhile
-            summary.learner_busy_s += clock() - busy
-            if not metrics.get("groups"):  # nothing usable: nothing trained, nothing published
-                buffer.trained(groups, None)
-                summary.empty_steps += 1
-                if math.log10(summary.empty_steps).is_integer():  # the 1st, 10th, 100th, ...
-                    print(
-                        f"strata: {summary.empty_steps} step(s) so far had no usable group (e.g. "
-                        f"all rewards equal): nothing trained or published",
-                        flush=True,
-                    )
+            # A stop asked during the step lets it end and be recorded (a step's training,
+            # publish and metrics line go together), then stops the loop; the way out
+            # checkpoints it.
+            recorded = await unstoppable(one_step(groups, waited))
+            if stop_asked():
+                raise asyncio.CancelledError
+            if recorded is None:
                 continue
-            published = await roles.publish()
-            metrics.update(published)
-            # A failed publish frees the places at once: waiting for a version an engine may never
-            # serve would hang the run. What an engine that kept older weights generates is
-            # dropped as stale at consumption, and counted.
-            buffer.trained(groups, roles.version if published["published"] else None)
-            buffer.serve(published["served_version"])
-            summary.steps = roles.version
-            trained += sum(g.size for g in groups)
-            summary.trajectories += sum(g.size for g in groups)
-            elapsed = clock() - start
-            stats = buffer.stats()
-            actors = await roles.actor_stats()
-            tokens = sum(s.generated_tokens for s in actors.values()) - tokens_at_start
-            metrics.update(
-                step=summary.steps,
-                elapsed_s=elapsed,
-                trajectories_per_s=trained / elapsed,
-                generated_tokens_per_s=max(tokens, 0) / elapsed,
-                buffer_ready=stats.ready_groups,
-                buffer_open=stats.open_groups,
-                dropped_stale=stats.dropped_stale,
-                filtered=stats.filtered,
-                filtered_groups=stats.filtered_groups,
-                abandoned=stats.abandoned,
-                abandoned_groups=stats.abandoned_groups,
-                empty_steps=summary.empty_steps,
-                skipped_prompts=summary.skipped_prompts,
-                aborted=sum(p.stats.aborted for p in pools),
-                server_rejoins=sum(a.server_rejoins for a in actors.values()),
-            )
-            metrics.update(fairness_metrics(stats))
-            metrics_file.write(json.dumps(metrics) + "\n")
-            metrics_file.flush()
-            if loggers is not None:
-                members = [t for g in groups for t in g.members]
-                loggers.log_step(StepRecord(metrics, members, busy - waited, stats, actors))
-            summary.metrics.append(metrics)
-            if progress is not None:
-                progress(metrics)
             every = config.learner.checkpoint_every
             if every and summary.steps % every == 0:
                 extra = {"step": summary.steps, CURSOR_KEY: tasks_started()}
@@ -268,6 +283,27 @@ async def stream(
                 roles, buffer, pools, run_dir, extra, summary.books_before
             )
     return summary
+
+
+T = TypeVar("T")
+
+
+async def unstoppable(work: Coroutine[Any, Any, T]) -> T:
+    """`work` run to its end even when the task awaiting it is cancelled meanwhile (the run asked
+    to stop): its result is returned, and the caller sees the stop with `stop_asked`."""
+    future = asyncio.ensure_future(work)
+    while True:
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            if future.cancelled():  # the work itself was cancelled, not its caller
+                raise
+
+
+def stop_asked() -> bool:
+    """Whether this task was cancelled while `unstoppable` work let it wait."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def fairness_metrics(stats: BufferStats) -> dict[str, float]:

@@ -3,6 +3,7 @@ the fakes of `pipeline.runtime.fakes` (a step sleeps; a trajectory takes longer 
 
 import asyncio
 import itertools
+import json
 
 import pytest
 
@@ -135,4 +136,50 @@ def test_the_run_dir_books_agree_with_the_spill(tmp_path):
         )
     )
     assert summary.steps == 4
+    assert_accounting(tmp_path)
+
+
+class StoppedInStep(SimulatedRoles):
+    """Stops the run (cancels the task running the loop, as SIGTERM does) while step `at`
+    trains, and records the steps that checkpoints were taken at."""
+
+    def __init__(self, engine, at: int, task: asyncio.Task):
+        super().__init__(engine, step_s=0.05)
+        self.at, self.task, self.checkpoints = at, task, []
+
+    async def step(self, groups):
+        if self.calls + 1 == self.at:
+            self.task.cancel()
+        return await super().step(groups)
+
+    async def checkpoint(self, directory, extra):
+        self.checkpoints.append(extra["step"])
+        return directory
+
+
+@pytest.mark.parametrize("at", [1, 3])
+def test_a_stop_during_a_step_lets_it_train_and_records_it_before_stopping(tmp_path, at):
+    """The step under way trains whole (its version is the checkpoint's), is published and gets
+    its metrics line like any other; no step starts after it; the books balance."""
+    config = StrataConfig(
+        buffer=BufferConfig(group_size=4, max_staleness=1),
+        learner=LearnerConfig(groups_per_step=2, max_steps=100),
+    )
+    engine = SimulatedEngine()
+    buffer = make_buffer(config.buffer, tmp_path, 2)
+    tasks = (SimulatedTask(str(i)) for i in itertools.count())
+    pool = ActorPool(SimulatedAgent(engine), buffer, tasks, group_size=4, concurrency=8)
+    summary, roles = RunSummary(), None
+
+    async def run():
+        nonlocal roles
+        roles = StoppedInStep(engine, at, asyncio.current_task())
+        await stream(config, roles, buffer, [pool], tmp_path, summary)
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(run())
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["version"] for line in lines] == [float(v) for v in range(1, at + 1)]
+    assert roles.calls == at and roles.published == list(range(1, at + 1))
+    assert summary.steps == at and roles.checkpoints == [at]
     assert_accounting(tmp_path)
