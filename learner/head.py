@@ -16,7 +16,13 @@ per-module hooks fetch the embeddings (inside the backbone) and the head's weigh
 embeddings or not) at each call. ZeRO 0-3 are tested on CPU (tests/learner/test_head.py: ZeRO-3
 in one gloo process, which partitions the weights all the same), ZeRO-3 again with NCCL in the
 GPU tier: each chunk's head call, and its recomputation in backward, gathers the head's weight
-anew, which the GPU figure (benchmarks/learner_gpu_cost.py) has to show is affordable.
+anew, which the GPU figure (benchmarks/learner_gpu_cost.py) has to show is affordable. Over
+several ZeRO-3 ranks every rank must make the same gathers, so the ranks agree before each
+forward on how many chunks they cut the head's work into (learner/trainer.py `_head_calls`:
+enough for the rank with the most trained tokens, some chunks empty on the others), and a rank
+without rows runs its empty micro-batch through this same path; without that the ranks
+deadlocked or aborted at their first uneven micro-batch (tests/learner/test_ranks.py, two gloo
+ranks on CPU).
 
 **Which models.** Only a model whose own logits are exactly its head's output on its backbone's
 last hidden states (Qwen2/3, Llama, Mistral...), checked once on a few tokens when the learner
@@ -91,17 +97,19 @@ def split_logprobs(
     targets: torch.Tensor,
     temperature: float,
     entropy_grad: bool = False,
+    pieces: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-probs, entropy) [n] of `targets` from one forward of `model` (an HF causal LM, a peft
     model or a DeepSpeed engine around either) on `kwargs` (input ids and position ids or
     attention mask): `positions` picks the hidden states predicting the targets, [n, H] in the
-    targets' order, out of the backbone's [rows, length, H]."""
+    targets' order, out of the backbone's [rows, length, H]. `pieces`: how many head calls
+    (`head_logprobs`; the same on every rank under ZeRO-3)."""
 
     def forward(**inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         backbone, head = parts(model)
         hidden = backbone(**inputs, use_cache=False).last_hidden_state
         return head_logprobs(
-            positions(hidden), head, targets, temperature, entropy_grad=entropy_grad
+            positions(hidden), head, targets, temperature, entropy_grad=entropy_grad, pieces=pieces
         )
 
     with forward_replaced(getattr(model, "module", model), forward):

@@ -114,18 +114,27 @@ def head_logprobs(
     temperature: float = 1.0,
     chunk: int = CHUNK,
     entropy_grad: bool = False,
+    pieces: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`token_logprobs` of the logits `head(hidden)`, for `hidden` [n, H] and `targets` [n],
     without ever holding those logits whole: `head` (the language-model head, an adapted one
     with LoRA) is called on a chunk of positions at a time, and with a gradient each chunk's
-    logits are recomputed in the backward pass. Same values as `token_logprobs(head(hidden))`."""
+    logits are recomputed in the backward pass. Same values as `token_logprobs(head(hidden))`.
+
+    `pieces`: the head is called exactly that many times, on near-equal chunks (some empty when
+    n < pieces), instead of once per `chunk` positions. ZeRO-3 over several ranks needs it: each
+    call gathers the head's weight from every rank, so every rank must make the same calls."""
     grad = torch.is_grad_enabled() and (
         hidden.requires_grad or any(p.requires_grad for p in head.parameters())
     )
-    if hidden.shape[0] == 0:  # no trained token: [0], still attached to the graph
+    if pieces is None and hidden.shape[0] == 0:  # no trained token: [0], still in the graph
         empty = head(hidden).float().sum(-1)
         return empty, (empty if entropy_grad else empty.detach())
-    pieces = [
+    if pieces is None:
+        chunks = zip(hidden.split(chunk), targets.split(chunk), strict=True)
+    else:
+        chunks = zip(hidden.tensor_split(pieces), targets.tensor_split(pieces), strict=True)
+    out = [
         checkpoint(
             _head_logprob_entropy,
             head,
@@ -137,6 +146,6 @@ def head_logprobs(
         )
         if grad
         else _head_logprob_entropy(head, part, wanted, temperature, entropy_grad)
-        for part, wanted in zip(hidden.split(chunk), targets.split(chunk), strict=True)
+        for part, wanted in chunks
     ]
-    return torch.cat([p for p, _ in pieces]), torch.cat([e for _, e in pieces])
+    return torch.cat([p for p, _ in out]), torch.cat([e for _, e in out])

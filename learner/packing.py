@@ -23,7 +23,7 @@ chunk at a time, so not even the kept logits are ever whole.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -114,13 +114,16 @@ def response_logprobs(
     device: torch.device,
     entropy_grad: bool = False,
     split: bool = False,
+    agree: Callable[[int], int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """log pi(r_j | p, r_<j) and the entropy of that distribution (with a gradient only if
     `entropy_grad`: an entropy bonus trains it), both [b, R]
     float32 and 0 where `response_mask` is 0, from one forward pass of `model` (an HF causal LM
     or a DeepSpeed engine around one), and the tokens it read. `split`: the backbone and the
     head called apart, the head a chunk of positions at a time (learner/head.py: only for a
-    model that `splits`); else the model's own logits at the trained positions."""
+    model that `splits`); else the model's own logits at the trained positions. `agree`, with
+    `split`: the number of head calls, given this micro-batch's trained tokens (ZeRO-3 over
+    several ranks: the same on every rank, learner/trainer.py)."""
     given = model_input(micro, packed)
     kwargs = {k: v.to(device) for k, v in given.kwargs.items()}
     targets = given.targets.to(device)
@@ -132,8 +135,9 @@ def response_logprobs(
             kept = hidden[:, keep].flatten(0, 1)
             return kept if select is None else kept[select]
 
+        pieces = None if agree is None else agree(int(targets.numel()))
         logp, entropy = split_logprobs(
-            model, kwargs, positions, targets, temperature, entropy_grad=entropy_grad
+            model, kwargs, positions, targets, temperature, entropy_grad=entropy_grad, pieces=pieces
         )
     else:
         logits = model(**kwargs, use_cache=False).logits

@@ -38,7 +38,8 @@ from learner.corrections import Correction
 from learner.critic import Critic
 from learner.deepspeed_ops import load_cpu_op
 from learner.gae import explained, explained_variance, gae, outcome_rewards, whiten
-from learner.head import splits
+from learner.head import split_logprobs, splits
+from learner.logprobs import CHUNK
 from learner.lora import adapter_weights, adapters_off, merged_state_dict, with_adapters
 from learner.losses import kept_by_importance, kl_penalty, policy_loss
 from learner.packing import plan_micro_batches, response_logprobs
@@ -455,7 +456,19 @@ class Learner:
             self.engine.device,
             entropy_grad=model is self.engine and self.config.entropy_coef > 0,
             split=self.split_head,
+            agree=self._head_calls if self._in_step_ranks and model is self.engine else None,
         )
+
+    @property
+    def _in_step_ranks(self) -> bool:
+        """ZeRO-3 over several ranks: every forward gathers the weights from every rank, so the
+        ranks must call the same modules the same number of times, the head in chunks included."""
+        return self.config.zero_stage == 3 and self.world > 1
+
+    def _head_calls(self, tokens: int) -> int:
+        """How many chunks every rank cuts its head's work into at this forward: enough for the
+        rank with the most trained tokens, at most `CHUNK` positions a chunk (a collective)."""
+        return max(1, -(-self._all_max(tokens) // CHUNK))
 
     def _all_max(self, value: int) -> int:
         if self.world == 1:
@@ -477,10 +490,18 @@ class Learner:
 
     def _empty_micro_step(self) -> torch.Tensor:
         """A zero loss through the whole model on one pad token: every parameter gets a zero
-        gradient, so the rank takes part in DeepSpeed's reductions without changing them."""
+        gradient, so the rank takes part in DeepSpeed's reductions without changing them. With
+        the head in chunks it takes the same path as a real micro-batch, its head called as
+        many times as the other ranks call theirs (`_head_calls`)."""
         ids = torch.full((1, 1), self.pad_id, dtype=torch.int64, device=self.engine.device)
-        logits = self.engine(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
-        return logits.sum() * 0.0
+        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        if not self.split_head:
+            return self.engine(**inputs).logits.sum() * 0.0
+        pieces = self._head_calls(1) if self._in_step_ranks else None
+        logp, _ = split_logprobs(
+            self.engine, inputs, lambda h: h[0], ids[0], self.temperature, pieces=pieces
+        )
+        return logp.sum() * 0.0
 
     @torch.no_grad()
     def answer_logprobs(self, items: list) -> list[float]:

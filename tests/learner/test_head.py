@@ -450,6 +450,33 @@ def test_a_trained_head_on_frozen_hidden_states_recomputes_each_chunk_in_the_bac
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("n", [0, 2, 21])
+def test_pieces_call_the_head_that_many_times_whatever_the_positions(n):
+    """ZeRO-3 over several ranks: every rank calls its head as often as the others (each call
+    gathers the weight from all of them), forward and in the backward's recomputation, with as
+    few positions as it has (none, fewer than the pieces, or many); the values and gradients
+    are the chunked path's."""
+    torch.manual_seed(6)
+    head = torch.nn.Linear(12, 97, dtype=torch.float64)
+    hidden = torch.randn(n, 12, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 97, (n,))
+    sizes = []
+    hook = head.register_forward_pre_hook(lambda _m, args: sizes.append(args[0].shape[0]))
+    logp, entropy = head_logprobs(hidden, head, targets, 0.7, chunk=4, pieces=3)
+    forward = list(sizes)
+    got = torch.autograd.grad(logp.sum() + entropy.sum(), [hidden, *head.parameters()])
+    hook.remove()
+    assert forward == [len(c) for c in torch.arange(n).tensor_split(3)]  # near-equal, in order
+    assert len(sizes) == 2 * 3 and sorted(sizes[3:]) == sorted(forward)  # each recomputed once
+    want, want_entropy = reference(head(hidden), targets, 0.7)
+    torch.testing.assert_close(logp, want.float(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(entropy, want_entropy.float().detach(), rtol=1e-6, atol=1e-6)
+    assert not entropy.requires_grad
+    expected = torch.autograd.grad(want.sum(), [hidden, *head.parameters()])
+    for g, w in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
 class Divisions(Sizes):
     """The shape of every division by a number (the temperature), forward and backward."""
 
