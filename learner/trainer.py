@@ -342,8 +342,7 @@ class Learner:
                     batch.response_mask[row, t.first_answer_token :] = 0
         plan = self._micro_batches(trajectories)
         reward_kl, kl = 0.0, None
-        if batch is not None and self.config.kl_in_reward:
-            kl = self._reference_kl(batch, plan)
+        if self.config.kl_in_reward and (kl := self._reference_kl(batch, plan)) is not None:
             reward_kl = float(kl.sum())
             if self.critic is None:  # REINFORCE++: GAE takes it as the tokens' rewards instead
                 batch.advantages = kl_to_go(batch.advantages, kl, self.config.kl_coef)
@@ -408,7 +407,7 @@ class Learner:
                     if fill and part is not None:  # the first epoch's, for the later ones
                         proximal[rows] = part
                 else:  # this rank has no rows left: an empty micro-batch keeps the collectives in step
-                    loss, stats = self._empty_micro_step(), {}
+                    loss, stats = self._empty_micro_step(training=True), {}
                 self.engine.backward(loss * self.world)  # DeepSpeed averages over the ranks
                 if boundary and self.config.zero_stage == 0:  # ZeRO 1-3 report their own norm
                     grads = [p.grad for p in self.model.parameters() if p.grad is not None]
@@ -456,7 +455,8 @@ class Learner:
             self.engine.device,
             entropy_grad=model is self.engine and self.config.entropy_coef > 0,
             split=self.split_head,
-            agree=self._head_calls if self._in_step_ranks and model is self.engine else None,
+            # every model here but the frozen reference copy is the engine's, partitioned
+            agree=self._head_calls if self._in_step_ranks and model is not self.reference else None,
         )
 
     @property
@@ -488,18 +488,33 @@ class Learner:
         dist.all_reduce(t)
         return t.tolist()
 
-    def _empty_micro_step(self) -> torch.Tensor:
+    def _empty_micro_step(self, training: bool = False) -> torch.Tensor:
         """A zero loss through the whole model on one pad token: every parameter gets a zero
         gradient, so the rank takes part in DeepSpeed's reductions without changing them. With
         the head in chunks it takes the same path as a real micro-batch, its head called as
-        many times as the other ranks call theirs (`_head_calls`)."""
+        many times as the other ranks call theirs (`_head_calls`); `training` (not a proximal
+        pass), with LoRA's reference in the loss, the reference's forward after it too."""
+        loss = self._empty_forward(self.engine)
+        if training and self._lora_reference_in_loss and self._in_step_ranks:
+            with torch.no_grad(), self._reference_policy() as policy:  # as `_micro_step`'s KL
+                self._empty_forward(policy)
+        return loss
+
+    @property
+    def _lora_reference_in_loss(self) -> bool:
+        """The loss's KL term takes its reference from the engine itself (adapters off)."""
+        return self.lora is not None and self.config.kl_coef > 0 and not self.config.kl_in_reward
+
+    def _empty_forward(self, model) -> torch.Tensor:
+        """`model` (the engine, or with LoRA its adapters off) on one pad token, by the path a
+        micro-batch takes; 0 times its log-prob."""
         ids = torch.full((1, 1), self.pad_id, dtype=torch.int64, device=self.engine.device)
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         if not self.split_head:
-            return self.engine(**inputs).logits.sum() * 0.0
+            return model(**inputs).logits.sum() * 0.0
         pieces = self._head_calls(1) if self._in_step_ranks else None
         logp, _ = split_logprobs(
-            self.engine, inputs, lambda h: h[0], ids[0], self.temperature, pieces=pieces
+            model, inputs, lambda h: h[0], ids[0], self.temperature, pieces=pieces
         )
         return logp.sum() * 0.0
 
@@ -545,11 +560,19 @@ class Learner:
         return out
 
     @torch.no_grad()
-    def _reference_kl(self, batch: TrainBatch, plan: list[list[int]]) -> torch.Tensor:
+    def _reference_kl(self, batch: TrainBatch | None, plan: list[list[int]]) -> torch.Tensor | None:
         """The KL in the reward (`kl_in_reward`): [B, R], each trained token's KL from the
         behaviour policy to the reference (`kl_kind`), 0 elsewhere. REINFORCE++ takes kl_coef
         times its sum over a token and the later ones off the token's advantage; GAE takes
-        kl_coef times it as the token's reward."""
+        kl_coef times it as the token's reward. With LoRA under ZeRO-3 over several ranks the
+        reference is the engine (adapters off), whose forwards every rank joins: a rank with
+        fewer micro-batches makes empty passes, one without rows (`batch` None) gets None."""
+        if self.lora is not None and self._in_step_ranks:
+            for _ in range(self._all_max(len(plan)) - len(plan)):
+                with self._reference_policy() as policy:
+                    self._empty_forward(policy)
+        if batch is None:
+            return None
         reference = torch.zeros_like(batch.behavior_logprobs)
         for indices in plan:
             rows = torch.tensor(indices, dtype=torch.int64)

@@ -189,8 +189,17 @@ def wide_policy(tmp_path_factory):
 
 
 @gpu_per_rank(2)
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(importance={"type": "mask", "cap": 2.0}),
+        dict(lora={"r": 4, "alpha": 8.0}, kl_coef=0.1),
+        dict(lora={"r": 4, "alpha": 8.0}, kl_coef=0.1, kl_in_reward=True),
+    ],
+    ids=["mask-and-resume", "lora-kl-in-loss", "lora-kl-in-reward"],
+)
 def test_two_zero3_ranks_train_like_one_with_uneven_shares_and_resume(
-    wide_policy, tmp_path, monkeypatch
+    wide_policy, tmp_path, monkeypatch, overrides
 ):
     """ZeRO-3 over two ranks (configs/gaia.yaml trains over four): each forward gathers the
     parameters from every rank, so a rank with fewer micro-batches, or with no group at all,
@@ -199,14 +208,14 @@ def test_two_zero3_ranks_train_like_one_with_uneven_shares_and_resume(
     their own), and the head in chunks is called as often on every rank (`_head_calls`).
     Losses, gradient norms and weights equal one rank's over three steps (a token budget gives
     the ranks unequal numbers of micro-batches; the third step's one group leaves rank 1 none),
-    and the two ranks' ZeRO-3 checkpoint resumes on two ranks for a fourth."""
+    and the two ranks' ZeRO-3 checkpoint resumes on two ranks for a fourth. With LoRA the KL's
+    reference is the engine with its adapters off: its forwards too are made on every rank (in
+    the loss, and in the reward before the step)."""
     # the one-rank ZeRO-3 engine here replaces F.linear for the whole process: put torch's back
     # for the tests that follow in this worker
     monkeypatch.setattr(torch.nn.functional, "linear", torch.nn.functional.linear)
     policy = wide_policy
-    opts = options(
-        zero_stage=3, max_tokens_per_micro_batch=90, importance={"type": "mask", "cap": 2.0}
-    )
+    opts = options(zero_stage=3, max_tokens_per_micro_batch=90, **overrides)
     # the second step's long group goes to rank 0, whose micro-batches then train over 256
     # tokens each (two head chunks) while rank 1's train a few dozen (one chunk, unless agreed)
     batches = [groups(1), groups(2, lengths=(300, 12, 20)), groups(3)[:1], groups(4)]
@@ -226,6 +235,8 @@ def test_two_zero3_ranks_train_like_one_with_uneven_shares_and_resume(
     # lr 5e-3): Adam divides a near-zero gradient by its own size, so the order of ZeRO-3's
     # sums shows there; the losses and gradient norms above agree to 1e-4.
     assert_same(result["weights"], weights, atol=1e-4)
+    if "lora" in overrides:  # the resume is the same code with adapters
+        return
     state = tmp_path / "checkpoints" / "step-000003" / "deepspeed" / "state"
     assert len(list(state.glob("*optim_states.pt"))) == 2  # each rank's partition
     resumed = two_ranks(
