@@ -97,6 +97,27 @@ def test_log_probs_at_trained_positions_equal_the_padded_full_reference(policy, 
         assert entropy.requires_grad
 
 
+def test_the_agreed_number_of_head_calls_is_asked_with_the_trained_tokens_and_kept(policy):
+    """ZeRO-3 over several ranks (learner/trainer.py `_head_calls`): `agree` is given this
+    micro-batch's trained tokens and its answer is how many times the head is called; the
+    values are those of the head in its usual chunks."""
+    model = Learner(policy, LearnerConfig(), group_size=4, dtype="float32").model.eval()
+    trajectories = [t for g in uneven_groups(3) for t in g.members]
+    batch = build_batch(trajectories, torch.zeros(len(trajectories)), 0)
+    on = next(model.parameters()).device
+    asked, calls = [], []
+    hook = model.get_output_embeddings().register_forward_pre_hook(lambda *_: calls.append(1))
+    with torch.no_grad():
+        want, _, _ = packed_logprobs(model, batch, True, 0.7, on, split=True)
+        calls.clear()
+        got, _, _ = packed_logprobs(
+            model, batch, True, 0.7, on, split=True, agree=lambda n: asked.append(n) or 5
+        )
+    hook.remove()
+    assert asked == [int(batch.response_mask.sum())] and len(calls) == 5
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 # Every estimator, correction and aggregation mode at least once (a case each, not the product).
 CASES = [
     {"advantage": {"type": "grpo"}, "importance": {"type": "none"}},
