@@ -52,10 +52,16 @@ class Clock:
         self.now += seconds
 
 
-def test_a_lock_left_by_a_killed_build_is_removed_and_said(tmp_path):
-    lock = tmp_path / LOCK
+def left_lock(build_dir: Path, made_at: float) -> Path:
+    """torch's build lock in `build_dir`, as a build started at `made_at` left it."""
+    lock = build_dir / LOCK
     lock.touch()
-    os.utime(lock, (1000.0, 1000.0))
+    os.utime(lock, (made_at, made_at))
+    return lock
+
+
+def test_a_lock_left_by_a_killed_build_is_removed_and_said(tmp_path):
+    lock = left_lock(tmp_path, made_at=1000.0)
     clock = Clock(1000.0 + 300)
     said = clear_left_lock(tmp_path, clock, clock.sleep)
     assert not lock.exists() and clock.slept == []
@@ -67,9 +73,7 @@ def test_a_lock_left_by_a_killed_build_is_removed_and_said(tmp_path):
 
 
 def test_a_young_lock_is_waited_on_until_it_cannot_be_a_live_load(tmp_path):
-    lock = tmp_path / LOCK
-    lock.touch()
-    os.utime(lock, (1000.0, 1000.0))
+    lock = left_lock(tmp_path, made_at=1000.0)
     clock = Clock(1000.0 + 10)
     said = clear_left_lock(tmp_path, clock, clock.sleep)
     assert not lock.exists() and "a build lock 60 s old" in said
@@ -77,9 +81,7 @@ def test_a_young_lock_is_waited_on_until_it_cannot_be_a_live_load(tmp_path):
 
 
 def test_a_lock_its_holder_releases_while_waited_on_is_left_alone(tmp_path):
-    lock = tmp_path / LOCK
-    lock.touch()
-    os.utime(lock, (1000.0, 1000.0))
+    lock = left_lock(tmp_path, made_at=1000.0)
     clock = Clock(1000.0)
 
     def sleep(seconds):

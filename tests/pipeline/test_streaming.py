@@ -120,15 +120,21 @@ def assert_accounting_books(summary):
         assert row["generated"] == sum(row[k] for k in parts)
 
 
-def test_the_run_dir_books_agree_with_the_spill(tmp_path):
+def spilled(tmp_path, max_steps: int):
+    """(config, engine, buffer spilling into `tmp_path`, one pool) of a run of `max_steps`."""
     config = StrataConfig(
         buffer=BufferConfig(group_size=4, max_staleness=1),
-        learner=LearnerConfig(groups_per_step=2, max_steps=4),
+        learner=LearnerConfig(groups_per_step=2, max_steps=max_steps),
     )
     engine = SimulatedEngine()
     buffer = make_buffer(config.buffer, tmp_path, 2)
     tasks = (SimulatedTask(str(i)) for i in itertools.count())
     pool = ActorPool(SimulatedAgent(engine), buffer, tasks, group_size=4, concurrency=8)
+    return config, engine, buffer, pool
+
+
+def test_the_run_dir_books_agree_with_the_spill(tmp_path):
+    config, engine, buffer, pool = spilled(tmp_path, 4)
     summary = RunSummary()
     asyncio.run(
         asyncio.wait_for(
@@ -161,14 +167,7 @@ class StoppedInStep(SimulatedRoles):
 def test_a_stop_during_a_step_lets_it_train_and_records_it_before_stopping(tmp_path, at):
     """The step under way trains whole (its version is the checkpoint's), is published and gets
     its metrics line like any other; no step starts after it; the books balance."""
-    config = StrataConfig(
-        buffer=BufferConfig(group_size=4, max_staleness=1),
-        learner=LearnerConfig(groups_per_step=2, max_steps=100),
-    )
-    engine = SimulatedEngine()
-    buffer = make_buffer(config.buffer, tmp_path, 2)
-    tasks = (SimulatedTask(str(i)) for i in itertools.count())
-    pool = ActorPool(SimulatedAgent(engine), buffer, tasks, group_size=4, concurrency=8)
+    config, engine, buffer, pool = spilled(tmp_path, 100)
     summary, roles = RunSummary(), None
 
     async def run():
