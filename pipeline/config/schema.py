@@ -466,8 +466,8 @@ class LearnerConfig(Section):
     """Lay a micro-batch's trajectories end to end in one row, attention kept inside each
     (position ids restart): no padding is computed. false: each row padded to the longest."""
     zero_stage: int = Field(0, ge=0, le=3)
-    """DeepSpeed ZeRO stage; 0-3 run on CPU with gloo (3 tested there on one rank) and on GPUs
-    with NCCL."""
+    """DeepSpeed ZeRO stage; 0-3 run on CPU with gloo (3 tested there on one and on two ranks)
+    and on GPUs with NCCL."""
     num_ranks: int = Field(1, ge=1, le=1024)
     """DeepSpeed ranks the learner trains with (data parallel, one torch.distributed group; gloo
     over loopback on CPU, NCCL on GPUs). Each step's groups are dealt to the ranks by tokens,
