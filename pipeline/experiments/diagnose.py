@@ -123,12 +123,12 @@ def reading_line(
             "chains already pay more than the rest of their questions (gap interval above 0): "
             "no trap to escape; stratification is not predicted to matter"
         )
-    if best.alpha > 0 and best.low > grpo.high and best.escape >= WORTH:
-        return (
-            f"stratify: the trap model predicts escape {best.escape:.2f} at alpha "
-            f"{best.alpha:g} against {grpo.escape:.2f} under GRPO ({matched})"
-        )
     if best.alpha > 0 and best.low > grpo.high:
+        if best.escape >= WORTH:
+            return (
+                f"stratify: the trap model predicts escape {best.escape:.2f} at alpha "
+                f"{best.alpha:g} against {grpo.escape:.2f} under GRPO ({matched})"
+            )
         return (
             f"deep trap: the trap model predicts the blend escapes more often than GRPO but "
             f"rarely ({best.escape:.2f} at alpha {best.alpha:g} against {grpo.escape:.2f}): "

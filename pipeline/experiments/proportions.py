@@ -1,5 +1,6 @@
 """Two proportions compared (the trap's escape fractions, pipeline/experiments/trap.py): Wilson's
-interval of one, Newcombe's hybrid score interval of a difference and Fisher's exact test.
+interval of one, Newcombe's hybrid score interval of a difference and Fisher's exact test; and
+the Clopper-Pearson (exact) interval of one, for a handful of runs (the window experiment's).
 
 Newcombe's interval (method 10 of Newcombe 1998, "Interval estimation for the difference between
 independent proportions") combines the two Wilson intervals: for d = p1 - p2,
@@ -45,3 +46,11 @@ def fisher_p(x1: int, n1: int, x2: int, n2: int) -> float:
     from scipy import stats as sps
 
     return float(sps.fisher_exact([[x1, n1 - x1], [x2, n2 - x2]]).pvalue)
+
+
+def clopper_pearson(successes: int, n: int) -> tuple[float, float]:
+    """Clopper-Pearson (exact) 95% interval of a binomial proportion."""
+    from scipy import stats as sps  # see fisher_p
+
+    ci = sps.binomtest(successes, n).proportion_ci(method="exact")
+    return float(ci.low), float(ci.high)

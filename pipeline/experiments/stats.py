@@ -89,7 +89,7 @@ def _zeroed(x: float) -> float:
     return 0.0 if abs(x) < 1e-12 else x
 
 
-def _welch_parts(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+def welch_parts(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     """The standard error of mean(a) - mean(b) (unequal variances) and its Welch-Satterthwaite
     degrees of freedom (nan when the error is 0)."""
     va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
@@ -101,7 +101,7 @@ def _welch_parts(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
 
 def welch(a: np.ndarray, b: np.ndarray) -> tuple[float, tuple[float, float]]:
     """Welch's two-sided p and 95% interval of mean(a) - mean(b)."""
-    se, df = _welch_parts(a, b)
+    se, df = welch_parts(a, b)
     diff = float(a.mean() - b.mean())
     if se == 0:
         return (1.0 if diff == 0 else 0.0), (diff, diff)
@@ -114,7 +114,7 @@ def detectable(a: np.ndarray, b: np.ndarray, power: float = 0.8, level: float = 
     """The difference of means these runs detect with `power` in a two-sided Welch test at
     `level`: (t_{1 - level/2} + t_{power}) * se on the Welch-Satterthwaite degrees of freedom;
     0 when the runs have no spread."""
-    se, df = _welch_parts(a, b)
+    se, df = welch_parts(a, b)
     if se == 0:
         return 0.0
     return float((sps.t.ppf(1 - level / 2, df) + sps.t.ppf(power, df)) * se)

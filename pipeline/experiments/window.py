@@ -50,8 +50,9 @@ from pipeline.experiments.diagnose import (
     diagnose,
     matched_depth,
 )
+from pipeline.experiments.proportions import clopper_pearson
 from pipeline.experiments.searches import bucket, read_trajectories
-from pipeline.experiments.stats import _welch_parts, detectable, welch
+from pipeline.experiments.stats import detectable, welch, welch_parts
 from pipeline.experiments.trap import Trap, cell
 
 LEVEL = 0.01  # the primary test's threshold, registered
@@ -304,15 +305,9 @@ def difference(blend: list[float], grpo: list[float]) -> Difference | None:
     if len(a) < 2 or len(b) < 2:
         return None
     p, (low, high) = welch(a, b)
-    se, df = _welch_parts(a, b)
+    se, df = welch_parts(a, b)
     df = float(df) if se > 0 else 0.0  # JSON has no nan
     return Difference(float(a.mean() - b.mean()), low, high, p, df, detectable(a, b))
-
-
-def escape_interval(escaped: int, runs: int) -> tuple[float, float]:
-    """Clopper-Pearson (exact) 95% interval of an arm's escape rate."""
-    ci = sps.binomtest(escaped, runs).proportion_ci(method="exact")
-    return float(ci.low), float(ci.high)
 
 
 def bandit(
@@ -544,7 +539,7 @@ def lines(
             f"{world} {arm} {sum(e)} / {len(e)} [{lo:.2f}, {hi:.2f}]"
             for world, arm, e in counted
             if e
-            for lo, hi in [escape_interval(sum(e), len(e))]
+            for lo, hi in [clopper_pearson(sum(e), len(e))]
         )
         + "."
     )
@@ -563,7 +558,7 @@ def lines(
             arm = "grpo" if b.alpha == 0 else "blend"
             mine = [r.escaped for r in results if r.world == b.world and r.arm == arm]
             seen = f"{sum(mine)} / {len(mine)}" if mine else "–"
-            chance = f"{binom_pmf(sum(mine), len(mine), b.escape):.2g}" if mine else "–"
+            chance = f"{sps.binom.pmf(sum(mine), len(mine), b.escape):.2g}" if mine else "–"
             out.append(
                 f"| {b.world} | {b.start_chain:.3f} | {b.p_guess:.3f} | {b.depth} | "
                 f"{b.groups} of {b.group_size} | {b.alpha:g} | {b.escape:.2f} "
@@ -579,11 +574,6 @@ def _difference_text(d: Difference) -> str:
         f"{d.value:+.3f}, 95% Welch interval [{d.low:+.3f}, {d.high:+.3f}], p = {d.p:.2g} "
         f"(df {d.df:.1f}; 80% power at two-sided 0.05 for {d.detectable:.3f})."
     )
-
-
-def binom_pmf(k: int, n: int, rate: float) -> float:
-    """The probability of k escapes in n runs that each escape with `rate`."""
-    return float(sps.binom.pmf(k, n, rate))
 
 
 def plot(results: list[RunResult], worlds: list[World], steps: int, path: Path) -> None:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from pipeline.experiments.proportions import fisher_p, newcombe, wilson
+from pipeline.experiments.proportions import clopper_pearson, fisher_p, newcombe, wilson
 from pipeline.experiments.trap import main as trap_main
 from pipeline.experiments.trap_tables import main
 
@@ -71,6 +71,18 @@ def test_newcombes_interval_is_the_published_one():
     assert -1 <= low < high < 0
     with pytest.raises(ValueError, match="at least one trial"):
         newcombe(0, 0, 1, 1)
+
+
+def test_the_clopper_pearson_interval_is_the_beta_quantiles():
+    """[Beta(0.025; x, n - x + 1), Beta(0.975; x + 1, n - x)], ends 0 and 1 at 0 and n."""
+    from scipy import stats as sps
+
+    assert clopper_pearson(0, 12) == pytest.approx((0.0, 1 - 0.025 ** (1 / 12)))
+    assert clopper_pearson(8, 8) == pytest.approx((0.025 ** (1 / 8), 1.0))
+    low, high = clopper_pearson(3, 10)
+    assert (low, high) == pytest.approx(
+        (sps.beta.ppf(0.025, 3, 8), sps.beta.ppf(0.975, 4, 7)), rel=1e-9
+    )
 
 
 def test_fishers_p_is_the_hypergeometric_tails():
