@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from buffers.records import Group, InvalidTrajectory, Trajectory
 from buffers.spill import ParquetSpill
 
-_CLOSED_MEMORY = 65_536  # prompt ids remembered after their group left, to catch late arrivals
+CLOSED_MEMORY = 65_536  # prompt ids remembered after their group left, to catch late arrivals
 
 
 @dataclass
@@ -424,7 +424,7 @@ class GroupBuffer:
         if status != "released":  # a consumed group's place waits for `trained` and `serve`
             self._free_place(prompt_id)
         self._closed[prompt_id] = status
-        if len(self._closed) > _CLOSED_MEMORY:
+        if len(self._closed) > CLOSED_MEMORY:
             self._closed.popitem(last=False)
 
     def held(self) -> list[Trajectory]:

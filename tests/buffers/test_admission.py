@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from buffers.group_buffer import _CLOSED_MEMORY, GroupBuffer
+from buffers.group_buffer import CLOSED_MEMORY, GroupBuffer
 from buffers.records import InvalidTrajectory
 from buffers.testing import synthetic_trajectory as traj
 
@@ -343,7 +343,7 @@ def test_a_due_group_that_never_finishes_holds_the_step_until_its_timeout():
 
 def test_a_place_settled_by_serve_is_not_freed_again_by_a_later_serve():
     """A consumed group's place comes back once, when its version is served. Once the buffer has
-    forgotten the prompt (after _CLOSED_MEMORY later closures) its id may be admitted again,
+    forgotten the prompt (after CLOSED_MEMORY later closures) its id may be admitted again,
     and serving the same version again must not free that new place."""
 
     async def scenario():
@@ -353,7 +353,7 @@ def test_a_place_settled_by_serve_is_not_freed_again_by_a_later_serve():
         buffer.trained(await buffer.next_groups(0, 1), 1)
         buffer.serve(1)
         assert buffer.stats().places_used == 0
-        for i in range(_CLOSED_MEMORY):
+        for i in range(CLOSED_MEMORY):
             buffer.abandon(f"other{i}")
         await buffer.admit("p")
         buffer.serve(1)

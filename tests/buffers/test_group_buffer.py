@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from buffers.group_buffer import _CLOSED_MEMORY, GroupBuffer
+from buffers.group_buffer import CLOSED_MEMORY, GroupBuffer
 from buffers.records import InvalidTrajectory
 from buffers.spill import ParquetSpill
 from buffers.testing import synthetic_trajectory as traj
@@ -568,13 +568,13 @@ def close_others(buffer: GroupBuffer, count: int, tag: str = "other") -> None:
 
 
 def test_the_buffer_remembers_the_last_closed_memory_prompts_and_forgets_the_oldest():
-    """Late arrivals are caught for the last _CLOSED_MEMORY closed prompts: the oldest of them is
+    """Late arrivals are caught for the last CLOSED_MEMORY closed prompts: the oldest of them is
     still remembered, one closure later it is forgotten (a new group), the newest never is."""
 
     async def scenario():
         buffer = GroupBuffer(group_size=2, max_staleness=0)
         buffer.abandon("first")
-        close_others(buffer, _CLOSED_MEMORY - 1)
+        close_others(buffer, CLOSED_MEMORY - 1)
         await buffer.put(traj("first", 0))  # still remembered: a straggler, kept as abandoned
         remembered = buffer.stats()
         buffer.abandon("last")
@@ -591,7 +591,7 @@ def test_the_buffer_remembers_the_last_closed_memory_prompts_and_forgets_the_old
 @pytest.mark.parametrize("way_out", ["dropped_stale", "released"])
 def test_a_consumed_prompt_once_forgotten_opens_a_new_group(way_out):
     """A prompt that left the buffer is remembered as closed, then forgotten after
-    _CLOSED_MEMORY later closures: nothing else of it stays behind to refuse its id."""
+    CLOSED_MEMORY later closures: nothing else of it stays behind to refuse its id."""
 
     async def scenario():
         buffer = GroupBuffer(group_size=2, max_staleness=0)
@@ -599,7 +599,7 @@ def test_a_consumed_prompt_once_forgotten_opens_a_new_group(way_out):
         await fill_group(buffer, "q", version=1)
         taken = await buffer.next_group(1 if way_out == "dropped_stale" else 0)
         assert getattr(buffer.stats(), way_out) == 2
-        close_others(buffer, _CLOSED_MEMORY)
+        close_others(buffer, CLOSED_MEMORY)
         await buffer.put(traj("p", 0, version=1))
         return taken.prompt_id, buffer.stats()
 
