@@ -167,7 +167,7 @@ def test_the_command_analyses_both_worlds(tmp_path, capsys):
     assert set(bandit) == {0.0, 0.8} and bandit[0.8]["depth"] == 5
     assert (bandit[0.8]["group_size"], bandit[0.8]["groups"], bandit[0.8]["seeds"]) == (4, 1, 5)
     chance = sps.binom.pmf(3, 3, bandit[0.8]["escape"])  # the blend's 3 of 3 at its rate
-    assert f"({5} seeds) | 3 / 3 | {chance:.2g} |" in printed
+    assert f"(5 seeds) | 3 / 3 | {chance:.2g} |" in printed
     assert "control: `python -m pipeline.trap --start-chain 0.3 --p-guess PAY01" in printed
     assert png.read_bytes()[:4] == b"\x89PNG"
 
