@@ -30,7 +30,8 @@ Where the ranks run and how they meet:
   address, 127.0.0.1 on a private cluster): torch's own would listen on every interface.
 Gloo is bound to the loopback interface (GLOO_SOCKET_IFNAME=lo unless set) when the ranks meet
 on loopback; across machines it takes the interface of the machine's host name unless
-GLOO_SOCKET_IFNAME says otherwise. NCCL on GPUs.
+GLOO_SOCKET_IFNAME says otherwise. On GPUs the group is NCCL's for CUDA tensors and gloo's for
+the CPU tensors of the ranks' own agreements (`process_group_backend`).
 """
 
 from __future__ import annotations
@@ -86,14 +87,26 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def process_group_backend() -> str:
+    """The backend of the learner's process group: with CUDA and NCCL, NCCL for CUDA tensors
+    (DeepSpeed's gathers and reductions) and gloo for CPU ones (the trainer's own agreements:
+    `_all_max`, `_all_sum`, `all_gather_object`), else gloo. A group of "nccl" alone has no CPU
+    backend: configs/gaia.yaml's ranks stopped at their first forward (issue 68)."""
+    import torch.distributed as dist
+
+    if torch.cuda.is_available() and dist.is_nccl_available():
+        return "cpu:gloo,cuda:nccl"
+    return "gloo"
+
+
 def init_rank_group(rank: int, world: int, where: str | TcpRendezvous) -> None:
-    """Join the learner's process group at `where` (a FileStore path, or a TcpRendezvous): gloo
-    on CPU, NCCL on GPUs."""
+    """Join the learner's process group at `where` (a FileStore path, or a TcpRendezvous),
+    its backend `process_group_backend()`'s."""
     import deepspeed
     import torch.distributed as dist
 
     load_cpu_op()  # before DeepSpeed asks for it: learner/deepspeed_ops.py
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend = process_group_backend()
     if not isinstance(where, TcpRendezvous) or is_loopback(where.host):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's pairs connect over loopback only
     for name, value in (("RANK", rank), ("LOCAL_RANK", rank), ("WORLD_SIZE", world)):

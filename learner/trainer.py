@@ -13,7 +13,8 @@ With `learner.advantage.type: gae` a critic (learner/critic.py) trains beside th
 same ranks: its values before the step give GAE's per-token advantages (learner/gae.py), and it
 takes `ppo_epochs` passes of its clipped value loss after the policy's.
 
-It runs DeepSpeed ZeRO 0-3: over gloo on CPU, with NCCL on GPUs. With `learner.num_ranks`
+It runs DeepSpeed ZeRO 0-3: over gloo on CPU, with NCCL on GPUs (gloo still carries the ranks'
+agreements, CPU tensors: learner/ranks.py `process_group_backend`). With `learner.num_ranks`
 N > 1 this object is rank 0 of N (learner/ranks.py): `step` splits the groups across the ranks by
 tokens and every rank trains its share in `train_rows`, with global loss normalisation.
 """
@@ -43,7 +44,14 @@ from learner.logprobs import CHUNK
 from learner.lora import adapter_weights, adapters_off, merged_state_dict, with_adapters
 from learner.losses import kept_by_importance, kl_penalty, policy_loss
 from learner.packing import plan_micro_batches, response_logprobs
-from learner.ranks import RankError, RankPeers, TcpRendezvous, init_rank_group, split_by_tokens
+from learner.ranks import (
+    RankError,
+    RankPeers,
+    TcpRendezvous,
+    init_rank_group,
+    process_group_backend,
+    split_by_tokens,
+)
 from learner.schedule import step_schedule
 from learner.surrogates import surrogate_params
 from learner.turn_credit import token_advantages
@@ -59,7 +67,7 @@ def init_distributed() -> None:
     if dist.is_available() and dist.is_initialized():
         return
     load_cpu_op()  # before DeepSpeed asks for it: learner/deepspeed_ops.py
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend = process_group_backend()
     if "MASTER_ADDR" not in os.environ and int(os.environ.get("WORLD_SIZE", "1")) == 1:
         for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
             os.environ.setdefault(name, value)
@@ -471,6 +479,7 @@ class Learner:
         return max(1, -(-self._all_max(tokens) // CHUNK))
 
     def _all_max(self, value: int) -> int:
+        """`value`'s maximum over the ranks; a CPU tensor, as `_all_sum`'s (the group's gloo)."""
         if self.world == 1:
             return value
         import torch.distributed as dist

@@ -7,15 +7,18 @@ as the launcher does.
 
 import multiprocessing as mp
 
+import deepspeed
 import pytest
 import torch
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import Backend, BackendConfig
 
 from buffers.records import Group
 from buffers.testing import synthetic_trajectory
 from learner.checkpoint import load_checkpoint, save_checkpoint
 from learner.ranked import ranked_learner
-from learner.ranks import split_by_tokens
-from learner.trainer import Learner
+from learner.ranks import init_rank_group, split_by_tokens
+from learner.trainer import Learner, init_distributed
 from pipeline.assets.tiny_policy import build_tiny_policy
 from pipeline.config.schema import LearnerConfig, LoraSection
 from tests.conftest import gpu_per_rank
@@ -116,6 +119,50 @@ def test_groups_are_dealt_whole_by_tokens():
     assert sorted(i for s in shares for i in s) == list(range(29))
     loads = [sum(range(1, 30)[i] for i in s) for s in shares]
     assert max(loads) - min(loads) <= 29
+
+
+@pytest.mark.parametrize(
+    ("cuda", "nccl", "served"),
+    [
+        (True, True, {"cpu": "gloo", "cuda": "nccl"}),
+        (True, False, {"cpu": "gloo", "cuda": "gloo"}),
+        (False, False, {"cpu": "gloo", "cuda": "gloo"}),
+    ],
+    ids=["cuda-nccl", "cuda-without-nccl", "cpu"],
+)
+@pytest.mark.parametrize("entry", ["ranks", "one-process"])
+def test_the_process_group_serves_the_cpu_tensors_of_the_learners_own_collectives(
+    tmp_path, monkeypatch, entry, cuda, nccl, served
+):
+    """Issue 68: on a CUDA machine the learner's group was plain "nccl", which serves CUDA
+    tensors only, while the learner's own collectives take CPU ones (`_all_max`: the head's
+    chunk count and the micro-step count; `_all_sum`: the step's totals; `all_gather_object`:
+    its sums, on the group's CPU device when it has one), so configs/gaia.yaml's four ranks
+    stopped at their first forward. NCCL cannot start on this machine: torch sees a GPU and
+    NCCL here only by monkeypatching, the group's creation is recorded rather than made, and
+    torch's own parser says which backend the chosen string gives each device. Both entry
+    points (the ranks' `init_rank_group`, one process's `init_distributed`) choose alike."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    for module in ("learner.ranks", "learner.trainer"):  # DeepSpeed's CPU op: not the choice
+        monkeypatch.setattr(f"{module}.load_cpu_op", lambda: "")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: nccl)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    made = []
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: made.append(backend))
+    monkeypatch.setattr(
+        deepspeed, "init_distributed", lambda dist_backend, **kw: made.append(dist_backend)
+    )
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GLOO_SOCKET_IFNAME"):  # both set some
+        monkeypatch.setenv(name, "1" if name == "WORLD_SIZE" else "0")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    if entry == "ranks":
+        init_rank_group(0, 1, str(tmp_path / "store"))
+    else:
+        init_distributed()
+    assert len(made) == 2 and made[0] == made[1], made  # torch's group and DeepSpeed's, alike
+    assert BackendConfig(Backend(made[0])).get_device_backend_map() == served, made[0]
 
 
 @gpu_per_rank(2)
