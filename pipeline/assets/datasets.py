@@ -337,6 +337,10 @@ def load_questions(path: str | os.PathLike[str]) -> list[Question]:
     )
 
 
+LOADERS: dict[str, Any] = {"search_r1": load_search_r1, "gaia": load_gaia}
+"""`data.type` -> the loader of one of its files (`path -> list[Question]`)."""
+
+
 def load_world(world_dir: str | os.PathLike[str]) -> tuple[list[Question], list[Question]]:
     """(train, test) questions of a mini-GAIA world written by `python -m pipeline.assets.world`."""
     d = Path(world_dir)

@@ -1,0 +1,121 @@
+"""pipeline/plugins.py: names, entry points and import strings, and their one-line refusals."""
+
+import sys
+import textwrap
+
+import pytest
+
+from pipeline.plugins import PluginError, available, origin, resolve
+
+
+@pytest.fixture
+def installed(tmp_path, monkeypatch):
+    """A package installed the way pip leaves one: its module and a dist-info with
+    entry_points.txt on a sys.path entry, which importlib.metadata finds as it finds any."""
+    site = tmp_path / "site"
+    (site / "toy_strata").mkdir(parents=True)
+    (site / "toy_strata" / "__init__.py").write_text(
+        textwrap.dedent(
+            """
+            def halves(tools, max_calls, *, cut=2):
+                return lambda calls, keys=None: [int(len(c) >= cut) for c in calls]
+
+            def shout(view, task):
+                return 1.0
+            """
+        )
+    )
+    info = site / "toy_strata-0.3.dist-info"
+    info.mkdir()
+    info.joinpath("METADATA").write_text("Metadata-Version: 2.1\nName: toy-strata\nVersion: 0.3\n")
+    info.joinpath("entry_points.txt").write_text(
+        "[strata.stratifiers]\nhalves = toy_strata:halves\n\n"
+        "[strata.rewards]\nshout = toy_strata:shout\nbroken = toy_strata:missing\n"
+    )
+    monkeypatch.syspath_prepend(str(site))
+    yield site
+    sys.modules.pop("toy_strata", None)
+
+
+def test_an_entry_point_name_resolves_to_its_object(installed):
+    import toy_strata
+
+    assert resolve("stratifiers", "halves") is toy_strata.halves
+    assert resolve("rewards", "shout") is toy_strata.shout
+    assert ("halves", "entry point toy-strata==0.3 (toy_strata:halves)") in available("stratifiers")
+    assert origin("stratifiers", "halves") == "entry point toy-strata==0.3 (toy_strata:halves)"
+
+
+def test_a_built_in_name_comes_first():
+    from buffers.strata import STRATIFIERS
+
+    assert resolve("stratifiers", "random") is STRATIFIERS["random"]
+    assert origin("stratifiers", "random") == "built-in"
+
+
+def test_an_unknown_name_is_one_line_listing_the_known_and_the_plug_ins(installed):
+    with pytest.raises(PluginError) as error:
+        resolve("stratifiers", "thirds", "learner.stratifier.type")
+    assert str(error.value) == (
+        "learner.stratifier.type: unknown stratifier 'thirds'; known: tool_calls, "
+        "tool_signature, random; plug-ins found (entry points strata.stratifiers): halves "
+        "(toy-strata==0.3); or give an import string package.module:attr or "
+        "path/to/file.py:attr"
+    )
+    with pytest.raises(PluginError, match=r"plug-ins found \(entry points strata.agents\): none;"):
+        resolve("agents", "nobody", "actors.agent")
+
+
+def test_an_entry_point_that_does_not_load_says_why(installed):
+    with pytest.raises(PluginError) as error:
+        resolve("rewards", "broken", "actors.reward")
+    assert str(error.value) == (
+        "actors.reward: reward 'broken' (entry point toy_strata:missing of toy-strata==0.3) "
+        "cannot be loaded: AttributeError: module 'toy_strata' has no attribute 'missing'"
+    )
+
+
+def test_an_import_string_of_a_file_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "scoring.py").write_text(
+        "class Judge:\n    def score(self, view, task):\n        return 0.5\n"
+    )
+    judge = resolve("rewards", "mine/scoring.py:Judge", "actors.reward")
+    assert judge().score(None, None) == 0.5
+    assert resolve("rewards", "mine/scoring.py:Judge.score") is judge.score  # imported once
+    assert origin("rewards", "mine/scoring.py:Judge") == "import string"
+
+
+def test_an_import_string_of_a_module(installed):
+    import toy_strata
+
+    assert resolve("tools", "toy_strata:shout") is toy_strata.shout
+
+
+@pytest.mark.parametrize(
+    ("spec", "failure"),
+    [
+        ("no_such_pkg.mod:fn", "ModuleNotFoundError: No module named 'no_such_pkg'"),
+        ("toy_strata:nothing", "AttributeError: module 'toy_strata' has no attribute 'nothing'"),
+        ("gone/file.py:fn", "FileNotFoundError: no such file gone/file.py (relative to "),
+        ("bad.py:fn", "ZeroDivisionError: division by zero"),
+        (":fn", None),
+    ],
+)
+def test_an_import_string_that_fails_says_what_failed(
+    installed, tmp_path, monkeypatch, spec, failure
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.py").write_text("x = 1 / 0\n")
+    with pytest.raises(PluginError) as error:
+        resolve("rewards", spec, "actors.reward")
+    message = str(error.value)
+    assert "\n" not in message
+    if failure is None:
+        assert message == (
+            "actors.reward: import string ':fn' must be package.module:attr or path/to/file.py:attr"
+        )
+    else:
+        assert message.startswith(f"actors.reward: cannot import {spec!r}: {failure}")
+    assert "_strata_plugin_bad" not in " ".join(sys.modules)  # a failed file is not kept
