@@ -2,7 +2,8 @@
 
 POST /search answers in Serper's JSON (`searchParameters`, `organic: [{title, link, snippet,
 position}]`, optionally `answerBox`) when the `X-API-KEY` header holds KEY (401 otherwise);
-`fail_next` makes the next N searches answer 503. GET serves the pages below.
+`fail_next` makes the next N searches answer 503. GET serves the pages below (`hits` counts
+the requests for each).
 """
 
 from __future__ import annotations
@@ -102,6 +103,13 @@ class WebStandIn:
             raise web.HTTPFound("http://169.254.169.254/latest/meta-data/")
         if name == "to-page":
             raise web.HTTPFound("/page.html")
+        if name == "to":  # a redirect to wherever ?url= says
+            raise web.HTTPFound(request.query["url"])
+        if name == "slow-hop":  # ?n=N: N redirects, each answered after ?s= seconds, then the page
+            n = int(request.query["n"])
+            await asyncio.sleep(float(request.query["s"]))
+            target = "/page.html" if n == 0 else f"/slow-hop?n={n - 1}&s={request.query['s']}"
+            raise web.HTTPFound(target)
         if name == "loop":
             raise web.HTTPFound("/loop")
         raise web.HTTPNotFound()
