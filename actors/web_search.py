@@ -10,19 +10,23 @@ deep-research setting has (Google, reached through a Serper-compatible API).
 - **The cache**: every answer is kept on disk under the sha256 of (provider, url, query,
   parameters), so a rerun asks the provider nothing and reads the same results; identical
   searches asked at once (a group's members) share one request (`joined`).
-- **Budgets**: `max_calls_per_run` provider requests (cache hits are free) and
+- **Budgets**: `max_calls_per_run` provider requests (cache hits are free; a retry is not counted
+  again) for the whole run when the tool is given the run directory: counted there (`RunBudget`),
+  so every process of the run draws on one count and a resumed run goes on with it; and
   `max_calls_per_trajectory` calls of one trajectory (cache hits count: it is the agent's
   behaviour being bounded). A call past either gets an observation saying so, and is counted.
 - **Rate limit and retries**: requests are spaced `1 / requests_per_second` apart; a timeout, a
   connection error, 429 or 5xx is retried `retries` times with exponential backoff.
 
 Every failure becomes an observation the model reads (never an exception into the agent loop),
-and every outcome is counted (`WebStats`).
+and every outcome is counted (`WebStats`); a cache that cannot be written costs the next run a
+request, never this call its result (counted, and said once).
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import hashlib
 import json
 import os
@@ -37,6 +41,8 @@ import aiohttp
 from actors.tools import ToolResult, trajectory
 
 MAX_QUERY_CHARS = 512
+BUDGET_FILE = "web_search_requests"
+"""In the run directory: the provider requests the run has paid for (`RunBudget`)."""
 
 
 class WebError(Exception):
@@ -127,10 +133,15 @@ class WebStats:
 
     outcomes: Counter = field(default_factory=Counter)
     provider_requests: int = 0  # HTTP requests sent to the provider, retries included
+    cache_put_failures: int = 0  # answers the cache could not keep (the call still had them)
 
     def summary(self) -> str:
         parts = ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items()))
-        return f"{sum(self.outcomes.values())} calls ({parts}); {self.provider_requests} provider requests"
+        unkept = f"; {self.cache_put_failures} not cached" if self.cache_put_failures else ""
+        return (
+            f"{sum(self.outcomes.values())} calls ({parts}); "
+            f"{self.provider_requests} provider requests{unkept}"
+        )
 
 
 class DiskCache:
@@ -150,7 +161,7 @@ class DiskCache:
         path = self.path(provider, request)
         try:
             return json.loads(path.read_text(encoding="utf-8"))["response"]
-        except (OSError, ValueError, KeyError):  # absent, or a torn file: asked again
+        except (OSError, ValueError, KeyError, TypeError):  # absent, torn, not a record: ask again
             return None
 
     def put(self, provider: str, request: Request, response: object) -> None:
@@ -158,8 +169,51 @@ class DiskCache:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         record = {"provider": provider, "url": request.url, "body": request.body}
-        tmp.write_text(json.dumps({"request": record, "response": response}), encoding="utf-8")
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(json.dumps({"request": record, "response": response}), encoding="utf-8")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)  # what a full disk left half-written
+
+
+class RunBudget:
+    """At most `limit` provider requests for a whole run. With `run_dir`, the count is the file
+    BUDGET_FILE there, read, incremented and written under an exclusive `flock`: every process of
+    the run (the Ray runtime's generation workers) draws on the one count, and a resumed run goes
+    on with it. Without one (an evaluation, a test) the count is this process's."""
+
+    def __init__(self, limit: int, run_dir: str | os.PathLike[str] | None = None) -> None:
+        self.limit = limit
+        self.path = None if run_dir is None else Path(run_dir) / BUDGET_FILE
+        self.spent_here = 0
+
+    async def take(self) -> bool:
+        """One request, if the run has one left. OSError or ValueError when the count cannot be
+        read or written (the request is then not made)."""
+        if self.path is None:
+            if self.spent_here >= self.limit:
+                return False
+            self.spent_here += 1
+            return True
+        return await asyncio.to_thread(self._take_counted, self.path)  # a held lock waits here
+
+    def _take_counted(self, path: Path) -> bool:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd is closed
+            text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+            try:
+                spent = int(text or 0)
+            except ValueError:
+                raise ValueError(f"{path} holds {text[:40]!r}, not a count") from None
+            if spent >= self.limit:
+                return False
+            count = f"{spent + 1}\n".encode()
+            os.pwrite(fd, count, 0)
+            os.ftruncate(fd, len(count))
+            return True
+        finally:
+            os.close(fd)
 
 
 class RateLimit:
@@ -202,14 +256,18 @@ class WebSearchTool:
         timeout_s: float,
         backoff_s: float = 0.5,
         stats: WebStats | None = None,
+        run_dir: str | os.PathLike[str] | None = None,
     ) -> None:
+        """`run_dir`: where the run's budget is counted across its processes and resumes (see
+        RunBudget); without it, `max_calls_per_run` bounds this process only."""
         self.provider, self.cache, self.api_key_env = provider, cache, api_key_env
         self.max_calls_per_run = max_calls_per_run
+        self.budget = RunBudget(max_calls_per_run, run_dir)
         self.max_calls_per_trajectory = max_calls_per_trajectory
         self.rate = RateLimit(requests_per_second)
         self.retries, self.timeout_s, self.backoff_s = retries, timeout_s, backoff_s
         self.stats = stats or WebStats()
-        self.run_requests = 0  # provider answers paid for by this run (cache misses)
+        self.cache_failure_said = False
         self.session: aiohttp.ClientSession | None = None
         self.pending: dict[Path, asyncio.Future] = {}  # searches asked and not answered yet
         self.session_loop: asyncio.AbstractEventLoop | None = None
@@ -236,18 +294,25 @@ class WebSearchTool:
             if body is None:
                 return self._done("failed", False, "Search failed: the same search just failed")
         if body is None:
-            if self.run_requests >= self.max_calls_per_run:
+            try:
+                granted = await self.budget.take()
+            except (OSError, ValueError) as exc:
+                return self._done(
+                    "budget_uncounted",
+                    False,
+                    f"Search refused: the run's web search budget cannot be counted ({exc})",
+                )
+            if not granted:
                 return self._done(
                     "refused_run_budget",
                     False,
                     f"Search refused: the run's budget of {self.max_calls_per_run} web searches "
                     "is spent. Answer with what you have.",
                 )
-            self.run_requests += 1
             waiting = self.pending[key] = asyncio.get_running_loop().create_future()
             try:
                 body = await self._fetch(request)
-                self.cache.put(self.provider.name, request, body)
+                self._keep(request, body)
             except WebError as exc:
                 return self._done("failed", False, f"Search failed: {exc}")
             finally:
@@ -259,6 +324,21 @@ class WebSearchTool:
         except WebError as exc:
             return self._done("failed", False, f"Search failed: {exc}")
         return self._done(outcome, True, format_hits(hits))
+
+    def _keep(self, request: Request, body: object) -> None:
+        """Cache `body`; a cache that fails (disk full, permissions, a value it cannot write) is
+        counted and said once, and the call keeps its result."""
+        try:
+            self.cache.put(self.provider.name, request, body)
+        except Exception as exc:
+            self.stats.cache_put_failures += 1
+            if not self.cache_failure_said:
+                self.cache_failure_said = True
+                print(
+                    f"strata: web_search: the cache cannot write ({type(exc).__name__}: {exc}); "
+                    "searches go on uncached, the web tools' summary counts them",
+                    flush=True,
+                )
 
     def _done(self, outcome: str, ok: bool, text: str) -> ToolResult:
         self.stats.outcomes[outcome] += 1
