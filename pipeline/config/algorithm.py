@@ -3,15 +3,22 @@ in learner/estimators.py), one per off-policy correction (`learner.importance`,
 learner/corrections.py) and one per stratifier (`learner.stratifier`, buffers/strata.py), each
 holding the parameters its registered function takes and nothing else, so a key that does not
 act for the chosen one is refused rather than ignored. A test checks each section's fields
-against its function's parameters."""
+against its function's parameters.
+
+Either section also takes a plug-in: `type` is then an entry point's name (groups
+strata.estimators, strata.stratifiers) or an import string (pipeline/plugins.py), and the
+section's other keys are the plug-in's parameters, checked against the ones it takes.
+"""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+import inspect
+from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import Field
+from pydantic import ConfigDict, Discriminator, Field, Tag, model_validator
 
-from pipeline.config.base import Section, backend_union
+from pipeline.config.base import Section, backend_union, shown
+from pipeline.plugins import resolve
 
 
 class StratifiedAdvantage(Section):
@@ -216,7 +223,135 @@ ADVANTAGES = (
 )
 """`learner.advantage.type` -> its section; the first is the default. The episode-level ones are
 learner/estimators.py's; gigpo and igpo add their step credit to GRPO's; gae is the critic's."""
-AdvantageConfig = backend_union(ADVANTAGES)
+
+
+class PluginSection(Section):
+    """A section whose `type` names a plug-in and whose other keys are its parameters."""
+
+    model_config = ConfigDict(extra="allow")
+    KIND: ClassVar[str] = ""
+    """The plug-in kind (pipeline/plugins.py) `type` names."""
+    LEADING: ClassVar[int] = 0
+    """Positional parameters every plug-in of the kind takes before its own ones."""
+    BUILTIN: ClassVar[tuple[str, ...]] = ()
+    type: str
+    """A plug-in's entry-point name or an import string `package.module:attr` /
+    `path/to/file.py:attr`."""
+
+    @classmethod
+    def takes(cls, found: Any) -> tuple[Any, tuple[str, ...], tuple[str, ...]]:
+        """(callable, its parameters, those without a default) of the resolved plug-in: a
+        registry entry (`.params`) as is, else a callable's parameters after the kind's leading
+        positional ones."""
+        if hasattr(found, "params"):
+            made = getattr(found, "make", None) or found.fn
+            return made, tuple(found.params), ()
+        if not callable(found):
+            raise ValueError(f"the plug-in is a {type(found).__name__}, not a callable")
+        try:
+            listed = list(inspect.signature(found).parameters.values())
+        except (TypeError, ValueError):  # builtins without a signature: no parameters of its own
+            return found, (), ()
+        own = [
+            p for p in listed[cls.LEADING :] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        ]
+        required = tuple(p.name for p in own if p.default is p.empty)
+        return found, tuple(p.name for p in own), required
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plugin_parameters(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        name = data.get("type")
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(
+                f"must be one of {', '.join(cls.BUILTIN)}, a plug-in's name or an import "
+                f"string package.module:attr, not {shown(name)}"
+            )
+        made, params, required = cls.takes(resolve(cls.KIND, name))
+        given = [k for k in data if k != "type"]
+        unknown = [k for k in given if k not in params]
+        if unknown:
+            raise ValueError(
+                f"the plug-in takes {', '.join(params) or 'no parameters'}, not "
+                f"{', '.join(unknown)}: remove {'it' if len(unknown) == 1 else 'them'}"
+            )
+        missing = [k for k in required if k not in data]
+        if missing:
+            raise ValueError(f"the plug-in needs {', '.join(missing)}: give it in this section")
+        filled = dict(data)
+        defaults = {}
+        if not hasattr(made, "params"):
+            try:
+                defaults = {p.name: p.default for p in inspect.signature(made).parameters.values()}
+            except (TypeError, ValueError):
+                defaults = {}
+        for key in params:  # defaults spelled out, as a dumped config has them, when plain
+            if key not in filled and _plain(defaults.get(key, inspect.Parameter.empty)):
+                filled[key] = defaults[key]
+        cls.register(name, made, tuple(k for k in params if k in filled))
+        return filled
+
+    @classmethod
+    def register(cls, name: str, made: Any, params: tuple[str, ...]) -> None:
+        """Put the plug-in into its kind's registry under `name`, so the code that looks a
+        built-in up by `type` finds it the same way (in every process that validates the config)."""
+        raise NotImplementedError
+
+
+def _plain(value: object) -> bool:
+    """Whether `value` is a YAML scalar or a list / mapping of them (a default a dump can hold)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return True
+    if isinstance(value, list | tuple):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
+
+
+def with_plugins(classes: tuple[type[Section], ...], plugin: type[PluginSection]) -> Any:
+    """`backend_union(classes)`, and `plugin` for any other `type` string. The plug-in's tag is
+    "type", so a refusal's location reads `<section>.type = <what the config gave>`."""
+    tags = [c.model_fields["type"].default for c in classes]
+    members = [Annotated[c, Tag(t)] for c, t in zip(classes, tags, strict=True)]
+
+    def pick(value: object) -> str | None:
+        if isinstance(value, dict):
+            tag = value.get("type", tags[0])
+            return tag if isinstance(tag, str) and tag in tags else "type"
+        return "type" if isinstance(value, plugin) else getattr(value, "type", None)
+
+    union = Union[(*members, Annotated[plugin, Tag("type")])]
+    return Annotated[union, Discriminator(pick)]
+
+
+class PluginAdvantage(PluginSection):
+    """A plug-in estimator: `fn(rewards, group_ids, strata, **params)` returning
+    learner.estimators.Estimate or a tensor of advantages (every trajectory kept), from an entry
+    point of strata.estimators or an import string; this section's other keys are its keyword
+    parameters (checked against its signature)."""
+
+    KIND: ClassVar[str] = "estimators"
+    LEADING: ClassVar[int] = 3
+    BUILTIN: ClassVar[tuple[str, ...]] = tuple(c.model_fields["type"].default for c in ADVANTAGES)
+
+    @classmethod
+    def register(cls, name: str, made: Any, params: tuple[str, ...]) -> None:
+        from learner import estimators  # torch: only for a plug-in estimator
+
+        def fn(rewards, group_ids, strata, **kwargs) -> estimators.Estimate:
+            out = made(rewards, group_ids, strata, **kwargs)
+            if isinstance(out, estimators.Estimate):
+                return out
+            advantages = estimators.torch.as_tensor(out, dtype=rewards.dtype)
+            return estimators.Estimate(advantages, estimators.torch.ones_like(rewards).bool())
+
+        estimators.ESTIMATORS[name] = estimators.Estimator(fn, params)
+
+
+AdvantageConfig = with_plugins(ADVANTAGES, PluginAdvantage)
 
 
 class ToolCallsStrata(Section):
@@ -246,7 +381,26 @@ class RandomStrata(Section):
 
 STRATIFIERS = (ToolCallsStrata, ToolSignatureStrata, RandomStrata)
 """`learner.stratifier.type` -> its section; the first is the default."""
-StratifierConfig = backend_union(STRATIFIERS)
+
+
+class PluginStratifier(PluginSection):
+    """A plug-in stratifier: a factory `make(tools, max_calls, **params)` returning a callable
+    `(tool_calls, keys) -> one int stratum per trajectory` (buffers/strata.py), from an entry
+    point of strata.stratifiers or an import string; this section's other keys are its keyword
+    parameters (checked against its signature)."""
+
+    KIND: ClassVar[str] = "stratifiers"
+    LEADING: ClassVar[int] = 2
+    BUILTIN: ClassVar[tuple[str, ...]] = tuple(c.model_fields["type"].default for c in STRATIFIERS)
+
+    @classmethod
+    def register(cls, name: str, made: Any, params: tuple[str, ...]) -> None:
+        from buffers import strata
+
+        strata.STRATIFIERS[name] = strata.Registered(made, params)
+
+
+StratifierConfig = with_plugins(STRATIFIERS, PluginStratifier)
 
 
 class NoImportance(Section):

@@ -70,7 +70,8 @@ def render() -> str:
         key, members, doc = queue.pop(0)
         for member in members:
             tag = member.model_fields.get("type")
-            variant = f" (`type: {tag.default}`)" if len(members) > 1 and tag is not None else ""
+            label = "a plug-in" if tag is not None and tag.is_required() else tag and tag.default
+            variant = f" (`type: {label}`)" if len(members) > 1 and tag is not None else ""
             lines += [f"## `{key}`{variant}", ""]
             about = " ".join((member.__doc__ or "").split()) if len(members) > 1 else doc
             if about:

@@ -2,9 +2,12 @@
 
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+import yaml
 
+from pipeline.config.loader import ConfigError, dump_config, load_config
 from pipeline.plugins import PluginError, available, origin, resolve
 
 
@@ -19,6 +22,9 @@ def installed(tmp_path, monkeypatch):
             """
             def halves(tools, max_calls, *, cut=2):
                 return lambda calls, keys=None: [int(len(c) >= cut) for c in calls]
+
+            def needs_k(rewards, group_ids, strata, *, k):
+                return rewards
 
             def shout(view, task):
                 return 1.0
@@ -119,3 +125,82 @@ def test_an_import_string_that_fails_says_what_failed(
     else:
         assert message.startswith(f"actors.reward: cannot import {spec!r}: {failure}")
     assert "_strata_plugin_bad" not in " ".join(sys.modules)  # a failed file is not kept
+
+
+# ------------------------------------------------------------------ learner.stratifier / advantage
+
+
+@pytest.fixture
+def registries():
+    """The registries a plug-in section fills, as they were before the test."""
+    from buffers import strata
+    from learner import estimators
+
+    saved = dict(strata.STRATIFIERS), dict(estimators.ESTIMATORS)
+    yield
+    for registry, before in zip((strata.STRATIFIERS, estimators.ESTIMATORS), saved, strict=True):
+        registry.clear()
+        registry.update(before)
+
+
+LOCAL = str(Path(__file__).resolve().parents[2] / "configs" / "local.yaml")
+
+
+def test_a_plug_in_stratifier_by_entry_point_assigns_the_strata(installed, registries):
+    from pipeline.runtime.parts import agent_settings
+
+    config = load_config(LOCAL, ["learner.stratifier={type: halves, cut: 3}"])
+    assert config.learner.stratifier.type == "halves" and config.learner.stratifier.cut == 3
+    settings = agent_settings(config.actors, config.learner.stratifier)
+    assert list(settings.stratifier([["search"] * 3, ["search"], []])) == [1, 0, 0]
+    dumped = yaml.safe_load(dump_config(config))["learner"]["stratifier"]
+    assert dumped == {"type": "halves", "cut": 3}
+    assert load_config(LOCAL, ["learner.stratifier.type=halves"]).learner.stratifier.cut == 2
+
+
+def test_a_plug_in_estimator_from_a_file_trains_the_step(tmp_path, monkeypatch, registries):
+    from buffers.records import Group
+    from buffers.testing import synthetic_trajectory
+    from learner.algorithm import plan_step
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "centred.py").write_text(
+        "def centred(rewards, group_ids, strata, *, shift=0.0):\n"
+        "    return rewards - rewards.mean() + shift\n"
+    )
+    config = load_config(LOCAL, ["learner.advantage={type: centred.py:centred, shift: 0.5}"])
+    members = tuple(synthetic_trajectory("p", i, reward=float(i)) for i in range(4))
+    plan = plan_step([Group("p", members)], config.learner)
+    assert plan.advantages.tolist() == [-1.0, 0.0, 1.0, 2.0]
+    assert plan.keep.tolist() == [True] * 4
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        (
+            "learner.stratifier={type: halves, k: 3}",
+            "learner.stratifier.type = 'halves': the plug-in takes cut, not k: remove it",
+        ),
+        (
+            "learner.stratifier.type=thirds",
+            "learner.stratifier.type = 'thirds': unknown stratifier 'thirds'; known: tool_calls, "
+            "tool_signature, random; plug-ins found (entry points strata.stratifiers): halves "
+            "(toy-strata==0.3); or give an import string",
+        ),
+        (
+            "learner.advantage.type=toy_strata:nothing",
+            "learner.advantage.type = 'toy_strata:nothing': cannot import 'toy_strata:nothing': "
+            "AttributeError: module 'toy_strata' has no attribute 'nothing'",
+        ),
+        (
+            "learner.advantage.type=toy_strata:needs_k",
+            "learner.advantage.type = 'toy_strata:needs_k': the plug-in needs k: give it in this "
+            "section",
+        ),
+    ],
+)
+def test_a_plug_in_section_is_refused_in_one_line(installed, registries, setting, message):
+    with pytest.raises(ConfigError) as error:
+        load_config(LOCAL, [setting])
+    assert f"{LOCAL} (--set {setting}): {message}" in str(error.value)
