@@ -8,14 +8,17 @@ and kind:
 - bytes: index.faiss on disk; the index directory is written as `retrieval.build` writes it;
 - load s and RSS: in a fresh process, `PassageIndex.load` (mapped where faiss allows), RSS after
   the load and after the searches (anonymous and file-backed pages, from /proc/self/status);
-- p50/p99 ms of `index.search` at batch 1 and at batch 64;
+- p50/p99 ms of `index.search` at batch 1 and at batch 64, and the Arrow memory one search of 64
+  queries allocates beyond the load (its peak in a pool of its own); with `--compare-take`, the
+  same for the search before issue 68 (Arrow's take on the whole passage table), timed on the
+  same loaded index, alternating with the current one;
 - recall@3: the share of flat's top 3 found in the kind's top 3;
 - the retrieval server (`retrieval.server.create_app`, micro-batched, on 127.0.0.1) under 128
   concurrent clients of one query each (the pools' load): requests/s and p99 ms. Its search
   function looks the query's vector up: this measures faiss, the passages and HTTP, not the encoder.
 
     python benchmarks/retrieval_scale.py --sizes 100000 1000000 --kinds flat hnsw ivf ivf_pq \
-        [--skip hnsw:1000000] [--json docs/results/retrieval_scale.json]
+        [--skip hnsw:1000000] [--compare-take] [--json docs/results/retrieval_scale.json]
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from pathlib import Path
 import aiohttp
 import faiss
 import numpy as np
+import pyarrow as pa
 
 from retrieval.corpus import Passage
 from retrieval.index import FORMAT_VERSION, IndexMeta, PassageIndex, build_settings, write_meta
@@ -130,14 +134,56 @@ def memory() -> dict[str, float]:
     return fields
 
 
-def latencies(index: PassageIndex, queries: np.ndarray, batch: int, rounds: int) -> list[float]:
-    times = []
+def take_search(index: PassageIndex, embeddings: np.ndarray, k: int) -> list:
+    """`PassageIndex.search` before issue 68: Arrow's take on the whole table, which concatenates
+    every record batch's text first. Kept here to be timed against the current search."""
+    k = min(k, len(index))
+    scores, ids = index.index.search(np.ascontiguousarray(embeddings, dtype=np.float32), k)
+    flat = ids.ravel()
+    found = flat[flat >= 0]
+    rows = index.passages.take(pa.array(found, pa.int64())).to_pydict()
+    by_id = {
+        i: Passage(id=pid, contents=text)
+        for i, pid, text in zip(found.tolist(), rows["id"], rows["contents"], strict=True)
+    }
+    return [
+        [
+            (by_id[i], float(s))
+            for i, s in zip(r_ids.tolist(), r_scores.tolist(), strict=True)
+            if i >= 0
+        ]
+        for r_ids, r_scores in zip(ids, scores, strict=True)
+    ]
+
+
+SEARCHES = {"search": lambda index, rows: index.search(rows, 3)}
+SEARCHES_COMPARED = SEARCHES | {"take": lambda index, rows: take_search(index, rows, 3)}
+
+
+def latencies(
+    index: PassageIndex, queries: np.ndarray, batch: int, rounds: int, searches: dict
+) -> dict[str, list[float]]:
+    """ms of each search function, round by round alternating, so both see the same machine."""
+    times: dict[str, list[float]] = {name: [] for name in searches}
     for r in range(rounds):
         rows = queries[(np.arange(batch) + r * batch) % len(queries)]
-        start = time.perf_counter()
-        index.search(rows, 3)
-        times.append((time.perf_counter() - start) * 1000)
+        for name, search in searches.items():
+            start = time.perf_counter()
+            search(index, rows)
+            times[name].append((time.perf_counter() - start) * 1000)
     return times
+
+
+def arrow_peak_mib(action) -> float:
+    """MiB of Arrow memory `action()` held at most: its allocations go to a pool of their own."""
+    default = pa.default_memory_pool()
+    pool = pa.proxy_memory_pool(default)
+    pa.set_memory_pool(pool)
+    try:
+        action()
+    finally:
+        pa.set_memory_pool(default)
+    return pool.max_memory() / 2**20
 
 
 async def server_load(index: PassageIndex, queries: np.ndarray, requests: int) -> dict:
@@ -168,7 +214,7 @@ async def server_load(index: PassageIndex, queries: np.ndarray, requests: int) -
     return {"server_rps": requests / elapsed, "server_p99_ms": float(np.percentile(times, 99))}
 
 
-def measure(directory: str, truth: str, clusters: int, requests: int) -> dict:
+def measure(directory: str, truth: str, clusters: int, requests: int, compare: bool) -> dict:
     """In a fresh process: load, memory, latencies, recall against flat's answers, server load."""
     start = time.perf_counter()
     index = PassageIndex.load(directory)
@@ -189,19 +235,29 @@ def measure(directory: str, truth: str, clusters: int, requests: int) -> dict:
             hits = [len(set(a) & set(b)) / 3 for a, b in zip(exact, other, strict=True)]
             sweep[f"{setting}={value}"] = float(np.mean(hits))
     index = PassageIndex.load(directory)  # back to the built setting
-    one = latencies(index, queries, 1, 50)
-    many = latencies(index, queries, 64, 8)
+    searches = SEARCHES_COMPARED if compare else SEARCHES
+    one = latencies(index, queries, 1, 50, searches)
+    many = latencies(index, queries, 64, 8, searches)
     result = {
         "load_s": load_s,
         "rss_loaded_gib": loaded["VmRSS"],
         "recall_at_3": recall,
         "recall_sweep": sweep,
-        "p50_ms_b1": float(np.percentile(one, 50)),
-        "p99_ms_b1": float(np.percentile(one, 99)),
-        "p50_ms_b64": float(np.percentile(many, 50)),
-        "p99_ms_b64": float(np.percentile(many, 99)),
     }
-    result.update(asyncio.run(server_load(index, queries, requests)))
+    for name, search in searches.items():
+        prefix = "" if name == "search" else f"{name}_"
+        result |= {
+            f"{prefix}p50_ms_b1": float(np.percentile(one[name], 50)),
+            f"{prefix}p99_ms_b1": float(np.percentile(one[name], 99)),
+            f"{prefix}p50_ms_b64": float(np.percentile(many[name], 50)),
+            f"{prefix}p99_ms_b64": float(np.percentile(many[name], 99)),
+            f"{prefix}arrow_mib_b64": arrow_peak_mib(lambda s=search: s(index, queries[:64])),
+        }
+    if compare:
+        new, old = index.search(queries[:64], 3), take_search(index, queries[:64], 3)
+        result["take_same_results"] = new == old
+    if requests:
+        result.update(asyncio.run(server_load(index, queries, requests)))
     after = memory()
     result.update(rss_searched_gib=after["VmRSS"], rss_anon_gib=after["RssAnon"])
     return result
@@ -213,14 +269,20 @@ def main() -> None:
     parser.add_argument("--kinds", nargs="+", default=["flat", "hnsw", "ivf", "ivf_pq"])
     parser.add_argument("--skip", nargs="*", default=[], help="kind:size pairs not to run")
     parser.add_argument("--clusters", type=int, default=1_000)
-    parser.add_argument("--requests", type=int, default=2_048, help="server requests a kind")
+    parser.add_argument(
+        "--requests", type=int, default=2_048, help="server requests a kind (0: no server load)"
+    )
+    parser.add_argument(
+        "--compare-take", action="store_true", help="also time the search before issue 68"
+    )
     parser.add_argument("--json", default=None, help="append each result to this JSON file")
     parser.add_argument("--work", default=None)
     parser.add_argument("--child", nargs=4, metavar=("DIR", "TRUTH", "CLUSTERS", "REQUESTS"))
     args = parser.parse_args()
     if args.child:
         directory, truth, clusters, requests = args.child
-        print(json.dumps(measure(directory, truth, int(clusters), int(requests))))
+        result = measure(directory, truth, int(clusters), int(requests), args.compare_take)
+        print(json.dumps(result))
         return
     work = Path(args.work or tempfile.mkdtemp(prefix="strata-scale-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -257,6 +319,7 @@ def main() -> None:
             row |= build_one(size, spec, means, directory, passages)
             child = [sys.executable, __file__, "--child", str(directory), str(truth)]
             child += [str(args.clusters), str(args.requests)]
+            child += ["--compare-take"] if args.compare_take else []
             measured = subprocess.run(child, capture_output=True, text=True, check=True)
             row |= json.loads(measured.stdout.strip().splitlines()[-1])
             shutil.rmtree(directory)

@@ -40,6 +40,13 @@ def write_passages(
     return rows
 
 
+def copy_passages(table: pa.Table, path: str | os.PathLike[str], batch_rows: int = 65_536) -> None:
+    """Write a passages table (a mapped one: its batches are copied from the map, nothing becomes a
+    Python object) as `write_passages` would."""
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as writer:
+        writer.write_table(table.cast(SCHEMA), max_chunksize=batch_rows)
+
+
 def open_passages(path: str | os.PathLike[str]) -> pa.Table:
     """The passages as a table over a memory map of the file (no copy of the text)."""
     return pa.ipc.open_file(pa.memory_map(str(Path(path)), "r")).read_all()
