@@ -88,6 +88,15 @@ BUILTINS: dict[str, Callable[[], dict[str, Any]]] = {
     "agents": _agents,
 }
 """kind -> the registry of its built-in names, imported when first asked."""
+PLUGGED: dict[str, set[str]] = {kind: set() for kind in KINDS}
+"""Names a plug-in was registered under in a built-in registry (a config's plug-in section
+does that, pipeline/config/algorithm.py): not built-ins, whatever the registry holds."""
+
+
+def builtins(kind: str) -> dict[str, Any]:
+    """The built-in names of `kind` and their objects (plug-ins registered beside them left out)."""
+    _check_kind(kind)
+    return {k: v for k, v in BUILTINS[kind]().items() if k not in PLUGGED[kind]}
 
 
 def is_import_string(spec: str) -> bool:
@@ -123,7 +132,7 @@ def available(kind: str) -> list[tuple[str, str]]:
     """(name, origin) of every name `kind` knows: "built-in", then "entry point PKG==VER"
     (`value`), "shadowed by the built-in" when a built-in has the same name."""
     _check_kind(kind)
-    builtin = list(BUILTINS[kind]())
+    builtin = list(builtins(kind))
     out = [(name, "built-in") for name in builtin]
     for ep in entry_points(kind):
         origin = f"entry point {_package(ep)} ({ep.value})"
@@ -143,7 +152,7 @@ def resolve(kind: str, spec: str, where: str = "") -> Any:
         raise PluginError(f"{prefix}a {SINGULAR[kind]} must be named by a non-empty string")
     if is_import_string(spec):
         return import_string(spec, where)
-    builtin = BUILTINS[kind]()
+    builtin = builtins(kind)
     if spec in builtin:
         return builtin[spec]
     matches = [ep for ep in entry_points(kind) if ep.name == spec]
@@ -214,13 +223,55 @@ def _file_module(path: Path) -> Any:
     return module
 
 
+def plugin_origin(kind: str, spec: str) -> str | None:
+    """Where `spec` comes from when it is a plug-in (an import string, or an entry point's name
+    no built-in shadows), else None; built-in registries are imported only to tell shadowing, so
+    a config of built-ins is described without importing torch."""
+    _check_kind(kind)
+    if is_import_string(spec):
+        return "import string"
+    matches = [ep for ep in entry_points(kind) if ep.name == spec]
+    if not matches or spec in builtins(kind):
+        return None
+    return ", ".join(f"entry point {_package(ep)} ({ep.value})" for ep in matches)
+
+
+def configured(config: Any) -> list[tuple[str, str, str]]:
+    """(key, kind, spec) of every thing `config` (a StrataConfig) chooses by name: the data
+    loader, the stratifier, the estimator, the agent, each tool and each reward function."""
+    dumped = config.model_dump(mode="json")
+    out = [
+        ("data.type", "datasets", dumped["data"]["type"]),
+        ("learner.stratifier.type", "stratifiers", dumped["learner"]["stratifier"]["type"]),
+        ("learner.advantage.type", "estimators", dumped["learner"]["advantage"]["type"]),
+    ]
+    actors = dumped["actors"]
+    for key, kind in (("agent", "agents"), ("tools", "tools"), ("reward", "rewards")):
+        out += [(f"actors.{key}{at}", kind, spec) for at, spec in _named(actors.get(key))]
+    return out
+
+
+def _named(value: Any, at: str = "") -> list[tuple[str, str]]:
+    """(where, spec) of the names in a config value: a string, a list of them, or sections
+    naming one by `fn` or `type` (a remote reward's `url` names none)."""
+    if isinstance(value, str):
+        return [(at, value)]
+    if isinstance(value, list):
+        return [found for i, v in enumerate(value) for found in _named(v, f"{at}[{i}]")]
+    if isinstance(value, dict):
+        for key in ("fn", "type"):
+            if isinstance(value.get(key), str):
+                return [(f"{at}.{key}", value[key])]
+    return []
+
+
 def origin(kind: str, spec: str) -> str:
     """Where `spec` resolves from for `kind`, in words (for --dry-run and --list-plugins):
     "built-in", "entry point PKG==VER (value)", "import string", or "unknown"."""
     _check_kind(kind)
     if is_import_string(spec):
         return "import string"
-    if spec in BUILTINS[kind]():
+    if spec in builtins(kind):
         return "built-in"
     for ep in entry_points(kind):
         if ep.name == spec:

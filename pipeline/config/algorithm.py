@@ -18,7 +18,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 from pydantic import ConfigDict, Discriminator, Field, Tag, model_validator
 
 from pipeline.config.base import Section, backend_union, shown
-from pipeline.plugins import resolve
+from pipeline.plugins import PLUGGED, resolve
 
 
 class StratifiedAdvantage(Section):
@@ -291,6 +291,7 @@ class PluginSection(Section):
             if key not in filled and _plain(defaults.get(key, inspect.Parameter.empty)):
                 filled[key] = defaults[key]
         cls.register(name, made, tuple(k for k in params if k in filled))
+        PLUGGED[cls.KIND].add(name)
         return filled
 
     @classmethod

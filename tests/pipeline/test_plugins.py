@@ -1,5 +1,6 @@
 """pipeline/plugins.py: names, entry points and import strings, and their one-line refusals."""
 
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -204,3 +205,39 @@ def test_a_plug_in_section_is_refused_in_one_line(installed, registries, setting
     with pytest.raises(ConfigError) as error:
         load_config(LOCAL, [setting])
     assert f"{LOCAL} (--set {setting}): {message}" in str(error.value)
+
+
+# ------------------------------------------------------------------------ launch's flags
+
+
+def test_list_plugins_prints_every_kind_from_where(installed, registries, capsys):
+    from pipeline.launch import main
+
+    assert main([LOCAL, "--list-plugins", "--set", "learner.stratifier.type=halves"]) == 0
+    out = capsys.readouterr().out
+    assert "stratifiers (entry points strata.stratifiers):\n" in out
+    assert "  random          built-in\n" in out
+    assert (
+        "  halves          entry point toy-strata==0.3 (toy_strata:halves)"
+        "  <- learner.stratifier.type\n"
+    ) in out
+    assert re.search(r"\n  shout +entry point toy-strata==0\.3 \(toy_strata:shout\)\n", out)
+    assert "  tool_calls      built-in\n" in out  # the config's choice moved to the plug-in
+    assert main(["--list-plugins"]) == 0  # no config needed
+    assert "halves" in capsys.readouterr().out
+
+
+def test_dry_run_names_the_plug_ins_it_resolved(installed, registries, tmp_path, capsys):
+    from pipeline.launch import main
+
+    monkey_file = tmp_path / "strata_file.py"
+    monkey_file.write_text("def fn(rewards, group_ids, strata):\n    return rewards\n")
+    given = ["learner.stratifier.type=halves", f"learner.advantage.type={monkey_file}:fn"]
+    assert main([LOCAL, "--dry-run", *[a for s in given for a in ("--set", s)]]) == 0
+    out = capsys.readouterr().out
+    assert out.endswith(
+        "# plug-in learner.stratifier.type: halves (entry point toy-strata==0.3 "
+        "(toy_strata:halves))\n"
+        f"# plug-in learner.advantage.type: {monkey_file}:fn (import string)\n"
+    )
+    assert yaml.safe_load(out)["learner"]["stratifier"] == {"type": "halves", "cut": 2}
