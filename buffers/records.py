@@ -39,6 +39,7 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("first_answer_turn", pa.int32()),
         ("first_answer_token", pa.int32()),
         ("latent_reward", pa.float32()),
+        ("reward_components", pa.map_(pa.string(), pa.float32())),
         ("finish_reason", pa.string()),
         ("text", pa.string()),
         ("actor_id", pa.string()),
@@ -55,10 +56,16 @@ _TOKEN_COLUMNS = {
 }
 
 
-ADDED_LATER = {"first_answer_turn": -1, "first_answer_token": -1, "latent_reward": 0.0}
+ADDED_LATER = {
+    "first_answer_turn": -1,
+    "first_answer_token": -1,
+    "latent_reward": 0.0,
+    "reward_components": [],
+}
 """Columns that files written before them lack, with the value such a file's rows are read as
-(the `Trajectory` field defaults: no latent reward). The one list: `from_arrow` and the Parquet
-reader (`buffers.reader`) both take it from here."""
+(the `Trajectory` field defaults: no latent reward, no reward components, an empty map being
+the empty list of (key, value) pairs Arrow reads it as). The one list: `from_arrow` and the
+Parquet reader (`buffers.reader`) both take it from here."""
 
 _UINT32_MAX = np.iinfo(np.uint32).max
 _INT32_MAX = np.iinfo(np.int32).max
@@ -109,6 +116,9 @@ class Trajectory:
     the turns that found the answer."""
     latent_reward: float = 0.0
     """The part of `reward` that is TSPO's first-occurrence latent reward (0: none)."""
+    reward_components: dict[str, float] = field(default_factory=dict)
+    """The reward's named parts as the reward gave them (actors/scoring.py): each term of a
+    weighted `actors.reward` by its name, a dict's by its keys; empty for one plain reward."""
     data_source: str = ""
     question: str = ""
     ground_truth: list[str] = field(default_factory=list)
@@ -168,6 +178,7 @@ class Trajectory:
             + len(self.actor_id)
             + sum(map(len, self.ground_truth))
             + sum(map(len, self.tool_names))
+            + sum(len(k) + 4 for k in self.reward_components)  # a float32 each on the wire
         )
         return arrays + strings
 
@@ -218,6 +229,8 @@ class Trajectory:
             )
         if not (math.isfinite(self.latent_reward) and self.latent_reward >= 0):
             raise self._invalid(f"latent_reward {self.latent_reward!r} must be finite and >= 0")
+        if self.reward_components and not all(map(math.isfinite, self.reward_components.values())):
+            raise self._invalid(f"reward_components {self.reward_components!r} are not all finite")
 
     def _check_tokens_numpy(self) -> int:
         """buffers/tokens.c's verdict in numpy (where its C path does not apply): minus the first
@@ -274,6 +287,9 @@ def to_arrow(trajectories: list[Trajectory]) -> pa.RecordBatch:
         "first_answer_turn": pa.array([x.first_answer_turn for x in t], pa.int32()),
         "first_answer_token": pa.array([x.first_answer_token for x in t], pa.int32()),
         "latent_reward": pa.array([x.latent_reward for x in t], pa.float32()),
+        "reward_components": pa.array(
+            [x.reward_components for x in t], TRAJECTORY_SCHEMA.field("reward_components").type
+        ),
         "finish_reason": pa.array([x.finish_reason for x in t], pa.string()),
         "text": pa.array([x.text for x in t], pa.string()),
         "actor_id": pa.array([x.actor_id for x in t], pa.string()),
@@ -315,6 +331,8 @@ def from_arrow(batch: pa.RecordBatch | pa.Table) -> list[Trajectory]:
         if name not in _TOKEN_COLUMNS and name not in derived
     }
     plain["created_at"] = col["created_at"].cast(pa.int64()).to_pylist()
+    if "reward_components" in plain:  # a map reads as (key, value) pairs
+        plain["reward_components"] = [dict(pairs or ()) for pairs in plain["reward_components"]]
     return [
         Trajectory(
             **{name: values[i] for name, values in plain.items()},

@@ -2,6 +2,7 @@ import contextlib
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from buffers import native
@@ -154,4 +155,36 @@ def test_first_answer_and_latent_reward_round_trip_and_old_files_read_without_th
     assert (read.first_answer_turn, read.first_answer_token, read.latent_reward) == (-1, -1, 0.0)
     t.first_answer_token = -1  # a turn without its token index
     with pytest.raises(InvalidTrajectory, match="first_answer_turn 1 / first_answer_token -1"):
+        t.validate()
+
+
+def test_reward_components_round_trip_through_the_spill_and_old_files_read_without_them(tmp_path):
+    """The reward's named parts (a weighted actors.reward, a dict reward) are kept per row; a
+    file written before the column existed reads as no components, by both readers."""
+    from buffers.reader import read_trajectories
+    from buffers.spill import ParquetSpill
+
+    parts = {"judge/correct": 1.0, "judge/tools": 0.25, "format": 0.0}
+    t = synthetic_trajectory("p", 0, tokens=20)
+    t.reward_components = dict(parts)
+    plain = synthetic_trajectory("p", 1, tokens=20)
+    t.validate()
+    spill = ParquetSpill(tmp_path / "spill")
+    spill.append([t, plain], "released")
+    spill.close()
+    back = from_arrow(pq.read_table(tmp_path / "spill"))
+    assert [b.reward_components for b in back] == [parts, {}]
+    table, _ = read_trajectories(tmp_path / "spill", ["reward_components"])
+    assert [dict(p) for p in table["reward_components"].to_pylist()] == [parts, {}]
+
+    old = tmp_path / "old"
+    old.mkdir()
+    written = pa.Table.from_batches([to_arrow([t])]).drop_columns(["reward_components"])
+    pq.write_table(written, old / "part-000001.parquet")
+    assert from_arrow(pq.read_table(old))[0].reward_components == {}
+    table, _ = read_trajectories(old, ["reward_components"])
+    assert table["reward_components"].to_pylist() == [[]]
+
+    t.reward_components = {"judge": float("nan")}
+    with pytest.raises(InvalidTrajectory, match=r"reward_components .* are not all finite"):
         t.validate()
