@@ -7,10 +7,11 @@ question files from the published data.
 `--source` is a directory in the setting's published layout, or (only on a machine that is online)
 a Hugging Face hub dataset id, whose needed files are downloaded (`--revision`: a branch, tag or
 commit; the commit is recorded). Written into `--out`: the setting's files and `manifest.json`
-(the source, its revision, the sha256 and row count of every input file, the count per source of
-every output file, duplicates included). Everything is written to a temporary directory first and
-moved in only when whole; an `--out` that already holds prepared files is refused unless `--force`.
-Bad input: one line naming the file, the line and the field, exit status 2, nothing written.
+(the source, its revision, the sha256 and size of every input file, the rows per source of every
+output file, and `departures`: how the files differ from the published scripts' own). Everything
+is written to a temporary directory first and moved in only when whole; an `--out` that already
+holds prepared files is refused unless `--force`. Bad input: one line naming the file, the line
+and the field, exit status 2, nothing written.
 
 Settings register themselves in SETTINGS: `search_r1` (the paper's factual QA: FlashRAG in,
 Search-R1's train.parquet and test.parquet out, `pipeline/assets/search_r1_data.py`).
@@ -33,6 +34,7 @@ import huggingface_hub
 import pyarrow.parquet as pq
 
 from pipeline.assets.search_r1_data import (
+    DEPARTURES,
     TEST_SPLITS,
     TRAIN_SPLITS,
     SourceError,
@@ -56,6 +58,7 @@ class Setting:
     inputs: Callable[[], list[str]]
     write: Callable[[Path, Path], dict]  # (source dir, temporary out dir) -> the manifest's counts
     outputs: tuple[str, ...]
+    departures: tuple[str, ...] = ()  # how the files differ from the published scripts' output
 
 
 def sha256(path: Path) -> str:
@@ -75,22 +78,22 @@ def _search_r1_inputs() -> list[str]:
 
 
 def _search_r1_write(source: Path, out: Path) -> dict:
-    """train.parquet (NQ + HotpotQA train, deduplicated across both) and test.parquet (the seven
-    benchmarks, each deduplicated within itself: its n stays the benchmark's), in the paper's
-    column order; per-source counts."""
+    """train.parquet (NQ + HotpotQA train) and test.parquet (the seven benchmarks, in the paper's
+    column order), every input row written as Search-R1's merge scripts write it; per-source
+    counts, with how many rows repeat a question an earlier row of the file has."""
     counts: dict = {}
-    for name, splits, shared in (("train", TRAIN_SPLITS, True), ("test", TEST_SPLITS, False)):
+    for name, splits in (("train", TRAIN_SPLITS), ("test", TEST_SPLITS)):
         rows, by_source = [], {}
         seen: set[str] = set()
         for source_name, split in splits.items():
             records = read_flashrag(source / source_name / f"{split}.jsonl")
-            converted = convert(records, source_name, split, seen if shared else set())
+            converted = convert(records, source_name, split, seen)
             rows += converted.rows
             by_source[source_name] = {
                 "file": f"{source_name}/{split}.jsonl",
                 "read": len(records),
-                "duplicates": converted.duplicates,
                 "written": len(converted.rows),
+                "repeated_questions": converted.repeated,
             }
         pq.write_table(table(rows), out / f"{name}.parquet")
         counts[f"{name}.parquet"] = {"rows": len(rows), "by_source": by_source}
@@ -102,6 +105,7 @@ SETTINGS: dict[str, Setting] = {
         inputs=_search_r1_inputs,
         write=_search_r1_write,
         outputs=("train.parquet", "test.parquet"),
+        departures=DEPARTURES,
     )
 }
 """Setting name -> how it is prepared."""
@@ -181,6 +185,7 @@ def prepare(setting_name: str, source: str, out: Path, revision: str | None, for
             "outputs": {
                 name: {**counts[name], "sha256": sha256(tmp / name)} for name in setting.outputs
             },
+            "departures": list(setting.departures),
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         out.mkdir(parents=True, exist_ok=True)
@@ -193,15 +198,16 @@ def prepare(setting_name: str, source: str, out: Path, revision: str | None, for
 
 
 def counts_table(manifest: dict) -> str:
-    """The counts per source of every output file, as printed."""
-    lines = [f"{'file':<14} {'source':<16} {'input':<26} {'read':>8} {'dupes':>6} {'written':>8}"]
+    """The counts per source of every output file, as printed (`repeats`: rows whose question an
+    earlier row of the file has, written all the same)."""
+    lines = [f"{'file':<14} {'source':<16} {'input':<26} {'read':>8} {'written':>8} {'repeats':>8}"]
     for name, output in manifest["outputs"].items():
         for source_name, c in output["by_source"].items():
             lines.append(
                 f"{name:<14} {source_name:<16} {c['file']:<26} {c['read']:>8} "
-                f"{c['duplicates']:>6} {c['written']:>8}"
+                f"{c['written']:>8} {c['repeated_questions']:>8}"
             )
-        lines.append(f"{name:<14} {'all':<16} {'':<26} {'':>8} {'':>6} {output['rows']:>8}")
+        lines.append(f"{name:<14} {'all':<16} {'':<26} {'':>8} {output['rows']:>8}")
     return "\n".join(lines)
 
 

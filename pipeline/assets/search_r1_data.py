@@ -8,9 +8,9 @@ else its `dev` split (Search-R1's scripts/data_process/qa_search_{train,test}_me
 below are those. A row out is what those scripts write and `load_search_r1` reads: `id`,
 `question` (stripped, a `?` added when missing), `golden_answers`, `data_source`, `prompt` (one
 user message: the paper's template), `ability`, `reward_model.ground_truth.target`, `extra_info`
-(split and index). Two departures, both so the files load as they are: `id` is
-`<dataset>_<FlashRAG id>` (FlashRAG's ids, e.g. `test_0`, repeat across datasets) and `metadata`
-is dropped (its fields differ by dataset, so the merged file could not hold one column of it).
+(split and index). Every row of every input is written, as those scripts write it: a question two
+benchmarks share, or PopQA's one template asked of two people of one name, is two rows, so each
+benchmark keeps its n. What departs from their files is DEPARTURES, which the manifest repeats.
 """
 
 from __future__ import annotations
@@ -38,6 +38,14 @@ TEST_SPLITS: dict[str, str] = {
 }
 """The seven benchmarks in the paper's column order: FlashRAG dataset -> the split evaluated."""
 ABILITY = "fact-reasoning"
+DEPARTURES: tuple[str, ...] = (
+    "id is <dataset>_<FlashRAG id>: FlashRAG's ids (e.g. test_0) restart in every dataset and "
+    "Search-R1's files keep them as they are",
+    "metadata is not written: its fields differ by dataset, so one merged column cannot hold it",
+    "golden_answers: blank answers are dropped, and a row left with none is refused (one line "
+    "naming it) rather than written",
+)
+"""How the written files differ from Search-R1's for the same input (none in rows or counts)."""
 
 SCHEMA = pa.schema(
     [
@@ -148,23 +156,22 @@ def read_flashrag(path: Path) -> list[Record]:
 
 @dataclass(frozen=True)
 class Converted:
-    rows: list[dict[str, Any]]
-    duplicates: int  # questions left out: the same normalised question seen before in this file
+    rows: list[dict[str, Any]]  # one per record, in order
+    repeated: int  # rows whose normalised question an earlier row of the file has (kept)
 
 
 def convert(
     records: list[Record], data_source: str, split: str, seen: set[str] | None = None
 ) -> Converted:
-    """Search-R1 rows of one source's records. A question whose normalised text is in `seen` (the
-    output file's questions so far; updated) is a duplicate and left out, the first one kept."""
+    """Search-R1 rows of one source's records, every one of them. A question whose normalised text
+    is in `seen` (the output file's questions so far; updated) is counted as repeated and written:
+    Search-R1's scripts keep it, and a benchmark's n is its file's rows."""
     seen = set() if seen is None else seen
-    rows, duplicates = [], 0
+    rows, repeated = [], 0
     for index, record in enumerate(records):
         question = as_question(record.question)
         key = normalize_answer(question)
-        if key in seen:
-            duplicates += 1
-            continue
+        repeated += key in seen
         seen.add(key)
         answers = list(record.golden_answers)
         rows.append(
@@ -179,7 +186,7 @@ def convert(
                 "extra_info": {"split": split, "index": index},
             }
         )
-    return Converted(rows, duplicates)
+    return Converted(rows, repeated)
 
 
 def table(rows: list[dict[str, Any]]) -> pa.Table:

@@ -40,12 +40,13 @@ def test_prepares_the_published_schema_with_counts_and_a_manifest(tmp_path, caps
     out = tmp_path / "search_r1"
     code, printed, _ = run(["search_r1", "--source", str(FIXTURES), "--out", str(out)], capsys)
     assert code == 0
-    # nq/train.jsonl repeats one question (case and "?" aside); hotpotqa/train.jsonl repeats one of nq's
+    # nq/train.jsonl repeats one question (case and "?" aside); hotpotqa/train.jsonl repeats one of
+    # nq's: written all the same, and counted
     assert (
-        "train.parquet  nq               nq/train.jsonl                    4      1        3"
+        "train.parquet  nq               nq/train.jsonl                    4        4        1"
         in printed
     )
-    assert "hotpotqa/train.jsonl              3      1        2" in printed
+    assert "hotpotqa/train.jsonl              3        3        1" in printed
     manifest = json.loads((out / "manifest.json").read_text())
     for entry in manifest["inputs"]:
         assert (
@@ -80,7 +81,7 @@ def test_prepares_the_published_schema_with_counts_and_a_manifest(tmp_path, caps
     test = load_search_r1(out / "test.parquet")
     assert len(test) == 14 and len({q.id for q in test}) == 14  # "test_0" in every benchmark
     train = load_search_r1(out / "train.parquet")
-    assert [q.data_source for q in train] == ["nq"] * 3 + ["hotpotqa"] * 2
+    assert [q.data_source for q in train] == ["nq"] * 4 + ["hotpotqa"] * 3
 
 
 @pytest.mark.parametrize(
@@ -140,3 +141,50 @@ def test_a_hub_source_is_refused_offline_in_one_line(tmp_path, capsys, monkeypat
     code, _, err = run(args, capsys)
     assert code == 2 and err.count("\n") == 1 and "offline" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_every_row_is_kept_as_search_r1_keeps_it(tmp_path, capsys):
+    # A question shared by two benchmarks, and PopQA's templated question about two people of one
+    # name: Search-R1's merge scripts keep every row, so each benchmark keeps the paper's n.
+    source = tmp_path / "flashrag"
+    shutil.copytree(FIXTURES, source)
+    shared = '{"id": "test_2", "question": "who got the first nobel prize in physics", "golden_answers": ["Röntgen"]}'
+    (source / "triviaqa" / "test.jsonl").write_text(
+        (source / "triviaqa" / "test.jsonl").read_text() + shared + "\n"
+    )
+    popqa = source / "popqa" / "test.jsonl"
+    twin = '{"id": "test_2", "question": "What is George Rankin\'s occupation?", "golden_answers": ["soldier"]}'
+    popqa.write_text(popqa.read_text() + twin + "\n")
+    out = tmp_path / "out"
+    code, _, _ = run(["search_r1", "--source", str(source), "--out", str(out)], capsys)
+    assert code == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    test_counts = manifest["outputs"]["test.parquet"]["by_source"]
+    assert test_counts["triviaqa"]["repeated_questions"] == 1  # nq's, written again
+    assert test_counts["popqa"]["repeated_questions"] == 1
+    for name in ("train.parquet", "test.parquet"):
+        by_source = manifest["outputs"][name]["by_source"]
+        for source_name, counts in by_source.items():
+            lines = (source / counts["file"]).read_text().splitlines()
+            assert counts["read"] == counts["written"] == len(lines), (name, source_name)
+        rows = load_search_r1(out / name)
+        assert (
+            len(rows)
+            == manifest["outputs"][name]["rows"]
+            == sum(c["written"] for c in by_source.values())
+        )
+        assert len({q.id for q in rows}) == len(rows)
+        table = pq.read_table(out / name)
+        assert table.column("id").to_pylist() == [q.id for q in rows]  # the ids as written
+    test = pq.read_table(out / "test.parquet").to_pylist()
+    assert [r["id"] for r in test if r["data_source"] == "popqa"] == [
+        "popqa_test_0",
+        "popqa_test_1",
+        "popqa_test_2",
+    ]
+    assert [r["extra_info"]["index"] for r in test if r["data_source"] == "triviaqa"] == [0, 1, 2]
+    train = pq.read_table(out / "train.parquet").column("data_source").to_pylist()
+    assert train == ["nq"] * 4 + ["hotpotqa"] * 3
+    # what departs from Search-R1's files is said in the manifest
+    assert any("metadata" in d for d in manifest["departures"])
+    assert any("<dataset>_<FlashRAG id>" in d for d in manifest["departures"])
