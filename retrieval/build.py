@@ -7,9 +7,10 @@ shards on disk. With several GPUs visible, one process per GPU encodes every G-t
 index is then built from the shards, the passages are streamed into DIR/passages.arrow, and the
 directory appears whole (written beside it, then renamed) and the shards are deleted.
 
-Peak memory, bytes: S*d*4 (one shard, S = --shard-size) + the index being built (flat, ivf:
-N*d*4; ivf_pq: N*(pq_m + 8); hnsw: N*(d*4 + hnsw_m*8)) + T*d*4 while training (ivf kinds,
-T = min(N, 64*nlist)) + one encoder batch and one Arrow batch of passages.
+Peak memory, bytes: S*d*4 (one shard, S = --shard-size) + the index being built (flat: none, its
+file is written from the shards; ivf: N*d*4; ivf_pq: N*(pq_m + 8); hnsw: N*(d*4 + hnsw_m*8)) +
+T*d*4 while training (ivf kinds, T = min(N, 64*nlist)) + one encoder batch and one Arrow batch of
+passages. A resumed build keeps the interrupted one's --shard-size (the shards record it).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import faiss
@@ -39,6 +40,7 @@ from retrieval.passages import write_passages
 from retrieval.shards import (
     ShardError,
     ShardJob,
+    check_shards,
     complete_shard,
     encode_shards,
     read_header,
@@ -109,12 +111,20 @@ def _training_rows(count: int, wanted: int) -> np.ndarray:
     return np.unique(np.linspace(0, count - 1, min(count, wanted)).astype(np.int64))
 
 
-def build_faiss(job: ShardJob, spec: IndexSpec, count: int) -> faiss.Index:
-    """The index of every shard's vectors, holding one shard (plus the training sample) at once."""
+def check_complete(job: ShardJob, count: int) -> int:
+    """Every shard of `count` passages is on disk, whole, this build's and of its size: the number
+    of shards (BuildError or ShardError before any index is built otherwise)."""
     shards = math.ceil(count / job.shard_size)
     for shard in range(shards):
-        if not complete_shard(job, shard):
+        rows = min(job.shard_size, count - shard * job.shard_size)
+        if not complete_shard(job, shard, rows):
             raise BuildError(f"{shard_path(job.work, shard)} is missing: rerun with --resume")
+    return shards
+
+
+def build_faiss(job: ShardJob, spec: IndexSpec, count: int) -> faiss.Index:
+    """The index of every shard's vectors, holding one shard (plus the training sample) at once."""
+    shards = check_complete(job, count)
     index = new_index(spec, job.dim, count)
     buffer = np.empty((job.shard_size, job.dim), dtype=np.float32)
     if not index.is_trained:
@@ -131,14 +141,53 @@ def build_faiss(job: ShardJob, spec: IndexSpec, count: int) -> faiss.Index:
         del sample
     for shard in range(shards):
         index.add(read_vectors(shard_path(job.work, shard), buffer))
+    if index.ntotal != count:
+        raise BuildError(
+            f"the index holds {index.ntotal} vectors for {count} passages: delete {job.work} and "
+            "rebuild"
+        )
     return index
+
+
+def write_flat(job: ShardJob, spec: IndexSpec, count: int, path: Path) -> None:
+    """The flat index's file written straight from the shards, one shard in memory at a time (an
+    IndexFlat built in memory grows its vector by doubling: at a capacity change both copies are
+    resident, up to twice the index). faiss writes the header (its width, count and metric, the
+    vectors' length last) for an empty index of `count` vectors; the vectors follow as it lays
+    them out, and faiss reads the file back, mapped, to check it."""
+    shards = check_complete(job, count)
+    empty = new_index(spec, job.dim, count)
+    empty.ntotal = count
+    header = faiss.serialize_index(empty).tobytes()
+    if header[-8:] != bytes(8):
+        raise BuildError(
+            f"faiss {faiss.__version__} lays out a flat index unlike faiss 1.11-1.15: build with "
+            "faiss 1.11-1.15 (or --index hnsw / ivf)"
+        )
+    buffer = np.empty((job.shard_size, job.dim), dtype=np.float32)
+    with path.open("wb") as fh:
+        fh.write(header[:-8] + (count * job.dim).to_bytes(8, "little"))  # length in floats
+        for shard in range(shards):
+            fh.write(memoryview(read_vectors(shard_path(job.work, shard), buffer)).cast("B"))
+    written = faiss.read_index(str(path), faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY)
+    if (written.ntotal, written.d) != (count, job.dim):
+        raise BuildError(
+            f"{path} reads back as {written.ntotal} vectors of dim {written.d}, not {count} of "
+            f"{job.dim}: delete {job.work} and rebuild"
+        )
 
 
 def _checked_passages(job: ShardJob, count: int) -> Iterator[Passage]:
     """The corpus again, checked row by row against the ids the shards were encoded from."""
     ids: list[str] = []
     shard = 0
+    row = -1
     for row, passage in enumerate(iter_corpus(job.corpus)):
+        if row == count:
+            raise BuildError(
+                f"{job.corpus} changed during the build (it has more than the {count} passages "
+                "encoded): rebuild with --force"
+            )
         if row % job.shard_size == 0:
             ids = read_header(shard_path(job.work, shard))[0].ids
             shard += 1
@@ -148,6 +197,11 @@ def _checked_passages(job: ShardJob, count: int) -> Iterator[Passage]:
                 f"says {ids[row % job.shard_size]!r}): rebuild with --force"
             )
         yield passage
+    if row + 1 != count:
+        raise BuildError(
+            f"{job.corpus} changed during the build ({row + 1} passages, {count} encoded): "
+            "rebuild with --force"
+        )
 
 
 def build(
@@ -201,6 +255,7 @@ def build(
         shard_size=shard_size,
         batch_size=batch_size,
     )
+    check_shards(job)  # an interrupted build's shards of another size or encoder: before any work
     default = [None] if is_builtin(encoder_name) else encoding_devices(corpus, shard_size)
     count = encode(job, devices or default)
     if count == 0:
@@ -208,7 +263,16 @@ def build(
         raise BuildError(f"corpus {corpus} holds no passages")
     encoded = time.perf_counter()
     say(f"encoded {count} passages ({job.dim}-d) in {encoded - start:.1f}s -> {work}")
-    index = build_faiss(job, spec, count)
+    if spec.kind == "flat":  # the file is the shards' vectors behind a header: nothing to build
+
+        def write_index(path: Path) -> None:
+            write_flat(job, spec, count, path)
+    else:
+        index = build_faiss(job, spec, count)
+
+        def write_index(path: Path) -> None:
+            faiss.write_index(index, str(path))
+
     meta = IndexMeta(
         encoder=encoder_name,
         encoder_style=style,
@@ -221,7 +285,7 @@ def build(
         settings=build_settings(spec),
         format=FORMAT_VERSION,
     )
-    write_directory(target, work, force, index, _checked_passages(job, count), meta)
+    write_directory(target, work, force, write_index, _checked_passages(job, count), meta)
     shutil.rmtree(work)
     elapsed = time.perf_counter() - start
     say(
@@ -235,7 +299,7 @@ def write_directory(
     target: Path,
     work: Path,
     force: bool,
-    index: faiss.Index,
+    write_index: Callable[[Path], None],
     passages: Iterator[Passage],
     meta: IndexMeta,
 ) -> None:
@@ -244,7 +308,7 @@ def write_directory(
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        faiss.write_index(index, str(tmp / "index.faiss"))
+        write_index(tmp / "index.faiss")
         write_passages(passages, tmp / PASSAGES_FILE)
         write_meta(meta, tmp)
         if target.exists():

@@ -5,8 +5,8 @@
     WORK/count.json         {"passages": N}, written by the worker that reached the corpus's end
 
 The header names the corpus (sha256), the encoder and its style, the width, the shard's number, its
-first row and its passage ids, so a shard from another corpus or encoder is refused rather than
-mixed in. A shard is written to a temporary name and renamed: a file with the shard's name is whole.
+first row, the build's shard size and its passage ids, so a shard from another corpus, encoder or
+shard size is refused rather than mixed in. A shard is written to a temporary name and renamed: a file with the shard's name is whole.
 Shard k belongs to worker k mod W (one worker per GPU), so W processes split one corpus with no
 coordination beyond the file names.
 """
@@ -43,6 +43,9 @@ class ShardHeader:
     shard: int
     start: int
     ids: list[str]
+    shard_size: int | None = (
+        None  # the build's --shard-size; None in shards written before it was kept
+    )
 
     @property
     def count(self) -> int:
@@ -146,6 +149,17 @@ def check_header(path: Path, header: ShardHeader, job: ShardJob, shard: int) -> 
             f"{job.dim}-d) from {job.corpus_sha256[:12]}: delete {path.parent} or build with that "
             "corpus and encoder"
         )
+    if header.shard_size is not None and header.shard_size != job.shard_size:
+        raise ShardError(
+            f"{path} was encoded with --shard-size {header.shard_size}, this build has "
+            f"--shard-size {job.shard_size}: resume with --shard-size {header.shard_size}, or "
+            f"delete {path.parent} to start over"
+        )
+    if header.count > job.shard_size:
+        raise ShardError(
+            f"{path} holds {header.count} passages, more than --shard-size {job.shard_size}: "
+            f"resume with the interrupted build's --shard-size, or delete {path.parent} to start over"
+        )
     if header.shard != shard or header.start != shard * job.shard_size:
         raise ShardError(
             f"{path} starts at passage {header.start}, a build with --shard-size "
@@ -154,14 +168,32 @@ def check_header(path: Path, header: ShardHeader, job: ShardJob, shard: int) -> 
         )
 
 
-def complete_shard(job: ShardJob, shard: int) -> bool:
-    """Whether shard `shard` is on disk, whole and this build's (ShardError if another build's)."""
+def complete_shard(job: ShardJob, shard: int, rows: int) -> bool:
+    """Whether shard `shard`, of `rows` passages, is on disk, whole and this build's (ShardError if
+    another build's)."""
     path = shard_path(job.work, shard)
     if not path.exists():
         return False
     header, _ = read_header(path)
     check_header(path, header, job, shard)
+    if header.count != rows:
+        raise ShardError(
+            f"{path} holds {header.count} passages, this corpus's shard {shard} at --shard-size "
+            f"{job.shard_size} has {rows}: resume with the interrupted build's --shard-size, or "
+            f"delete {path.parent} to start over"
+        )
     return True
+
+
+def check_shards(job: ShardJob) -> None:
+    """Refuse, before any work, the shards on disk that another build left (another corpus,
+    encoder, width or shard size): ShardError naming the first."""
+    for path in sorted(Path(job.work).glob("shard-*.bin")):
+        try:
+            shard = int(path.stem.removeprefix("shard-"))
+        except ValueError:
+            continue  # not a name this build writes
+        check_header(path, read_header(path)[0], job, shard)
 
 
 def _chunks(passages: Iterator[Passage], size: int) -> Iterator[list[Passage]]:
@@ -184,7 +216,7 @@ def encode_shards(
     total = 0
     for shard, chunk in enumerate(_chunks(iter_corpus(job.corpus), job.shard_size)):
         total += len(chunk)
-        if owner(shard, workers) != worker or complete_shard(job, shard):
+        if owner(shard, workers) != worker or complete_shard(job, shard, len(chunk)):
             continue
         if encoder is None:
             kwargs = {"device": device} if device else {}
@@ -203,6 +235,7 @@ def encode_shards(
             shard=shard,
             start=shard * job.shard_size,
             ids=[p.id for p in chunk],
+            shard_size=job.shard_size,
         )
         write_shard(shard_path(job.work, shard), header, vectors)
     count = Path(job.work) / "count.json"

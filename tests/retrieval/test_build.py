@@ -1,5 +1,6 @@
 """The streaming build: shards, a build killed and resumed, workers, a full disk, bad input."""
 
+import dataclasses
 import errno
 import json
 import os
@@ -8,14 +9,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import faiss
 import numpy as np
 import pytest
 import torch
 
+from retrieval import build as build_module
 from retrieval import shards
 from retrieval.build import build, encoding_devices, work_dir
 from retrieval.build import main as build_main
-from retrieval.corpus import Passage, make_contents, write_corpus
+from retrieval.corpus import Passage, make_contents, read_corpus, write_corpus
+from retrieval.encoders import load_encoder
 from retrieval.index import PassageIndex
 from retrieval.shards import ShardError, owner, read_header, shard_path
 
@@ -193,3 +197,127 @@ def test_one_encoding_worker_per_gpu_when_the_corpus_has_shards_for_them(tmp_pat
     assert encoding_devices(str(small), shard_size=10) == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert encoding_devices(str(small), shard_size=10) == [None]
+
+
+def test_a_flat_index_file_is_the_one_faiss_writes(reference):
+    """The flat file is written from the shards behind faiss's header: byte for byte what
+    faiss.write_index makes of an IndexFlatIP holding the same vectors."""
+    source, out = reference
+    passages = read_corpus(source)
+    flat = faiss.IndexFlatIP(32)
+    flat.add(load_encoder(ENCODER).encode_passages([p.contents for p in passages]))
+    assert (out / "index.faiss").read_bytes() == faiss.serialize_index(flat).tobytes()
+
+
+# VmHWM, not ru_maxrss: a forked child's ru_maxrss counts the parent's (pytest's) pages as well.
+PEAK = """
+import re, sys
+from pathlib import Path
+from retrieval.build import build
+build(sys.argv[1], sys.argv[2], "strata-hash-768", shard_size=int(sys.argv[3]), quiet=True)
+print(int(re.search(r"VmHWM:\\s+(\\d+) kB", Path("/proc/self/status").read_text())[1]) * 1024)
+"""
+
+
+def test_a_flat_build_holds_no_second_copy_of_its_index(tmp_path):
+    """40,000 768-d vectors in shards of 4,096: an IndexFlat built in memory reallocates its
+    vector past 32,768 rows with the old and the new copy both resident (peak ~1.8x its 123 MB).
+    The build's peak, less a 100-passage build's (the interpreter and its libraries), stays
+    within the index's bytes plus one shard plus 10%."""
+
+    def peak(count: int) -> int:
+        source = corpus(tmp_path / f"c{count}.jsonl", count)
+        argv = [str(source), str(tmp_path / f"index{count}"), "4096"]
+        done = subprocess.run(
+            [sys.executable, "-c", PEAK, *argv], cwd=ROOT, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        return int(done.stdout.split()[-1])
+
+    index_bytes, shard_bytes = 40_000 * 768 * 4, 4_096 * 768 * 4
+    grown = peak(40_000) - peak(100)
+    assert grown <= 1.1 * (index_bytes + shard_bytes), f"{grown / 2**20:.0f} MiB"
+
+
+def interrupted(source: Path, out: Path, shard_size: int) -> None:
+    """A build of `source` stopped after its first shard reached the disk."""
+
+    def stop(*args):
+        write(*args)
+        raise KeyboardInterrupt
+
+    write = shards.write_shard
+    shards.write_shard = stop
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            build(str(source), str(out), ENCODER, shard_size=shard_size, quiet=True)
+    finally:
+        shards.write_shard = write
+    assert [p.name for p in work_dir(out).iterdir()] == ["shard-000000.bin"]
+
+
+@pytest.mark.parametrize("first, then", [(100, 50), (50, 100)])
+def test_resuming_with_another_shard_size_is_refused_before_any_work(
+    tmp_path, monkeypatch, capsys, first, then
+):
+    """Shard 0 starts at row 0 whatever the size: a smaller size took it whole (ntotal above the
+    passage count, "indexed" printed, the index refused at load), a larger one indexed rows
+    that do not exist (IndexError after the whole faiss build)."""
+    source = corpus(tmp_path / "c.jsonl", 250)
+    out = tmp_path / "index"
+    interrupted(source, out, first)
+    loads, load = [], shards.encode_shards.__globals__["load_encoder"]
+    monkeypatch.setitem(
+        shards.encode_shards.__globals__,
+        "load_encoder",
+        lambda *args, **kwargs: loads.append(args) or load(*args, **kwargs),
+    )
+    argv = ["--corpus", str(source), "--out", str(out), "--encoder", ENCODER, "--resume"]
+    assert build_main([*argv, "--shard-size", str(then)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"shard-000000.bin was encoded with --shard-size {first}, this build has" in err
+    assert f"resume with --shard-size {first}" in err
+    assert loads == [] and not out.exists()
+    assert [p.name for p in work_dir(out).iterdir()] == ["shard-000000.bin"]
+    monkeypatch.undo()
+    assert build_main([*argv, "--shard-size", str(first)]) == 0
+    assert PassageIndex.load(out).meta.count == 250
+
+
+def test_a_shard_without_its_size_is_refused_when_its_count_disagrees(tmp_path, capsys):
+    """Shards written before the size was kept: a count that does not fit the shard is refused."""
+    source = corpus(tmp_path / "c.jsonl", 250)
+    out = tmp_path / "index"
+    interrupted(source, out, 50)
+    path = shard_path(work_dir(out), 0)
+    header, offset = read_header(path)
+    vectors = np.fromfile(path, np.float32, offset=offset).reshape(50, 32)
+    shards.write_shard(path, dataclasses.replace(header, shard_size=None), vectors)
+    argv = ["--corpus", str(source), "--out", str(out), "--encoder", ENCODER, "--resume"]
+    assert build_main([*argv, "--shard-size", "100"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds 50 passages, this corpus's shard 0" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("change", ["appended", "truncated"])
+def test_a_corpus_changed_during_the_build_leaves_no_index(tmp_path, monkeypatch, capsys, change):
+    source = corpus(tmp_path / "c.jsonl", 250)
+    encode = build_module.encode
+
+    def then_change(*args):
+        count = encode(*args)
+        lines = source.read_text().splitlines(keepends=True)
+        extra = '{"id": "late", "contents": "late"}\n'
+        source.write_text("".join([*lines, extra] if change == "appended" else lines[:-1]))
+        return count
+
+    monkeypatch.setattr(build_module, "encode", then_change)
+    out = tmp_path / "index"
+    argv = ["--corpus", str(source), "--out", str(out), "--encoder", ENCODER, "--shard-size", "100"]
+    assert build_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "changed during the build" in err
+    assert not out.exists()  # and no half directory beside it: the shards only
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".index.build", "c.jsonl"]
