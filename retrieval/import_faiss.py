@@ -6,6 +6,7 @@ METRIC_INNER_PRODUCT)` and writes `e5_Flat.index`: faiss id i is the corpus's li
 checks what can be checked without the encoder's weights (the vector count against the corpus's
 passages, the width against the encoder's config, the metric) and writes Strata's index directory
 around the file: a hard link to it where the filesystem allows (no 64 GB copy), a copy otherwise.
+The file is mapped, not read, for the checks: flat and HNSW vectors and IVF lists alike.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import faiss
 from retrieval.corpus import corpus_hash, iter_corpus
 from retrieval.encoders import encoder_dim
 from retrieval.index import FORMAT_VERSION, IndexLoadError, IndexMeta, write_meta
+from retrieval.kinds import KINDS
 from retrieval.passages import FILENAME as PASSAGES_FILE
 from retrieval.passages import write_passages
 
@@ -31,6 +33,18 @@ IMPORTABLE = {
     "IndexIVFFlat": "ivf",
     "IndexIVFPQ": "ivf_pq",
 }
+
+# The four bytes faiss writes first, naming the class, for the importable ones: the kind's mmap flag
+# is picked from them before reading (faiss's mapped reader, IO_FLAG_MMAP_IFC, cannot serve IVF
+# lists, and IO_FLAG_MMAP does not map flat vectors).
+FOURCC = {b"IxFI": "flat", b"IxF2": "flat", b"IHNf": "hnsw", b"IwFl": "ivf", b"IwPQ": "ivf_pq"}
+
+
+def read_mapped(path: Path) -> faiss.Index:
+    """The index at `path`, read-only, its vectors or lists mapped from the file."""
+    with path.open("rb") as fh:
+        kind = FOURCC.get(fh.read(4), "flat")
+    return faiss.read_index(str(path), KINDS[kind].mmap_flag | faiss.IO_FLAG_READ_ONLY)
 
 
 def _kind_of(index: faiss.Index, path: Path) -> str:
@@ -60,8 +74,9 @@ def import_faiss(
     if target.exists() and any(target.iterdir()) and not force:
         raise IndexLoadError(f"{target} exists and is not empty: pass --force to replace it")
     try:
-        # Mapped, not read: a 64 GB flat index is opened in a second.
-        index = faiss.read_index(str(source), faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY)
+        index = read_mapped(source)  # a 64 GB index is opened in a second
+    except OSError as exc:
+        raise IndexLoadError(f"cannot open {source}: {exc.strerror}") from None
     except RuntimeError as exc:
         raise IndexLoadError(
             f"{source} is not a faiss index ({str(exc).splitlines()[0][:120]})"

@@ -19,6 +19,23 @@ from dataclasses import dataclass
 
 import faiss
 
+FAISS_FLOOR = "1.11"  # IO_FLAG_MMAP_IFC: flat and HNSW vectors mapped from the file, not read
+
+
+def faiss_problem(module: object) -> str | None:
+    """Why this faiss module cannot serve Strata's indexes, in one line, or None."""
+    if hasattr(module, "IO_FLAG_MMAP_IFC"):
+        return None
+    return (
+        f"faiss {getattr(module, '__version__', '(unknown version)')} cannot map flat or HNSW "
+        f"vectors from an index file (IO_FLAG_MMAP_IFC came in faiss {FAISS_FLOOR}): "
+        f"pip install 'faiss-cpu>={FAISS_FLOOR}' (or faiss-gpu-cu12>={FAISS_FLOOR})"
+    )
+
+
+if (_problem := faiss_problem(faiss)) is not None:
+    raise ImportError(_problem)
+
 
 @dataclass(frozen=True)
 class IndexSpec:

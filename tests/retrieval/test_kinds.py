@@ -1,14 +1,23 @@
 """The index kinds: each made from its settings, with a recall against flat, and refused settings."""
 
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
 import faiss
 import numpy as np
 import pyarrow as pa
 import pytest
+from packaging.requirements import Requirement
 
 from pipeline.config.schema import BUILD_SETTINGS, INDEX_SETTINGS, RetrievalConfig
 from retrieval.corpus import Passage, make_contents
 from retrieval.index import IndexLoadError, PassageIndex, build_index
-from retrieval.kinds import KINDS, IndexSpec, check_spec, default_nlist, new_index
+from retrieval.kinds import FAISS_FLOOR, KINDS, IndexSpec, check_spec, default_nlist, new_index
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def clustered(n: int, dim: int = 64, centres: int = 50, seed: int = 0) -> np.ndarray:
@@ -101,3 +110,36 @@ def test_a_loaded_index_maps_its_passages_and_takes_search_settings(tmp_path):
 def test_a_search_setting_of_another_kind_is_refused_at_load(index_dir):
     with pytest.raises(IndexLoadError, match="nprobe acts only for index ivf or ivf_pq, not flat"):
         PassageIndex.load(index_dir, search=IndexSpec(nprobe=4))
+
+
+def test_a_faiss_that_cannot_map_flat_vectors_is_refused_in_one_line(tmp_path):
+    """faiss 1.8-1.10 have no IO_FLAG_MMAP_IFC: the import said only that an attribute was missing."""
+    (tmp_path / "faiss").mkdir()
+    (tmp_path / "faiss" / "__init__.py").write_text('__version__ = "1.10.0"\n')
+    done = subprocess.run(
+        [sys.executable, "-c", "import retrieval.kinds"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: faiss 1.10.0 cannot map flat or HNSW vectors"), last
+    assert f"pip install 'faiss-cpu>={FAISS_FLOOR}'" in last
+
+
+def test_the_declared_faiss_floor_is_the_one_the_code_needs():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = project["dependencies"] + project["optional-dependencies"]["gpu"]
+    declared += [
+        line.strip()
+        for path in (ROOT / "constraints").glob("*.txt")
+        for line in path.read_text().splitlines()
+        if line.strip().startswith("faiss")
+    ]
+    faiss_lines = [Requirement(r) for r in declared if r.startswith("faiss")]
+    assert {r.name for r in faiss_lines} >= {"faiss-cpu", "faiss-gpu-cu12"}
+    for requirement in faiss_lines:
+        assert not requirement.specifier.contains("1.10.0"), requirement
+        assert requirement.specifier.contains(faiss.__version__), requirement
