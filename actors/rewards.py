@@ -3,6 +3,9 @@
 EM and F1 follow Search-R1 (SQuAD normalisation); `gaia_score` follows the logic of the GAIA
 benchmark's official scorer, so minigaia and GAIA numbers are comparable with published ones.
 Everything here is linear in the text length: responses can be long and full of garbage.
+
+`REWARDS` holds the built-in rewards on the plug-in contract (`score(view, task)`,
+actors/reward_view.py), by the names `actors.reward` gives them.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ import re
 import string
 from collections import Counter
 from collections.abc import Callable
+
+from actors.reward_view import RewardTask, RewardView
 
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -163,3 +168,45 @@ def score(
 
 def _as_list(golden_answers: list[str] | str) -> list[str]:
     return [golden_answers] if isinstance(golden_answers, str) else list(golden_answers)
+
+
+# --------------------------------------------------------- the built-in rewards, on the contract
+
+
+def exact_match_reward(view: RewardView, task: RewardTask) -> float:
+    """1 when the final answer matches a gold answer after SQuAD normalisation, else 0 (and 0
+    without an answer); a `gaia*` source is scored by GAIA's scorer (its truths are written
+    for it). What `actors.reward` unset gives."""
+    return _outcome(view, task, "exact_match")
+
+
+def f1_reward(view: RewardView, task: RewardTask) -> float:
+    """The final answer's best SQuAD token F1 over the gold answers (0 without an answer); a
+    `gaia*` source is scored by GAIA's scorer."""
+    return _outcome(view, task, "f1")
+
+
+def gaia_reward(view: RewardView, task: RewardTask) -> float:
+    """GAIA's scorer against the first gold answer (0 without an answer)."""
+    return _outcome(view, task, "gaia")
+
+
+def format_score(view: RewardView, task: RewardTask) -> float:
+    """1 for a well-formed response (`format_reward`), else 0; `actors.format_weight` adds it."""
+    return format_reward(view.response)
+
+
+def _outcome(view: RewardView, task: RewardTask, kind: str) -> float:
+    if view.answer is None:
+        return 0.0
+    return reward_for(task.data_source, kind)(view.answer, list(task.answers))
+
+
+REWARDS = {
+    "exact_match": exact_match_reward,
+    "f1": f1_reward,
+    "gaia": gaia_reward,
+    "format": format_score,
+}
+"""The built-in rewards by name. Each is pure and linear in the text length, so the agent loop
+scores them on its event loop; any other reward runs in a thread of its own."""
