@@ -53,13 +53,13 @@ CLIENTS = 128
 QUERIES = 200
 
 
-def specs(size: int) -> dict[str, IndexSpec]:
+def specs(size: int, hnsw_m: int = 32) -> dict[str, IndexSpec]:
     """Each kind's settings at `size`: nlist about sqrt(n) (4 sqrt(n) trains too slowly on 2
     cores; a GPU trains faiss's 4-16 sqrt(n)), 64 training points a list, PQ of 64 bytes."""
     nlist = 2 ** round(math.log2(math.sqrt(size)))
     return {
         "flat": IndexSpec("flat"),
-        "hnsw": IndexSpec("hnsw", hnsw_m=32, ef_search=64),
+        "hnsw": IndexSpec("hnsw", hnsw_m=hnsw_m, ef_search=64),
         "ivf": IndexSpec("ivf", nlist=nlist, nprobe=16),
         "ivf_pq": IndexSpec("ivf_pq", nlist=nlist, nprobe=32, pq_m=64),
     }
@@ -269,6 +269,7 @@ def main() -> None:
     parser.add_argument("--kinds", nargs="+", default=["flat", "hnsw", "ivf", "ivf_pq"])
     parser.add_argument("--skip", nargs="*", default=[], help="kind:size pairs not to run")
     parser.add_argument("--clusters", type=int, default=1_000)
+    parser.add_argument("--hnsw-m", type=int, default=32, help="HNSW links a node (build time)")
     parser.add_argument(
         "--requests", type=int, default=2_048, help="server requests a kind (0: no server load)"
     )
@@ -311,7 +312,7 @@ def main() -> None:
         for kind in args.kinds:
             if f"{kind}:{size}" in args.skip:
                 continue
-            spec = specs(size)[kind]
+            spec = specs(size, args.hnsw_m)[kind]
             directory = work / f"{kind}-{size}"
             shutil.rmtree(directory, ignore_errors=True)
             row = {"kind": kind, "size": size, "settings": build_settings(spec)}
