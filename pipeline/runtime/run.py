@@ -3,14 +3,16 @@ assets, hand the run to the chosen runtime (or to an engine that replaces the wh
 simulated cluster), turn the ways a run stops into one line and an exit status, and write
 `report.md`.
 
-Exit statuses: 0 done; 1 the run failed (generation, a full disk, a dead learner rank), 2 it
-could not start (a port, Ray, a server, a checkpoint to resume), 130 interrupted (checkpointed).
+Exit statuses: 0 done; 1 the run failed (generation, a full disk, a dead learner rank, a stop
+whose step under way outlasted STOP_WAIT_S), 2 it could not start (a port, Ray, a server, a
+checkpoint to resume), 130 interrupted (checkpointed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import signal
 import sys
 from pathlib import Path
@@ -31,7 +33,7 @@ from pipeline.loggers import LoggerError, Loggers, open_loggers
 from pipeline.runtime.local import run_local
 from pipeline.runtime.ray import run_ray
 from pipeline.runtime.simulated import run_simulated
-from pipeline.runtime.stream import RunSummary
+from pipeline.runtime.stream import RunSummary, StopDeadline
 
 RUNNERS = {"local": run_local, "ray": run_ray}
 """`runtime.type` -> the coroutine that streams a run there (its section: pipeline/backends/)."""
@@ -99,6 +101,11 @@ def _run(
             await RUNNERS[config.runtime.type](
                 config, assets, run_dir, progress, summary, resume=resume, loggers=loggers
             )
+        except StopDeadline as exc:  # the runtime is closed; what hung may hold a thread
+            print(f"strata: {exc}; exiting — {_intact(run_dir)}", file=sys.stderr, flush=True)
+            loggers.close()
+            sys.stdout.flush()
+            os._exit(1)  # a thread still waiting on the hung call would hold the exit for good
         finally:  # closing, the loop would give SIGTERM back its default (die at once)
             loop.remove_signal_handler(signal.SIGTERM)
             signal.signal(signal.SIGTERM, finishing)
@@ -188,6 +195,19 @@ def stop_line(exc: BaseException, run_dir: Path) -> str | None:
             return f"strata: error: {said}: the run stopped {_then(run_dir, 'see its log')}"
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def _intact(run_dir: Path) -> str:
+    """What a run given up at a stop leaves to go on from."""
+    latest = run_dir / "checkpoints" / "latest"
+    if not latest.is_file():
+        return "no checkpoint was taken yet: start the run again"
+    name = latest.read_text().strip()
+    step = name.removeprefix("step-").lstrip("0") or "0"
+    return (
+        f"checkpoint step {step} (checkpoints/{name}) is intact: go on with "
+        f"--resume --run-dir {run_dir}"
+    )
 
 
 def _then(run_dir: Path, remedy: str) -> str:

@@ -230,7 +230,10 @@ async def _simulate(
         loop.add_signal_handler(number, stop)
     try:
         await asyncio.wait_for(
-            stream(config, roles, buffer, pools, run_dir, summary, loggers=loggers),
+            # virtual seconds, nothing hangs: a long simulated step would outlast any stop's wait
+            stream(
+                config, roles, buffer, pools, run_dir, summary, loggers=loggers, bounded_stop=False
+            ),
             sim.time_limit_s,
         )
     except TimeoutError:

@@ -38,6 +38,18 @@ if TYPE_CHECKING:
 
 CURSOR_KEY = "tasks_started"
 """Checkpoint field: tasks the pools had started, so a resumed run goes on with the next ones."""
+STOP_WAIT_S = 300.0
+"""After a stop (SIGTERM, Ctrl-C), how long the learner step under way may still take to train,
+publish and be recorded before it is given up (`StopDeadline`): a 7B step and its publish fit in
+it; a server that stopped answering would otherwise hold the stop for good."""
+
+
+class StopDeadline(Exception):
+    """The step under way at a stop did not end within STOP_WAIT_S. It is given up, not
+    checkpointed: the last checkpoint and the metrics.jsonl lines written stay as they are."""
+
+    def __init__(self, waited_on: str, seconds: float) -> None:
+        super().__init__(f"stop: {waited_on} did not finish in {seconds:g} s")
 
 
 @dataclass
@@ -162,11 +174,14 @@ async def stream(
     loggers: Loggers | None = None,
     tasks_started: Callable[[], int] = lambda: 0,
     evaluator: Any = None,
+    bounded_stop: bool = True,
 ) -> RunSummary:
     """Train until `learner.max_steps`; `summary` is filled in place, so the caller still has it
     when the run is interrupted. Checkpoints go to run_dir/checkpoints, also on the way out.
     `evaluator` (a pipeline.evaluation.heldout.PeriodicEval) evaluates the starting weights (step 0, unless
-    resumed) and those of the steps it is due at."""
+    resumed) and those of the steps it is due at. `bounded_stop`: a stop waits for the step under
+    way at most STOP_WAIT_S, then raises StopDeadline with no checkpoint taken (False: as long as
+    it takes, for a simulated run on a virtual clock, where nothing hangs)."""
     clock = asyncio.get_running_loop().time  # monotonic; a simulated run's own (virtual) time
     buffer.serve(roles.version)  # the engines serve the learner's weights from the start
     pool_tasks = [asyncio.create_task(pool.run()) for pool in pools]
@@ -180,11 +195,14 @@ async def stream(
     if evaluator is not None and roles.version == 0:  # the starting policy: what training adds
         evaluator.start(0, 0)
 
+    doing = ["the learner step"]  # what a stop waits on, as its deadline's line names it
+
     async def one_step(groups: list[Group], waited: float) -> dict | None:
         """Train on `groups`, publish, record: the step's metrics (None: nothing trained)."""
         nonlocal trained
         busy = clock()
         summary.learner_idle_s += busy - waited
+        doing[0] = f"the learner step toward version {roles.version + 1}"
         metrics = await roles.step(groups)  # the pools keep generating meanwhile
         summary.learner_busy_s += clock() - busy
         if not metrics.get("groups"):  # nothing usable: nothing trained, nothing published
@@ -197,6 +215,7 @@ async def stream(
                     flush=True,
                 )
             return None
+        doing[0] = f"the publish of version {roles.version}"
         published = await roles.publish()
         metrics.update(published)
         # A failed publish frees the places at once: waiting for a version an engine may never
@@ -209,6 +228,7 @@ async def stream(
         summary.trajectories += sum(g.size for g in groups)
         elapsed = clock() - start
         stats = buffer.stats()
+        doing[0] = f"the record of step {summary.steps}"
         actors = await roles.actor_stats()
         tokens = sum(s.generated_tokens for s in actors.values()) - tokens_at_start
         metrics.update(
@@ -239,7 +259,8 @@ async def stream(
             progress(metrics)
         return metrics
 
-    finished = False
+    finished = given_up = False
+    wait_s = STOP_WAIT_S if bounded_stop else None
     try:
         while roles.version < config.learner.max_steps:
             waited = clock()
@@ -248,8 +269,13 @@ async def stream(
             )
             # A stop asked during the step lets it end and be recorded (a step's training,
             # publish and metrics line go together), then stops the loop; the way out
-            # checkpoints it.
-            recorded = await unstoppable(one_step(groups, waited))
+            # checkpoints it. One that outlasts the stop's wait is given up whole: nothing of
+            # it is checkpointed.
+            try:
+                recorded = await unstoppable(one_step(groups, waited), wait_s, lambda: doing[0])
+            except StopDeadline:
+                given_up = True
+                raise
             if stop_asked():
                 raise asyncio.CancelledError
             if recorded is None:
@@ -276,8 +302,9 @@ async def stream(
             summary.books_before, accounting(await buffer.close(), pools)
         )
         write_json(run_dir / "accounting.json", summary.accounting)
-        summary.steps = max(summary.steps, roles.version)  # a step the stop let finish counts
-        if summary.steps > summary.resumed_from:
+        if not given_up:  # a step the stop let finish counts
+            summary.steps = max(summary.steps, roles.version)
+        if summary.steps > summary.resumed_from and not given_up:
             extra = {"step": summary.steps, CURSOR_KEY: tasks_started()}
             summary.checkpoint = await save_run_checkpoint(
                 roles, buffer, pools, run_dir, extra, summary.books_before
@@ -288,16 +315,33 @@ async def stream(
 T = TypeVar("T")
 
 
-async def unstoppable(work: Coroutine[Any, Any, T]) -> T:
+async def unstoppable(
+    work: Coroutine[Any, Any, T],
+    wait_s: float | None = None,
+    waiting_on: Callable[[], str] = lambda: "the step under way",
+) -> T:
     """`work` run to its end even when the task awaiting it is cancelled meanwhile (the run asked
-    to stop): its result is returned, and the caller sees the stop with `stop_asked`."""
+    to stop): its result is returned, and the caller sees the stop with `stop_asked`. With
+    `wait_s`, the first stop gives it that many seconds more: past them it is cancelled (a thread
+    it waits on runs on, its result unread) and StopDeadline names `waiting_on()` then."""
     future = asyncio.ensure_future(work)
+    loop = asyncio.get_running_loop()
+    deadline = None
     while True:
         try:
-            return await asyncio.shield(future)
+            if deadline is None:
+                return await asyncio.shield(future)
+            await asyncio.wait([future], timeout=max(deadline - loop.time(), 0))
+            if future.done():
+                return future.result()
+            waited_on = waiting_on()
+            future.cancel()
+            raise StopDeadline(waited_on, wait_s)
         except asyncio.CancelledError:
             if future.cancelled():  # the work itself was cancelled, not its caller
                 raise
+            if wait_s is not None and deadline is None:
+                deadline = loop.time() + wait_s
 
 
 def stop_asked() -> bool:

@@ -4,6 +4,12 @@ the fakes of `pipeline.runtime.fakes` (a step sleeps; a trajectory takes longer 
 import asyncio
 import itertools
 import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +19,7 @@ from pipeline.config.schema import BufferConfig, LearnerConfig, StrataConfig
 from pipeline.runtime.fakes import SimulatedAgent, SimulatedEngine, SimulatedRoles, SimulatedTask
 from pipeline.runtime.parts import make_buffer
 from pipeline.runtime.stream import RunSummary, stream
-from tests.conftest import assert_accounting
+from tests.conftest import assert_accounting, child_env
 
 
 class Hanging(SimulatedAgent):
@@ -182,3 +188,102 @@ def test_a_stop_during_a_step_lets_it_train_and_records_it_before_stopping(tmp_p
     assert roles.calls == at and roles.published == list(range(1, at + 1))
     assert summary.steps == at and roles.checkpoints == [at]
     assert_accounting(tmp_path)
+
+
+# A run as `pipeline.runtime.run` stops it (its SIGTERM handler, its exit), the learner side the
+# fake of pipeline.runtime.fakes: its checkpoints are written as learner/checkpoint.py writes
+# them (whole, then `latest`), and its publish of version HANG never returns (a server that stops
+# answering, in a thread, as a blocking weight update is). Nothing is built: no assets, no loggers.
+HUNG_PUBLISH_RUN = textwrap.dedent(
+    """
+    import asyncio, itertools, json, os, sys, time
+    from pathlib import Path
+
+    from actors.pool import ActorPool
+    from pipeline.config.schema import BufferConfig, LearnerConfig, MetricsConfig, StrataConfig
+    from pipeline.runtime import run, stream
+    from pipeline.runtime.fakes import SimulatedAgent, SimulatedEngine, SimulatedRoles, SimulatedTask
+    from pipeline.runtime.parts import make_buffer
+
+    run_dir, hang, stream.STOP_WAIT_S = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+
+    class HungPublish(SimulatedRoles):
+        async def publish(self):
+            if self.version == hang:
+                print(f"publishing {hang}", flush=True)
+                await asyncio.to_thread(time.sleep, 3600)
+            return await super().publish()
+
+        async def checkpoint(self, directory, extra):
+            target = directory / f"step-{extra['step']:06d}"
+            target.mkdir(parents=True)
+            (target / "learner.json").write_text(json.dumps({"version": self.version}))
+            (directory / ".latest.tmp").write_text(target.name + "\\n")
+            os.replace(directory / ".latest.tmp", directory / "latest")
+            return target
+
+    async def runner(config, assets, run_dir, progress, summary, resume=False, loggers=None):
+        engine = SimulatedEngine()
+        buffer = make_buffer(config.buffer, run_dir, config.learner.groups_per_step)
+        tasks = (SimulatedTask(str(i)) for i in itertools.count())
+        pool = ActorPool(SimulatedAgent(engine), buffer, tasks, group_size=4, concurrency=8)
+        roles = HungPublish(engine, step_s=0.02)
+        return await stream.stream(config, roles, buffer, [pool], run_dir, summary, progress)
+
+    run.RUNNERS["local"] = runner
+    run.prepare_assets = lambda config: None
+    config = StrataConfig(
+        buffer=BufferConfig(group_size=4, max_staleness=1),
+        learner=LearnerConfig(groups_per_step=2, max_steps=100, checkpoint_every=2),
+        metrics=MetricsConfig(loggers=[]),
+    )
+    sys.exit(run.run(config, "config.yaml", run_dir))
+    """
+)
+
+
+def test_a_stop_waits_for_a_hung_publish_only_so_long_and_keeps_what_was_committed(tmp_path):
+    """SIGTERM while the publish of version 5 hangs: after STOP_WAIT_S the run exits non-zero
+    with one line naming the publish and the checkpoint it leaves (step 4's, written before),
+    which is untouched, as are the metrics lines of steps 1 to 4."""
+    run_dir, wait_s = tmp_path / "run", 3.0
+    run_dir.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HUNG_PUBLISH_RUN, str(run_dir), "5", str(wait_s)],
+        cwd=Path(__file__).resolve().parents[2],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for line in proc.stdout:
+            if line.startswith("publishing 5"):
+                break
+        else:
+            pytest.fail(f"the run ended before the publish of version 5: {proc.stderr.read()}")
+        checkpoint = (run_dir / "checkpoints" / "step-000004" / "learner.json").read_bytes()
+        stopped = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=wait_s + 20)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"SIGTERM during a hung publish: still running {wait_s + 20:g} s later")
+        took = time.monotonic() - stopped
+    finally:
+        proc.kill()
+    err = proc.stderr.read()
+    assert proc.returncode == 1, err
+    assert wait_s <= took < wait_s + 20
+    assert err.count("\n") == 1, err
+    assert err.startswith(
+        "strata: stop: the publish of version 5 did not finish in 3 s; exiting — checkpoint "
+        "step 4 (checkpoints/step-000004) is intact: go on with --resume --run-dir "
+    ), err
+    assert (run_dir / "checkpoints" / "latest").read_text() == "step-000004\n"
+    assert (run_dir / "checkpoints" / "step-000004" / "learner.json").read_bytes() == checkpoint
+    checkpoints = run_dir / "checkpoints"
+    assert sorted(p.name for p in checkpoints.glob("step-*")) == ["step-000002", "step-000004"]
+    assert not list(checkpoints.rglob("*000005*"))  # nothing of step 5 was checkpointed
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3, 4]
