@@ -18,7 +18,11 @@ killed (SIGKILL, a closed terminal, a CI timeout) leaves it, and every later pro
 forever, printing nothing. So the op is loaded here (`load_cpu_op`) before DeepSpeed asks for it
 (DeepSpeed then takes the loaded module and builds nothing), by one process at a time under an
 flock, which the kernel releases when its holder dies: whoever holds it knows that no other
-Strata process is building, and removes a lock file left behind, saying so in one line.
+Strata process is building. A lock file there may still be a live build of another program's
+(a build takes a minute or more on few cores), so it is removed only when no process holds it:
+torch's builder keeps the file open for its whole build, and the kernel closes it when the builder
+dies, so the kernel's open files (/proc/<pid>/fd) say whether its owner is gone. Removed, it is
+said in one line; a live one is waited on, and said once it has been for a minute.
 """
 
 from __future__ import annotations
@@ -32,7 +36,10 @@ from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 
 LOCK = "lock"  # torch.utils.cpp_extension's build lock, in each op's build directory
-FOREIGN_S = 60.0  # how long a lock file may be a foreign process's live one: a no-op load is ~1 s
+SAY_AFTER_S = 60.0  # waiting on a live build this long, say what is waited on (once)
+# torch's release closes the lock file, then removes it: a lock seen unheld is looked at again
+# this much later before it is taken to be a killed build's
+RELEASE_S = 0.5
 
 
 def use_own_extension_dir() -> None:
@@ -55,29 +62,76 @@ def one_builder(root: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def holders(path: Path) -> list[int] | None:
+    """The pids of the processes that have `path` open, from the kernel's open files
+    (/proc/<pid>/fd; this user's processes, everyone's as root); None where there is no /proc."""
+    proc = Path("/proc")
+    if not (proc / "self" / "fd").is_dir():
+        return None
+    target = os.path.realpath(path)
+    found = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        with suppress(OSError):  # gone meanwhile, or another user's
+            for fd in os.scandir(entry / "fd"):
+                with suppress(OSError):
+                    if os.readlink(fd.path) == target:
+                        found.append(int(entry.name))
+                        break
+    return found
+
+
+def _owners(lock: Path) -> list[int] | None:
+    """Who holds torch's `lock`: pids (none: its build is gone), or None when this process cannot
+    tell (no /proc, or a lock another user made, whose processes it cannot see)."""
+    if lock.stat().st_uid != os.geteuid() and os.geteuid() != 0:
+        return None
+    return holders(lock)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def clear_left_lock(
     build_dir: Path,
-    clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
+    say: Callable[[str], None] = _say,
 ) -> str | None:
-    """Remove torch's build lock in `build_dir` if one is there, to be called under
-    `one_builder`: no Strata process holds it then. A foreign process's live lock lasts a
-    no-op load (about a second), so a lock is first waited on until it is `FOREIGN_S` old.
-    Returns the line saying what was removed, or None."""
+    """Remove torch's build lock in `build_dir` if one is there and no process holds it (its build
+    was killed), to be called under `one_builder`: no Strata process is building then. A lock a
+    live process holds is waited on however long its build takes, and said once after
+    SAY_AFTER_S. Returns the line saying what was removed, or None."""
     lock = build_dir / LOCK
+    waited, told = 0.0, False
     while True:
         try:
-            age = clock() - lock.stat().st_mtime
-        except FileNotFoundError:
+            owners = _owners(lock)
+            if owners == []:
+                sleep(RELEASE_S)  # a build that is ending may be between close and remove
+                made = lock.stat().st_mtime
+                if _owners(lock) == []:
+                    lock.unlink(missing_ok=True)
+                    return (
+                        f"strata: removed {lock}, a build lock {time.time() - made:.0f} s old "
+                        "that no process holds: its build was killed (every later process "
+                        "would have waited on it forever)"
+                    )
+                continue
+        except FileNotFoundError:  # its build ended
             return None
-        if age >= FOREIGN_S:
-            break
-        sleep(min(1.0, FOREIGN_S - age))
-    lock.unlink(missing_ok=True)
-    return (
-        f"strata: removed {lock}, a build lock {age:.0f} s old whose build was killed "
-        "(every later process would have waited on it forever)"
-    )
+        if waited >= SAY_AFTER_S and not told:
+            told = True
+            say(
+                f"strata: waiting on {lock}: pid {', '.join(map(str, owners))} is building "
+                "DeepSpeed's op"
+                if owners
+                else f"strata: waiting on {lock}: this process cannot see who holds it (no "
+                "/proc, or another user's lock); remove it if no build is running"
+            )
+        sleep(1.0)
+        waited += 1.0
 
 
 def load_cpu_op() -> str:

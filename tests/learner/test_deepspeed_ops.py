@@ -1,6 +1,6 @@
 """The DeepSpeed op the CPU learner loads is built per Python environment (learner/deepspeed_ops.py):
 two checkouts on one machine do not rebuild it in turn; and a build lock that a killed build left
-behind is removed, not waited on forever."""
+behind is removed, not waited on forever, while one a live build holds is waited on, however old."""
 
 import fcntl
 import os
@@ -13,13 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from learner.deepspeed_ops import (
-    FOREIGN_S,
-    LOCK,
-    clear_left_lock,
-    one_builder,
-    use_own_extension_dir,
-)
+import learner.deepspeed_ops as ops
+from learner.deepspeed_ops import LOCK, clear_left_lock, one_builder, use_own_extension_dir
 from tests.conftest import child_env
 
 
@@ -38,59 +33,102 @@ def test_a_directory_the_user_chose_is_kept(monkeypatch, tmp_path):
     assert os.environ["TORCH_EXTENSIONS_DIR"] == str(tmp_path)
 
 
-class Clock:
-    """time.time and time.sleep for `clear_left_lock`, the sleeps only advancing the clock."""
-
-    def __init__(self, now: float):
-        self.now, self.slept = now, []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
+# A builder as torch's FileBaton is one: it creates the lock file, keeps it open for its whole
+# build, then closes and removes it (here: when told on stdin).
+HOLD = (
+    "import os, sys\n"
+    "fd = os.open(sys.argv[1], os.O_CREAT | os.O_EXCL)\n"
+    "print('held', flush=True)\n"
+    "sys.stdin.readline()\n"
+    "os.close(fd)\n"
+    "os.remove(sys.argv[1])\n"
+)
 
 
-def left_lock(build_dir: Path, made_at: float) -> Path:
-    """torch's build lock in `build_dir`, as a build started at `made_at` left it."""
-    lock = build_dir / LOCK
-    lock.touch()
-    os.utime(lock, (made_at, made_at))
-    return lock
-
-
-def test_a_lock_left_by_a_killed_build_is_removed_and_said(tmp_path):
-    lock = left_lock(tmp_path, made_at=1000.0)
-    clock = Clock(1000.0 + 300)
-    said = clear_left_lock(tmp_path, clock, clock.sleep)
-    assert not lock.exists() and clock.slept == []
-    assert said == (
-        f"strata: removed {lock}, a build lock 300 s old whose build was killed "
-        "(every later process would have waited on it forever)"
+def holding(lock: Path) -> subprocess.Popen:
+    builder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(lock)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
-    assert clear_left_lock(tmp_path, clock, clock.sleep) is None  # none there: nothing to do
+    assert builder.stdout.readline() == "held\n"
+    return builder
 
 
-def test_a_young_lock_is_waited_on_until_it_cannot_be_a_live_load(tmp_path):
-    lock = left_lock(tmp_path, made_at=1000.0)
-    clock = Clock(1000.0 + 10)
-    said = clear_left_lock(tmp_path, clock, clock.sleep)
-    assert not lock.exists() and "a build lock 60 s old" in said
-    assert sum(clock.slept) == pytest.approx(FOREIGN_S - 10) and max(clock.slept) <= 1.0
+def aged(lock: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(lock, (then, then))
 
 
-def test_a_lock_its_holder_releases_while_waited_on_is_left_alone(tmp_path):
-    lock = left_lock(tmp_path, made_at=1000.0)
-    clock = Clock(1000.0)
+class Sleeps:
+    """`clear_left_lock`'s sleep: sleeps nothing, counts, calls `then` each time, and fails past
+    `limit` calls (a wait that never ends fails the test instead of hanging it)."""
 
-    def sleep(seconds):
-        clock.sleep(seconds)
-        if clock.now >= 1003:
-            lock.unlink()  # the foreign load ended
+    def __init__(self, limit: int, then=None):
+        self.limit, self.then, self.slept = limit, then, []
 
-    assert clear_left_lock(tmp_path, clock, sleep) is None
-    assert sum(clock.slept) == pytest.approx(3.0)
+    def __call__(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        if len(self.slept) > self.limit:
+            raise AssertionError(f"still waiting on the lock after {len(self.slept)} sleeps")
+        if self.then is not None:
+            self.then(sum(self.slept))
+
+
+def test_a_lock_a_live_build_holds_is_waited_on_not_removed_however_old(tmp_path, capsys):
+    lock = tmp_path / LOCK
+    builder = holding(lock)
+    try:
+        aged(lock, 300)  # older than any no-op load: a build can take that long
+
+        def meanwhile(waited: float) -> None:
+            assert lock.exists()
+            if waited >= 65:  # waited on for over a minute: the build ends, as torch ends it
+                builder.stdin.write("\n")
+                builder.stdin.flush()
+                builder.wait(timeout=30)
+
+        assert clear_left_lock(tmp_path, sleep=Sleeps(200, meanwhile)) is None
+        assert builder.returncode == 0, builder.stderr.read()  # its own release found its lock
+    finally:
+        builder.kill()
+    said = capsys.readouterr().err
+    assert said == f"strata: waiting on {lock}: pid {builder.pid} is building DeepSpeed's op\n"
+
+
+def test_a_lock_whose_builder_was_killed_is_removed_with_one_line(tmp_path):
+    lock = tmp_path / LOCK
+    builder = holding(lock)
+    builder.kill()  # SIGKILL: no release; the kernel closes its files
+    builder.wait(timeout=30)
+    aged(lock, 5)  # young: its owner being gone is what counts, not its age
+    sleeps = Sleeps(20)
+    said = clear_left_lock(tmp_path, sleep=sleeps)
+    assert not lock.exists() and sum(sleeps.slept) < 1
+    assert re.fullmatch(
+        rf"strata: removed {re.escape(str(lock))}, a build lock \d+ s old that no process "
+        r"holds: its build was killed \(every later process would have waited on it forever\)",
+        said,
+    ), said
+    assert clear_left_lock(tmp_path, sleep=sleeps) is None  # none there: nothing to do
+
+
+def test_a_lock_whose_holder_cannot_be_seen_is_waited_on_and_said(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(ops, "holders", lambda path: None)  # no /proc
+    lock = tmp_path / LOCK
+    lock.touch()
+
+    def meanwhile(waited: float) -> None:
+        if waited >= 61:
+            lock.unlink()  # someone removed it by hand
+
+    assert clear_left_lock(tmp_path, sleep=Sleeps(100, meanwhile)) is None
+    assert capsys.readouterr().err == (
+        f"strata: waiting on {lock}: this process cannot see who holds it (no /proc, or another "
+        "user's lock); remove it if no build is running\n"
+    )
 
 
 def test_one_builder_is_held_by_one_process_and_freed_when_its_holder_is_killed(tmp_path):
@@ -140,6 +178,7 @@ def test_the_op_loads_past_a_lock_a_killed_build_left(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().endswith("deepspeed_shm_comm is built")
     assert re.search(
-        rf"strata: removed {re.escape(str(lock))}, a build lock 3\d\d s old", done.stderr
+        rf"strata: removed {re.escape(str(lock))}, a build lock 3\d\d s old that no process holds",
+        done.stderr,
     )
     assert not lock.exists()
