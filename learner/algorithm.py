@@ -72,6 +72,18 @@ def episode_level(config: Any) -> tuple[str | None, dict[str, Any], Any]:
     return section.type, section_params(section.type, section), credit
 
 
+def component_means(trajectories: list[Trajectory]) -> dict[str, float]:
+    """`reward/<name>`: the mean of each named part of the reward (a weighted actors.reward's
+    terms, a reward's dict keys) over the trajectories that carry it."""
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for t in trajectories:
+        for name, value in t.reward_components.items():
+            sums[name] = sums.get(name, 0.0) + value
+            counts[name] = counts.get(name, 0) + 1
+    return {f"reward/{name}": sums[name] / counts[name] for name in sums}
+
+
 def plan_step(groups: list[Group], config: Any, scorer: Any = None) -> StepPlan:
     """The step's plan under `config`, the `learner` config section (read by attribute);
     `scorer` scores gold answers with the policy for step credits that need it (igpo)."""
@@ -91,6 +103,7 @@ def plan_step(groups: list[Group], config: Any, scorer: Any = None) -> StepPlan:
         chosen = estimate(name, rewards, group_ids, strata, **params)
     stats = stratified_advantages_with_stats(rewards, group_ids, strata)  # the strata's statistics
     metrics["reward_mean"] = float(rewards.mean())
+    metrics.update(component_means(trajectories))
     metrics["adv_var_global_unnormalised"] = float(stats.global_centered.var(unbiased=False))
     metrics.update(theorem1_terms(stats))
     for stratum, row in stratum_summary(

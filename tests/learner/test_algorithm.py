@@ -164,3 +164,21 @@ def test_turn_credit_changes_nothing_where_every_member_found_it_or_none_did():
         if not finders:
             assert step.early.tolist() == pytest.approx(outcome.advantages.tolist())
     assert plan_step([found_group(3, {0})], plain).early is None  # off: no per-token split
+
+
+def test_the_rewards_named_parts_are_averaged_per_step():
+    """`reward/<name>`: each part's mean over the trajectories that carry it (a dict reward that
+    failed on one trajectory carries none of its keys there); no parts, no keys."""
+    made = groups()
+    parts = [
+        {"judge/correct": 1.0, "format": 1.0},
+        {"judge/correct": 0.0, "format": 1.0},
+        {"format": 0.0},  # the judge failed here
+        {"judge/correct": 1.0, "format": 0.5},
+    ]
+    for t, p in zip(made[0].members, parts, strict=True):
+        t.reward_components = p
+    metrics = plan_step(made, Learner(advantage=Section(type="grpo"))).metrics
+    assert metrics["reward/judge/correct"] == pytest.approx(2 / 3)
+    assert metrics["reward/format"] == pytest.approx(2.5 / 4)
+    assert not [k for k in plan("grpo").metrics if k.startswith("reward/")]
