@@ -27,7 +27,10 @@ from buffers.strata import Stratifier, ToolCallCount
 
 
 class TaskLike(Protocol):
-    """What the loop needs of a question (pipeline.assets.datasets.Question satisfies it)."""
+    """What the loop needs of a question (pipeline.assets.datasets.Question satisfies it).
+    Read when a question has them: `messages`, its own prompt as chat messages (instead of the
+    format's instruction and the question), and `tools`, the names of the only tools it may call
+    (None: every tool)."""
 
     id: str
     question: str
@@ -97,17 +100,23 @@ class AgentLoop:
         self.settings = settings
         self.actor_id = actor_id
         self.stats = AgentStats()
-        self._prompts: dict[str, list[int]] = {}
+        self._prompts: dict[tuple, list[int]] = {}
 
     def prompt_ids(self, task: TaskLike) -> list[int]:
         """The question's prompt ids, rendered once for a group's members (the chat template and
-        the encoding cost about a millisecond); the last 1024 questions are kept."""
-        ids = self._prompts.get(task.question)
+        the encoding cost about a millisecond); the last 1024 questions are kept. A question's
+        own messages are its prompt; its own tools are the only ones the prompt offers."""
+        messages, allowed = getattr(task, "messages", None), getattr(task, "tools", None)
+        key = (task.question, allowed, repr(messages))
+        ids = self._prompts.get(key)
         if ids is None:
             if len(self._prompts) >= 1024:
                 self._prompts.clear()
-            ids = self._prompts[task.question] = self.format.prompt_ids(
-                self.tokenizer, self.tools, task.question
+            tools = self.tools
+            if allowed is not None:
+                tools = {name: tool for name, tool in tools.items() if name in allowed}
+            ids = self._prompts[key] = self.format.prompt_ids(
+                self.tokenizer, tools, task.question, messages
             )
         return list(ids)
 
@@ -125,6 +134,10 @@ class AgentLoop:
     async def _run(self, task: TaskLike, prompt_id: str, sample_index: int) -> Trajectory:
         s = self.settings
         prompt = self.prompt_ids(task)
+        # the question's own tools: a call of another is an invalid action, as a disabled tool's
+        allowed, offered = getattr(task, "tools", None), None
+        if allowed is not None:
+            offered = {self.format.call_name(n, t) for n, t in self.tools.items() if n in allowed}
         ids: list[int] = []
         mask: list[int] = []
         logprobs: list[float] = []
@@ -164,6 +177,8 @@ class AgentLoop:
                 finish = "no_answer"
                 break
             tool = self._by_action.get(action[0]) if action is not None and action[1] else None
+            if tool is not None and offered is not None and action[0] not in offered:
+                tool = None
             if tool is not None:
                 tool_names.append(tool.name)
                 result = await call_tool(tool, action[1], self.stats.tools)

@@ -148,9 +148,12 @@ def render(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> 
     return messages[-1]["content"]
 
 
-def prompt_ids(tokenizer, tools, question: str) -> list[int]:
+def prompt_ids(tokenizer, tools, question: str, messages=None) -> list[int]:
     """The tags format's prompt of `question` as ids (chat template when the tokenizer has
-    one); `tools` is anything naming the enabled tools (their instruction differs)."""
+    one); `tools` is anything naming the enabled tools (their instruction differs).
+    `messages`: the question's own prompt as chat messages, used as they are instead."""
+    if messages:
+        return tokenizer.encode(render(tokenizer, list(messages)), add_special_tokens=False)
     messages = [{"role": "user", "content": f"{instruction(tools)} Question: {question}\n"}]
     return tokenizer.encode(render(tokenizer, messages), add_special_tokens=False)
 
@@ -198,8 +201,8 @@ class TagFormat:
         """The action that calls `tool` (enabled as `name`): its tag (web_search: `search`)."""
         return getattr(tool, "call_tag", name)
 
-    def prompt_ids(self, tokenizer, tools, question: str) -> list[int]:
-        return prompt_ids(tokenizer, tools, question)
+    def prompt_ids(self, tokenizer, tools, question: str, messages=None) -> list[int]:
+        return prompt_ids(tokenizer, tools, question, messages)
 
     def parse(self, text: str, generation: Generation) -> tuple[str, str] | None:
         return parse_action(text, generation)
@@ -244,10 +247,14 @@ class ChatToolsFormat:
         """The action that calls `tool` (enabled as `name`): the schema's name, `name`."""
         return name
 
-    def prompt_ids(self, tokenizer, tools, question: str) -> list[int]:
+    def prompt_ids(self, tokenizer, tools, question: str, messages=None) -> list[int]:
+        """The prompt with the tools' schemas through the template; `messages`, the question's
+        own chat messages, in place of the instruction and question."""
         if not tools:  # the no-tools baseline: answer directly, no schemas
-            return prompt_ids(tokenizer, (), question)
-        messages = [{"role": "user", "content": f"{CHAT_INSTRUCTION} Question: {question}\n"}]
+            return prompt_ids(tokenizer, (), question, messages)
+        messages = list(messages or ()) or [
+            {"role": "user", "content": f"{CHAT_INSTRUCTION} Question: {question}\n"}
+        ]
         schemas = [TOOL_SCHEMAS[name] for name in tools]
         return tokenizer.encode(render(tokenizer, messages, schemas), add_special_tokens=False)
 

@@ -1,8 +1,11 @@
 """Question files the pipeline trains and evaluates on, read into one `Question` type.
 
-Search-R1 parquet (`load_search_r1`), GAIA `metadata.jsonl` (`load_gaia`) and the bundled mini-GAIA
-world (`load_world`, Search-R1 parquet plus a manifest). A file that cannot be used raises
-`DatasetError` naming the file, the row (parquet, 0-based) or line (JSONL, 1-based) and the field.
+Search-R1 parquet (`load_search_r1`), GAIA `metadata.jsonl` (`load_gaia`), the bundled mini-GAIA
+world (`load_world`, Search-R1 parquet plus a manifest), and files of any layout (`load_rows`:
+JSONL, Parquet, Arrow IPC files or a `datasets.save_to_disk` directory, read with pyarrow) whose
+columns `data.fields` maps to a question's (`RowFields`); a dataset plug-in's rows are mapped the
+same way. A file that cannot be used raises `DatasetError` naming the file, the row (0-based) or
+line (JSONL, 1-based) and the field.
 """
 
 from __future__ import annotations
@@ -10,14 +13,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from actors.formats import prompt_ids
+from actors.formats import prompt_ids, render
 from pipeline.assets.world import VERSION as WORLD_VERSION
 
 SEARCH_R1_COLUMNS = (
@@ -53,6 +58,11 @@ class Question:
     prompt: tuple[dict[str, str], ...] = field(default=(), hash=False)
     # Anything else the file holds per question, e.g. hop_queries and gold_doc_ids.
     extra: dict[str, Any] = field(default_factory=dict, hash=False)
+    # The prompt as chat messages, used instead of Strata's instruction and question; None:
+    # Strata's (data.fields.messages, or Search-R1's prompt with data.use_row_prompt).
+    messages: tuple[dict[str, str], ...] | None = field(default=None, hash=False)
+    # The tools this question may use, a subset of actors.tools; None: all of them.
+    tools: tuple[str, ...] | None = None
 
 
 def _field_error(path: Path, where: str, name: str, problem: str) -> DatasetError:
@@ -290,9 +300,19 @@ def _attachment(name: object, path: Path, where: str) -> Path | None:
 def load_gaia(path: str | os.PathLike[str]) -> list[Question]:
     """Questions of a GAIA `metadata.jsonl` (task_id, Question, Level, Final answer), in file order."""
     p = Path(path)
+    questions, lines = [], []
+    for number, row in jsonl_rows(p):
+        questions.append(_gaia_row(row, number, p))
+        lines.append(number)
+    if not questions:
+        raise DatasetError(f"{p}: holds no questions")
+    return _unique(questions, p, "line", lines, "task_id")
+
+
+def jsonl_rows(p: Path) -> Iterator[tuple[int, object]]:
+    """(line number, the line's JSON value) of every non-blank line of `p`."""
     if not p.is_file():
         raise DatasetError(f"{p}: no such file")
-    questions, lines = [], []
     try:
         with p.open(encoding="utf-8") as fh:
             for number, line in enumerate(fh, start=1):
@@ -310,35 +330,303 @@ def load_gaia(path: str | os.PathLike[str]) -> list[Question]:
                     raise DatasetError(
                         f"{p}: line {number}: invalid JSON (nested too deeply)"
                     ) from None
-                questions.append(_gaia_row(row, number, p))
-                lines.append(number)
+                yield number, row
     except UnicodeDecodeError:
         raise DatasetError(f"{p}: not UTF-8 text") from None
     except OSError as exc:
         raise DatasetError(f"{p}: cannot read ({exc.strerror or exc})") from None
+
+
+# ---------------------------------------------------------------------- files of any layout
+
+
+@dataclass(frozen=True)
+class RowFields:
+    """Which of a row's columns (`data.fields`) hold a question's parts. A dotted name reaches
+    into a nested object (`reward_model.ground_truth`). `named`: the fields the config set
+    itself, which every row must have; a default column a row lacks falls back (id: the file's
+    stem and the row, data_source: the file's stem, question: the last user message)."""
+
+    question: str = "question"
+    answers: str = "answers"
+    id: str = "id"
+    data_source: str = "data_source"
+    messages: str | None = None
+    tools: str | None = None
+    named: frozenset[str] = frozenset()
+
+
+ROLES = ("system", "user", "assistant")
+"""The roles a row's own messages may take (the prompt: the model answers after them)."""
+
+
+def _lookup(row: Mapping[str, Any], column: str) -> tuple[bool, Any]:
+    """(found, value) of `column` in `row`, a dotted name reaching into nested objects."""
+    if column in row:
+        return True, row[column]
+    node: Any = row
+    for part in column.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def _messages(value: object, path: Path, where: str, name: str) -> tuple[dict[str, str], ...]:
+    ok = (
+        isinstance(value, list)
+        and bool(value)
+        and all(
+            isinstance(m, Mapping) and m.get("role") in ROLES and isinstance(m.get("content"), str)
+            for m in value
+        )
+    )
+    if not ok:
+        raise _field_error(
+            path,
+            where,
+            name,
+            f"must be a non-empty list of {{role, content}} messages, roles {', '.join(ROLES)}",
+        )
+    return tuple({"role": m["role"], "content": m["content"]} for m in value)
+
+
+def _answers(value: object, path: Path, where: str, name: str) -> tuple[str, ...]:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        value = [str(value)]  # a numeric answer (GSM8K's) is matched as its text
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list | tuple) or not all(isinstance(a, str) for a in value):
+        raise _field_error(path, where, name, "must be a string or a list of strings")
+    answers = tuple(a for a in value if a.strip())
+    if not answers:
+        raise _field_error(path, where, name, "is empty")
+    return answers
+
+
+def _tool_names(value: object, path: Path, where: str, name: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None  # this row: every configured tool
+    if not isinstance(value, list | tuple) or not all(isinstance(t, str) and t for t in value):
+        raise _field_error(path, where, name, "must be a list of tool names")
+    return tuple(dict.fromkeys(value))
+
+
+def question_of_row(row: object, path: Path, where: str, fields: RowFields) -> Question:
+    """The question a row holds under `fields`; every column not used is kept in `extra`."""
+    if not isinstance(row, Mapping):
+        raise DatasetError(
+            f"{path}: {where}: expected an object of fields, not {type(row).__name__}"
+        )
+
+    def get(key: str) -> tuple[bool, Any, str]:
+        column = getattr(fields, key)
+        found, value = _lookup(row, column)
+        if not found and key in fields.named:
+            raise _field_error(path, where, column, f"is missing (data.fields.{key})")
+        return found and value is not None, value, column
+
+    messages = None
+    if fields.messages is not None:
+        found, value, column = get("messages")
+        if not found:
+            raise _field_error(path, where, column, "is missing (data.fields.messages)")
+        messages = _messages(value, path, where, column)
+    found, value, column = get("question")
+    if found:
+        question = _text(value, path, where, column)
+    elif messages is not None:
+        users = [m["content"] for m in messages if m["role"] == "user"]
+        question = _text(users[-1] if users else None, path, where, f"{column} (a user message)")
+    else:
+        raise _field_error(path, where, column, "is missing (data.fields.question)")
+    found, value, column = get("answers")
+    if not found:
+        raise _field_error(path, where, column, "is missing (data.fields.answers)")
+    answers = _answers(value, path, where, column)
+    found, value, column = get("id")
+    if not found:
+        qid = f"{path.stem}-{where.rpartition(' ')[2]}"
+    elif isinstance(value, bool) or not isinstance(value, str | int):
+        raise _field_error(path, where, column, "must be a string or an integer")
+    else:
+        qid = str(value)
+    found, value, column = get("data_source")
+    source = _text(value, path, where, column) if found else path.stem
+    tools = None
+    if fields.tools is not None:
+        found, value, column = get("tools")
+        tools = _tool_names(value if found else None, path, where, column)
+    used = {getattr(fields, k) for k in ("question", "answers", "id", "data_source")}
+    used |= {c for c in (fields.messages, fields.tools) if c is not None}
+    extra = {k: v for k, v in row.items() if k not in used}
+    return Question(qid, question, answers, source, messages=messages, extra=extra, tools=tools)
+
+
+def _arrow_tables(p: Path) -> Iterator[pa.Table]:
+    """The tables of an Arrow IPC file (file or stream format) or of a `datasets.save_to_disk`
+    directory (its state.json's data files, else every *.arrow in name order)."""
+    if p.is_dir():
+        if (p / "dataset_dict.json").is_file():
+            splits = sorted(d.name for d in p.iterdir() if d.is_dir())
+            raise DatasetError(
+                f"{p}: a dataset dictionary of splits ({', '.join(splits)}): name one split's "
+                f"directory, e.g. {p / (splits[0] if splits else 'train')}"
+            )
+        files = []
+        state = p / "state.json"
+        if state.is_file():
+            try:
+                listed = json.loads(state.read_text(encoding="utf-8")).get("_data_files") or []
+                files = [p / f["filename"] for f in listed]
+            except (ValueError, UnicodeDecodeError, AttributeError, KeyError, TypeError):
+                raise DatasetError(f"{state}: not a datasets state file") from None
+        files = files or sorted(p.glob("*.arrow"))
+        if not files:
+            raise DatasetError(f"{p}: holds no .arrow files (a datasets.save_to_disk directory)")
+        for file in files:
+            yield from _arrow_tables(file)
+        return
+    if not p.is_file():
+        raise DatasetError(f"{p}: no such file or directory")
+    try:
+        with pa.memory_map(str(p)) as source:
+            try:
+                table = ipc.open_file(source).read_all()
+            except pa.ArrowInvalid:  # not the file format: the stream format (datasets writes it)
+                source.seek(0)
+                table = ipc.open_stream(source).read_all()
+        table.validate(full=True)
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DatasetError(f"{p}: not a readable Arrow IPC file ({reason})") from None
+    yield table
+
+
+def _table_rows(tables: Iterable[pa.Table]) -> Iterator[tuple[str, object]]:
+    index = 0
+    for table in tables:
+        for batch in table.to_batches(
+            max_chunksize=4096
+        ):  # rows as Python objects, a batch at a time
+            for row in batch.to_pylist():
+                yield f"row {index}", row
+                index += 1
+
+
+def file_rows(path: str | os.PathLike[str], kind: str) -> Iterator[tuple[str, object]]:
+    """(where, row) of every row of a `kind` file: jsonl (line N, 1-based), parquet or arrow
+    (row N, 0-based)."""
+    p = Path(path)
+    if kind == "jsonl":
+        return ((f"line {n}", row) for n, row in jsonl_rows(p))
+    if kind == "parquet":
+        return _table_rows([_read_parquet(p)])
+    if kind == "arrow":
+        return _table_rows(_arrow_tables(p))
+    raise ValueError(f"no file kind {kind!r}")
+
+
+def load_rows(
+    path: str | os.PathLike[str], rows: Iterable[tuple[str, object]], fields: RowFields
+) -> list[Question]:
+    """The questions of `rows` ((where, row) from `file_rows` or a plug-in), mapped by `fields`;
+    a row that already is a Question is taken as it is. Duplicate ids are refused."""
+    p = Path(path)
+    questions, places = [], []
+    for where, row in rows:
+        questions.append(
+            row if isinstance(row, Question) else question_of_row(row, p, where, fields)
+        )
+        places.append(where)
     if not questions:
         raise DatasetError(f"{p}: holds no questions")
-    return _unique(questions, p, "line", lines, "task_id")
+    seen: dict[str, str] = {}
+    for q, where in zip(questions, places, strict=True):
+        if q.id in seen:
+            raise DatasetError(
+                f"{p}: {seen[q.id]} and {where}: field '{fields.id}' value {q.id!r} is duplicated"
+            )
+        seen[q.id] = where
+    return questions
+
+
+def _plugin_rows(
+    loader: Callable[[str], Iterable[object]], path: Path
+) -> Iterator[tuple[str, object]]:
+    try:
+        rows = loader(str(path))
+        for index, row in enumerate(rows):
+            yield f"row {index}", row
+    except DatasetError:
+        raise
+    except Exception as exc:  # the plug-in's own code: any failure is the file's, in one line
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise DatasetError(
+            f"{path}: the dataset plug-in failed: {type(exc).__name__}"
+            + (f": {reason}" if reason else "")
+        ) from None
 
 
 # ----------------------------------------------------------------------------------------- entry
 
 
-def load_questions(path: str | os.PathLike[str]) -> list[Question]:
-    """Questions of one file, by its suffix: .parquet is Search-R1, .jsonl is GAIA metadata."""
+FILE_KINDS = ("jsonl", "parquet", "arrow")
+"""`data.type`s read by `file_rows` and mapped by `data.fields`."""
+
+
+def load_questions(path: str | os.PathLike[str], data: Any = None) -> list[Question]:
+    """Questions of one file as `data` (the `data` config section, read by attribute) reads it:
+    data.type jsonl, parquet, arrow or a plug-in's name, its rows mapped by data.fields;
+    otherwise (and with no `data`) by the file's suffix: .parquet is Search-R1, .jsonl is GAIA
+    metadata, and data.use_row_prompt makes a Search-R1 row's prompt the question's messages."""
     p = Path(path)
+    kind = getattr(data, "type", None)
+    if kind in FILE_KINDS or (kind is not None and kind not in LOADERS):
+        return load_rows(p, data_rows(p, kind), row_fields(data.fields))
     suffix = p.suffix.lower()
     if suffix == ".parquet":
-        return load_search_r1(p)
+        questions = load_search_r1(p)
+        if getattr(data, "use_row_prompt", False):
+            questions = [_row_prompt(q, p, i) for i, q in enumerate(questions)]
+        return questions
     if suffix == ".jsonl":
         return load_gaia(p)
     raise DatasetError(
-        f"{p}: unknown question file type {suffix or '(no suffix)'!r}; expected .parquet (Search-R1) or .jsonl (GAIA metadata)"
+        f"{p}: unknown question file type {suffix or '(no suffix)'!r}; expected .parquet "
+        "(Search-R1) or .jsonl (GAIA metadata), or set data.type jsonl, parquet or arrow with "
+        "data.fields"
     )
 
 
-LOADERS: dict[str, Any] = {"search_r1": load_search_r1, "gaia": load_gaia}
-"""`data.type` -> the loader of one of its files (`path -> list[Question]`)."""
+def data_rows(path: Path, kind: str) -> Iterator[tuple[str, object]]:
+    """(where, row) of a file of data.type `kind`: a file kind's own reader, or the rows a
+    dataset plug-in (`pipeline.plugins`, kind datasets: `loader(path) -> iterable of rows`)
+    gives."""
+    if kind in FILE_KINDS:
+        return file_rows(path, kind)
+    from pipeline.plugins import PluginError, resolve
+
+    try:
+        loader = resolve("datasets", kind, "data.type")
+    except PluginError as exc:
+        raise DatasetError(str(exc)) from None
+    return _plugin_rows(loader, path)
+
+
+def row_fields(section: Any) -> RowFields:
+    """`RowFields` of the `data.fields` config section (read by attribute)."""
+    keys = ("question", "answers", "id", "data_source", "messages", "tools")
+    return RowFields(
+        **{k: getattr(section, k) for k in keys},
+        named=frozenset(k for k in keys if k in section.model_fields_set),
+    )
+
+
+def _row_prompt(q: Question, path: Path, index: int) -> Question:
+    if not q.prompt:
+        raise _field_error(path, f"row {index}", "prompt", "is missing (data.use_row_prompt)")
+    return replace(q, messages=q.prompt)
 
 
 def load_world(world_dir: str | os.PathLike[str]) -> tuple[list[Question], list[Question]]:
@@ -360,10 +648,40 @@ def load_world(world_dir: str | os.PathLike[str]) -> tuple[list[Question], list[
     return load_search_r1(d / "train.parquet"), load_search_r1(d / "test.parquet")
 
 
+LOADERS: dict[str, Any] = {
+    "mini_gaia": load_world,
+    "search_r1": load_search_r1,
+    "gaia": load_gaia,
+    **{kind: file_rows for kind in FILE_KINDS},
+}
+"""`data.type`'s built-in names -> how their files are read (mini_gaia: a world directory)."""
+
+
 def drop_long_prompts(
-    questions: list[Question], tokenizer: Any, tools: list[str], max_tokens: int
+    questions: list[Question], tokenizer: Any, tools: Sequence[str], max_tokens: int
 ) -> tuple[list[Question], int]:
-    """The questions whose prompt (instruction, question and chat template, as the agent loop
-    builds it with `tools`) has at most `max_tokens` tokens, and how many were skipped."""
-    kept = [q for q in questions if len(prompt_ids(tokenizer, tools, q.question)) <= max_tokens]
+    """The questions whose prompt (instruction, question and chat template, or the question's
+    own messages, as the agent loop builds it with `tools` or the question's own subset) has at
+    most `max_tokens` tokens, and how many were skipped."""
+    kept = [q for q in questions if len(_prompt_ids(tokenizer, tools, q)) <= max_tokens]
     return kept, len(questions) - len(kept)
+
+
+def _prompt_ids(tokenizer: Any, tools: Sequence[str], q: Question) -> list[int]:
+    tools = [t for t in tools if t in q.tools] if q.tools is not None else tools
+    if q.messages is not None:
+        return tokenizer.encode(render(tokenizer, list(q.messages)), add_special_tokens=False)
+    return prompt_ids(tokenizer, tools, q.question)
+
+
+def check_row_tools(questions: Sequence[Question], tools: Sequence[str], where: str) -> None:
+    """Refuse a question whose own tools (data.fields.tools) name one `tools` (actors.tools)
+    does not enable: it would have a tool the run never builds."""
+    enabled = set(tools)
+    for q in questions:
+        unknown = [t for t in q.tools or () if t not in enabled]
+        if unknown:
+            raise DatasetError(
+                f"{where}: question {q.id!r}: its tools name {', '.join(map(repr, unknown))}, "
+                f"not in actors.tools ({', '.join(tools) or 'none'}): enable it or fix the row"
+            )

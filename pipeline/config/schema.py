@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from actors.formats import FORMATS
 from pipeline.backends import EngineConfig, RuntimeConfig
@@ -30,6 +30,7 @@ from pipeline.config.algorithm import (
 )
 from pipeline.config.base import Section, backend_union
 from pipeline.loggers import LOGGERS
+from pipeline.plugins import resolve
 
 # ---------------------------------------------------------------------------------------- model
 
@@ -149,11 +150,48 @@ ModelConfig = backend_union((TinyModel, PretrainedModel))
 # ----------------------------------------------------------------------------------------- data
 
 
+class DataFields(Section):
+    """Which column of a row holds each part of a question (data.type jsonl, parquet, arrow or a
+    plug-in). A dotted name reaches into a nested object (`reward_model.ground_truth`). A
+    default column a row lacks falls back as said; a column set here must be in every row."""
+
+    question: str = Field("question", min_length=1)
+    """The question's text (absent, with `messages`: the last user message's)."""
+    answers: str = Field("answers", min_length=1)
+    """The gold answers: a string or a list of strings (a number is read as its text)."""
+    id: str = Field("id", min_length=1)
+    """A unique id, string or integer (absent: `<file stem>-<row>`)."""
+    data_source: str = Field("data_source", min_length=1)
+    """What rewards and metrics are split by (absent: the file's stem)."""
+    messages: str | None = Field(None, min_length=1)
+    """The prompt as chat messages ([{role, content}], roles system, user, assistant), used
+    instead of Strata's instruction and question; null: Strata's."""
+    tools: str | None = Field(None, min_length=1)
+    """The names of the tools this row may use, a subset of actors.tools (null in a row: all);
+    null: every row uses all of them."""
+
+
+DATA_TYPES = ("mini_gaia", "search_r1", "gaia", "jsonl", "parquet", "arrow")
+"""`data.type`'s built-in names (pipeline/assets/datasets.py's LOADERS; a test checks)."""
+FIELD_TYPES = ("jsonl", "parquet", "arrow")
+"""The built-in types whose rows data.fields maps (so does a plug-in's)."""
+
+
 class DataConfig(Section):
-    type: Literal["mini_gaia", "search_r1", "gaia"] = "mini_gaia"
-    """mini_gaia: the bundled synthetic world; search_r1: Search-R1 parquet; gaia: metadata.jsonl."""
+    type: str = Field("mini_gaia", min_length=1)
+    """mini_gaia: the bundled synthetic world; search_r1: Search-R1 parquet; gaia: GAIA
+    metadata.jsonl; jsonl, parquet, arrow: files of any layout, mapped by data.fields (arrow: an
+    Arrow IPC file or a datasets.save_to_disk directory); else a dataset plug-in: an entry point
+    of strata.datasets or an import string, `loader(path) -> iterable of rows` (mappings mapped
+    by data.fields, or pipeline.assets.datasets.Question)."""
     train_files: list[str] = Field(default_factory=list)
-    """Training question files (search_r1 / gaia); empty for mini_gaia."""
+    """Training question files (or directories, for arrow and plug-ins); empty for mini_gaia."""
+    fields: DataFields = Field(default_factory=DataFields)
+    """Which columns hold a question's parts (data.type jsonl, parquet, arrow or a plug-in; the
+    held-out files of eval.data are read the same way)."""
+    use_row_prompt: bool = False
+    """search_r1: each row's own `prompt` (chat messages, Search-R1's instruction inside) is the
+    prompt, instead of Strata's instruction and the question."""
     num_questions: int = Field(512, ge=1, le=10_000_000)
     """mini_gaia: questions to generate; other types: cap on questions read."""
     max_prompt_tokens: int = Field(256, ge=16, le=131072)
@@ -186,10 +224,27 @@ class DataConfig(Section):
     same law; 0 uniform; large values tend to always the commonest answer). Its own world and
     warm start."""
 
+    @field_validator("type")
+    @classmethod
+    def _known_type(cls, value: str) -> str:
+        if value not in DATA_TYPES:  # a plug-in: refused now if it cannot be had
+            resolve("datasets", value)
+        return value
+
     @model_validator(mode="after")
     def _files_when_needed(self) -> DataConfig:
         if self.type != "mini_gaia" and not self.train_files:
             raise ValueError(f"data.type {self.type!r} needs data.train_files")
+        if self.fields != DataFields() and self.type in DATA_TYPES[:3]:
+            raise ValueError(
+                f"data.fields maps the rows of data.type {', '.join(FIELD_TYPES)} or a plug-in; "
+                f"{self.type} files have their own layout: remove it or set data.type"
+            )
+        if self.use_row_prompt and self.type != "search_r1":
+            raise ValueError(
+                "data.use_row_prompt reads Search-R1's prompt column (data.type search_r1); for "
+                "other files name the messages column in data.fields.messages"
+            )
         # Defaults pass: a dumped config (every key written) must load again.
         fields = type(self).model_fields
         worldly = [
@@ -670,7 +725,8 @@ class EvalConfig(Section):
     0 (0: not during training)."""
     data: list[str] = Field(default_factory=list)
     """Question files: Search-R1 .parquet (rows by data_source) or GAIA metadata .jsonl (rows by
-    Level); empty: the mini-GAIA world's test split."""
+    Level); with data.type jsonl, parquet, arrow or a plug-in, files read as the training files
+    are (data.fields; rows by data_source); empty: the mini-GAIA world's test split."""
     max_questions: int | None = Field(None, ge=1)
     """At most this many questions per file (its first ones); None: all."""
     samples: int = Field(1, ge=1, le=1024)

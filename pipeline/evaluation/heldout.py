@@ -45,7 +45,7 @@ from actors.servers import ServerStartError
 from actors.vllm import checkpoint_problem
 from buffers.records import to_arrow
 from pipeline.assets.cache import prepare_index, prepare_world
-from pipeline.assets.datasets import DatasetError, Question, load_questions
+from pipeline.assets.datasets import DatasetError, Question, check_row_tools, load_questions
 from pipeline.backends.local import LocalRuntime
 from pipeline.config.loader import ConfigError, load_config
 from pipeline.config.schema import StrataConfig
@@ -122,12 +122,17 @@ def eval_files(config: StrataConfig, given: Sequence[str]) -> list[Path]:
     return [prepare_world(config, quiet=True) / "test.parquet"]
 
 
-def load_items(files: Sequence[Path], max_questions: int | None) -> list[Item]:
-    """The questions of every file (the first `max_questions` of each), with their table row."""
+def load_items(
+    files: Sequence[Path], max_questions: int | None, config: StrataConfig | None = None
+) -> list[Item]:
+    """The questions of every file (the first `max_questions` of each), with their table row;
+    read as `config`'s data section reads files (data.type, data.fields), if given."""
     items: list[Item] = []
     for path in files:
         try:
-            questions = load_questions(path)
+            questions = load_questions(path, config.data if config else None)
+            if config is not None:
+                check_row_tools(questions, config.actors.tools, str(path))
         except DatasetError as exc:
             raise EvalError(str(exc)) from None
         gaia = path.suffix.lower() == ".jsonl"
@@ -150,7 +155,7 @@ def training_items(config: StrataConfig) -> list[Item]:
     items: list[Item] = []
     for path in files:
         try:
-            questions = load_questions(path)
+            questions = load_questions(path, config.data)
         except DatasetError as exc:
             raise EvalError(f"eval.train_questions: {exc}") from None
         items += [Item(q, TRAIN_ROW, f"{q.id}@{path.name}") for q in questions]
@@ -469,7 +474,8 @@ def periodic_eval(
     the run before it trains), else None."""
     if not config.eval.every_steps:
         return None
-    items = load_items(eval_files(config, ()), config.eval.max_questions) + training_items(config)
+    items = load_items(eval_files(config, ()), config.eval.max_questions, config)
+    items += training_items(config)
     return PeriodicEval(config, items, snapshot, run, run_dir, loggers)
 
 
@@ -512,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
             raise EvalError("--samples and --max-questions must be at least 1")
         checkpoint = resolve_checkpoint(args.checkpoint)
         files = eval_files(config, args.data)
-        items = load_items(files, limit) + training_items(config)
+        items = load_items(files, limit, config) + training_items(config)
         problem = unavailable(config.model_copy(update={"runtime": LocalRuntime()}))  # engine only
         if problem is not None:
             raise EvalError(problem)

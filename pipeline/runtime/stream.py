@@ -26,7 +26,13 @@ from actors.pool import ActorPool
 from actors.tools import ToolStats
 from buffers.group_buffer import BufferStats, GroupBuffer
 from buffers.records import Group
-from pipeline.assets.datasets import DatasetError, drop_long_prompts, load_questions, load_world
+from pipeline.assets.datasets import (
+    DatasetError,
+    check_row_tools,
+    drop_long_prompts,
+    load_questions,
+    load_world,
+)
 from pipeline.backends.runtime import RuntimeUnavailable
 from pipeline.config.schema import StrataConfig
 from pipeline.loggers import Loggers, StepRecord
@@ -102,8 +108,12 @@ def question_stream(
     try:
         if config.data.type == "mini_gaia":
             train = load_world(world_dir)[0]
-        else:  # Search-R1 parquet or GAIA metadata.jsonl, in the order given
-            train = [q for path in config.data.train_files for q in load_questions(path)]
+        else:  # in the order given, each file as data.type (and data.fields) reads it
+            train = []
+            for path in config.data.train_files:
+                read = load_questions(path, config.data)
+                check_row_tools(read, config.actors.tools, path)
+                train += read
     except DatasetError as exc:
         raise RuntimeUnavailable(f"data.train_files: {exc}") from None
     questions = train[: config.data.num_questions]
