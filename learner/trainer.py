@@ -182,12 +182,12 @@ class Learner:
         self.dropout = any(
             isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()
         ) or any(float(getattr(model.config, key, 0) or 0) > 0 for key in DROPOUT_KEYS)
-        self.reference = None
+        reference = None
         if config.kl_coef > 0 and lora is None:  # the initial policy, frozen (LoRA: adapters off)
-            self.reference = AutoModelForCausalLM.from_pretrained(
+            reference = AutoModelForCausalLM.from_pretrained(
                 model_path, local_files_only=True, dtype=dtype, **attention
             )
-            self.reference.requires_grad_(False).eval()
+            reference.requires_grad_(False).eval()
         if before_join is not None:
             before_join()
         if rank is None:
@@ -225,9 +225,22 @@ class Learner:
                 gradient_checkpointing=gradient_checkpointing,
             )
         self.explained_variance = float("nan")
-        if self.reference is not None:
-            self.reference.to(self.engine.device)
+        self.reference = None if reference is None else self._frozen(reference, ds_config)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    def _frozen(self, reference: torch.nn.Module, ds_config: dict) -> torch.nn.Module:
+        """The KL's reference on the engine's device: under ZeRO-3 partitioned over the ranks as
+        the policy is (a DeepSpeed engine without an optimizer, as OpenRLHF's and verl's
+        reference models: at Qwen3-8B over 4 ranks 4 GB of bf16 a GPU instead of 16), its
+        forwards then collectives like the policy's; else whole on every rank."""
+        if self.config.zero_stage != 3:
+            return reference.to(self.engine.device)
+        import deepspeed
+
+        config = {k: v for k, v in ds_config.items() if k != "gradient_clipping"}  # no training
+        engine, _, _, _ = deepspeed.initialize(model=reference, config=config)
+        engine.eval()
+        return engine
 
     @property
     def model(self) -> torch.nn.Module:
@@ -268,8 +281,8 @@ class Learner:
 
     @contextmanager
     def _reference_policy(self):
-        """The KL term's reference, the initial policy: a frozen copy of it, or with LoRA the
-        policy itself with its adapters off."""
+        """The KL term's reference, the initial policy: a frozen copy of it (under ZeRO-3
+        partitioned, see `_frozen`), or with LoRA the policy itself with its adapters off."""
         if self.lora is None:
             yield self.reference
         else:
@@ -463,8 +476,8 @@ class Learner:
             self.engine.device,
             entropy_grad=model is self.engine and self.config.entropy_coef > 0,
             split=self.split_head,
-            # every model here but the frozen reference copy is the engine's, partitioned
-            agree=self._head_calls if self._in_step_ranks and model is not self.reference else None,
+            # under ZeRO-3 every model here is partitioned: the policy, the reference (`_frozen`)
+            agree=self._head_calls if self._in_step_ranks else None,
         )
 
     @property
@@ -502,21 +515,22 @@ class Learner:
         gradient, so the rank takes part in DeepSpeed's reductions without changing them. With
         the head in chunks it takes the same path as a real micro-batch, its head called as
         many times as the other ranks call theirs (`_head_calls`); `training` (not a proximal
-        pass), with LoRA's reference in the loss, the reference's forward after it too."""
+        pass), with the KL in the loss, the reference's forward after it too (partitioned, or
+        with LoRA the engine itself)."""
         loss = self._empty_forward(self.engine)
-        if training and self._lora_reference_in_loss and self._in_step_ranks:
+        if training and self._reference_in_loss and self._in_step_ranks:
             with torch.no_grad(), self._reference_policy() as policy:  # as `_micro_step`'s KL
                 self._empty_forward(policy)
         return loss
 
     @property
-    def _lora_reference_in_loss(self) -> bool:
-        """The loss's KL term takes its reference from the engine itself (adapters off)."""
-        return self.lora is not None and self.config.kl_coef > 0 and not self.config.kl_in_reward
+    def _reference_in_loss(self) -> bool:
+        """Each micro-batch's loss has a KL term, its reference's forward beside the policy's."""
+        return self.config.kl_coef > 0 and not self.config.kl_in_reward
 
     def _empty_forward(self, model) -> torch.Tensor:
-        """`model` (the engine, or with LoRA its adapters off) on one pad token, by the path a
-        micro-batch takes; 0 times its log-prob."""
+        """`model` (the engine, the reference, or with LoRA the engine with its adapters off) on
+        one pad token, by the path a micro-batch takes; 0 times its log-prob."""
         ids = torch.full((1, 1), self.pad_id, dtype=torch.int64, device=self.engine.device)
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         if not self.split_head:
@@ -573,10 +587,11 @@ class Learner:
         """The KL in the reward (`kl_in_reward`): [B, R], each trained token's KL from the
         behaviour policy to the reference (`kl_kind`), 0 elsewhere. REINFORCE++ takes kl_coef
         times its sum over a token and the later ones off the token's advantage; GAE takes
-        kl_coef times it as the token's reward. With LoRA under ZeRO-3 over several ranks the
-        reference is the engine (adapters off), whose forwards every rank joins: a rank with
-        fewer micro-batches makes empty passes, one without rows (`batch` None) gets None."""
-        if self.lora is not None and self._in_step_ranks:
+        kl_coef times it as the token's reward. Under ZeRO-3 over several ranks the reference is
+        partitioned (`_frozen`; with LoRA the engine, adapters off), so every rank joins its
+        forwards: a rank with fewer micro-batches makes empty passes, one without rows (`batch`
+        None) gets None."""
+        if self._in_step_ranks:
             for _ in range(self._all_max(len(plan)) - len(plan)):
                 with self._reference_policy() as policy:
                     self._empty_forward(policy)

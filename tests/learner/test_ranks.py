@@ -15,6 +15,7 @@ from torch.distributed.distributed_c10d import Backend, BackendConfig
 
 from buffers.records import Group
 from buffers.testing import synthetic_trajectory
+from learner.batch import build_batch
 from learner.checkpoint import load_checkpoint, save_checkpoint
 from learner.ranked import ranked_learner
 from learner.ranks import init_rank_group, split_by_tokens
@@ -87,8 +88,14 @@ def _train_two_ranks(policy, opts, plan, out, queue) -> None:
                     save_checkpoint(learner, arg)
                 else:
                     load_checkpoint(learner, arg)
+            reference = None if learner.reference is None else held_bytes(learner.reference)
             torch.save(
-                {"metrics": metrics, "weights": learner.state_dict(), "version": learner.version},
+                {
+                    "metrics": metrics,
+                    "weights": learner.state_dict(),
+                    "version": learner.version,
+                    "reference_bytes": reference,
+                },
                 out,
             )
         finally:
@@ -242,8 +249,16 @@ def wide_policy(tmp_path_factory):
         dict(importance={"type": "mask", "cap": 2.0}),
         dict(lora={"r": 4, "alpha": 8.0}, kl_coef=0.1),
         dict(lora={"r": 4, "alpha": 8.0}, kl_coef=0.1, kl_in_reward=True),
+        dict(kl_coef=0.1),
+        dict(kl_coef=0.1, kl_in_reward=True, kl_kind="k1"),
     ],
-    ids=["mask-and-resume", "lora-kl-in-loss", "lora-kl-in-reward"],
+    ids=[
+        "mask-and-resume",
+        "lora-kl-in-loss",
+        "lora-kl-in-reward",
+        "reference-kl-in-loss",
+        "reference-kl-in-reward",
+    ],
 )
 def test_two_zero3_ranks_train_like_one_with_uneven_shares_and_resume(
     wide_policy, tmp_path, monkeypatch, overrides
@@ -257,7 +272,10 @@ def test_two_zero3_ranks_train_like_one_with_uneven_shares_and_resume(
     the ranks unequal numbers of micro-batches; the third step's one group leaves rank 1 none),
     and the two ranks' ZeRO-3 checkpoint resumes on two ranks for a fourth. With LoRA the KL's
     reference is the engine with its adapters off: its forwards too are made on every rank (in
-    the loss, and in the reward before the step)."""
+    the loss, and in the reward before the step). Without LoRA the reference, a frozen copy of
+    the initial policy, is partitioned as the policy is (issue 68: it was whole on every rank,
+    16 GB a GPU at Qwen3-8B in bf16): each rank holds half of every weight over ZeRO-3's
+    persistence threshold, and its forwards are made on every rank as LoRA's are."""
     # the one-rank ZeRO-3 engine here replaces F.linear for the whole process: put torch's back
     # for the tests that follow in this worker
     monkeypatch.setattr(torch.nn.functional, "linear", torch.nn.functional.linear)
@@ -274,7 +292,7 @@ def test_two_zero3_ranks_train_like_one_with_uneven_shares_and_resume(
     plan = [("step", b) for b in batches[:3]]
     result = two_ranks(policy, opts, [*plan, ("save", root)], tmp_path / "two.pt")
     for step, (a, b) in enumerate(zip(reference, result["metrics"], strict=True)):
-        for key in COMPARED:
+        for key in (*COMPARED, "kl"):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (step, key)
     shares = [(m["rank/0/tokens"] > 0, m["rank/1/tokens"] > 0) for m in result["metrics"]]
     assert shares == [(True, True), (True, True), (True, False)]
@@ -282,7 +300,26 @@ def test_two_zero3_ranks_train_like_one_with_uneven_shares_and_resume(
     # lr 5e-3): Adam divides a near-zero gradient by its own size, so the order of ZeRO-3's
     # sums shows there; the losses and gradient norms above agree to 1e-4.
     assert_same(result["weights"], weights, atol=1e-4)
-    if "lora" in overrides:  # the ZeRO-3 resume once (LoRA's: tests/pipeline/test_local_run.py)
+    if "lora" not in overrides and "kl_coef" in overrides:
+        # the weights ZeRO-3 partitions (those over its persistence threshold): all of each on
+        # one rank, half of each on either of two
+        whole = {n: p for n, p in initial_model(policy).named_parameters() if p.numel() > 100_000}
+        size = sum(p.numel() * p.element_size() for p in whole.values())
+        half = sum(-(-p.numel() // 2) * p.element_size() for p in whole.values())
+        assert sum(held_bytes(one.reference)[n] for n in whole) == size
+        held = sum(result["reference_bytes"][n] for n in whole)
+        assert held == half, (
+            f"rank 0 of 2 holds {held} bytes of the reference's {size} in weights ZeRO-3 "
+            f"partitions, not its half ({half})"
+        )
+        # and the partitioned reference is the initial policy: its log-probs are the HF model's
+        members = [t for g in batches[0] for t in g.members]
+        batch = build_batch(members, torch.zeros(len(members)), one.pad_id)
+        with torch.no_grad():
+            partitioned, _, _ = one._logprobs(one.reference, batch)
+            plain, _, _ = one._logprobs(initial_model(policy), batch)
+        torch.testing.assert_close(partitioned, plain, atol=1e-5, rtol=1e-5)
+    if "kl_coef" in overrides:  # the ZeRO-3 resume once, "mask"s (LoRA: tests/pipeline/)
         return
     state = tmp_path / "checkpoints" / "step-000003" / "deepspeed" / "state"
     assert len(list(state.glob("*optim_states.pt"))) == 2  # each rank's partition
@@ -301,3 +338,23 @@ def assert_same(weights: dict, reference: dict, atol: float = 1e-5) -> None:
         torch.testing.assert_close(
             weights[name], p, atol=atol, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}"
         )
+
+
+def initial_model(policy) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(policy, local_files_only=True, dtype=torch.float32)
+
+
+def held_bytes(model: torch.nn.Module) -> dict[str, int]:
+    """Per parameter of `model` (an HF model, or a DeepSpeed engine around one): the bytes this
+    rank holds of it, its tensor and under ZeRO-3 its partition (`ds_tensor`)."""
+    module = getattr(model, "module", model)
+    return {
+        name: sum(
+            t.numel() * t.element_size()
+            for t in (p.data, getattr(p, "ds_tensor", None))
+            if t is not None
+        )
+        for name, p in module.named_parameters()
+    }
