@@ -64,19 +64,18 @@ class RetrievalClient:
     ) -> list[list[tuple[Passage, float]]]:
         """Top-k (passage, score) lists, one per query; cached queries skip the server."""
         k = topk or self.topk
-        missing = [q for q in dict.fromkeys(queries) if (q, k) not in self._cache]
-        if missing:
-            fetched = await self._post(missing, k)
-            for query, hits in zip(missing, fetched, strict=True):
-                self._cache[(query, k)] = hits
-                if len(self._cache) > self.cache_size:
-                    self._cache.popitem(last=False)
+        found = {q: self._cache[(q, k)] for q in dict.fromkeys(queries) if (q, k) in self._cache}
+        missing = [q for q in dict.fromkeys(queries) if q not in found]
+        if missing:  # answered from what was fetched: more new queries than the cache holds, or
+            # another search evicting meanwhile, must not lose them
+            found.update(zip(missing, await self._post(missing, k), strict=True))
         self.cache_hits += len(queries) - len(missing)
-        results = []
-        for query in queries:
+        for query in queries:  # in order of use: the last used is the last evicted
+            self._cache[(query, k)] = found[query]
             self._cache.move_to_end((query, k))
-            results.append(self._cache[(query, k)])
-        return results
+            if len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return [found[query] for query in queries]
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:

@@ -112,3 +112,22 @@ def test_identical_queries_are_answered_from_the_cache():
         assert calls == [["a"], ["b"], ["c"], ["b"]]
 
     with_stub(handler, scenario)
+
+
+@pytest.mark.parametrize("cache_size", [0, 1])
+def test_more_new_queries_than_the_cache_holds_are_all_answered(cache_size):
+    """A KeyError once: the fetched hits were read back from a cache that had evicted them."""
+
+    async def handler(request):
+        body = await request.json()
+        return web.json_response(
+            {"result": [[{**HIT, "score": float(len(q))}] for q in body["queries"]]}
+        )
+
+    async def scenario(url):
+        async with RetrievalClient(url, cache_size=cache_size) as client:
+            hits = await client.search_many(["a", "bb", "ccc", "bb"])
+            assert [h[0][1] for h in hits] == [1.0, 2.0, 3.0, 2.0]
+            assert len(client._cache) == cache_size
+
+    with_stub(handler, scenario)
