@@ -151,6 +151,8 @@ def create_app(
             body = json.loads(await request.read())
         except (json.JSONDecodeError, UnicodeDecodeError):
             return _bad("the request body is not valid JSON")
+        except RecursionError:  # a hostile body of 100,000 nested lists
+            return _bad("the request body nests too deeply")
         parsed = _parse(body, limits)
         if isinstance(parsed, str):
             return _bad(parsed)

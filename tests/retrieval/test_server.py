@@ -69,6 +69,7 @@ BAD = [
     (json.dumps({"queries": ["figs"], "return_scores": "yes"}).encode(), "'return_scores' must be"),
     (json.dumps({"queries": ["x" * 5000]}).encode(), "more than 2048"),
     (json.dumps({"queries": ["q"] * 300}).encode(), "too many queries"),
+    (b"[" * 100_000 + b"]" * 100_000, "nests too deeply"),  # was a 500 (RecursionError)
 ]
 
 
