@@ -6,10 +6,16 @@ text is decoded to find the action but never re-tokenised: the ids stay the trut
 decode-then-encode would have given other ids is measured (`retokenize_drift`).
 
 Each turn ends where the format's actions end (`actors.formats`: Search-R1's `</search>`,
-`</python>`, `</answer>`, or a chat model's `</tool_call>` and `</answer>`; kept in the output).
-An answer ends the trajectory; a well-formed tool call gets its observation; anything else (no
-closed call, an empty, unknown or malformed action, a tool not enabled) gets the format's
-corrective observation, counted. The last turn may only answer.
+`</python>`, `</answer>` and each enabled tool's tag, or a chat model's `</tool_call>` and
+`</answer>`; kept in the output). An answer ends the trajectory; a well-formed call of an enabled
+tool gets its observation (arguments that do not fit the tool's schema: the tool's refusal, counted
+as its error); anything else (no closed call, an empty, unknown or malformed action, a tool not
+enabled) gets the format's corrective observation, counted. The last turn may only answer.
+
+Every call is recorded in the trajectory's context (`actors.tools.TrajectoryContext`): its
+`tool_calls` ((name, arguments)) and `observations` (the text each returned, before it is cut to
+tokens), in order, what the reward sees; tools that keep per-trajectory state have it released
+when the trajectory ends, however it ends.
 """
 
 from __future__ import annotations
@@ -19,9 +25,16 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from actors.engine import GenerationAborted, RolloutEngine, SamplingParams
-from actors.formats import ANSWER_CLOSE, FORMATS
+from actors.formats import ANSWER_CLOSE, FORMATS, check_tool_names, tool_arguments
 from actors.rewards import ANSWER_MATCHERS, score
-from actors.tools import CURRENT_TRAJECTORY, Tool, ToolStats, TrajectoryContext, call_tool
+from actors.tools import (
+    CURRENT_TRAJECTORY,
+    Tool,
+    ToolStats,
+    TrajectoryContext,
+    call_tool,
+    trajectory,
+)
 from buffers.records import Trajectory
 from buffers.strata import Stratifier, ToolCallCount
 
@@ -95,8 +108,10 @@ class AgentLoop:
         self.tokenizer = tokenizer
         self.tools = tools
         self.format = FORMATS[settings.format]
+        check_tool_names(tools)
         # the action that calls each tool, as the format names it (tags: web_search answers <search>)
         self._by_action = {self.format.call_name(n, t): t for n, t in tools.items()}
+        self._stops = self.format.stops_for(self._by_action)
         self.settings = settings
         self.actor_id = actor_id
         self.stats = AgentStats()
@@ -130,6 +145,7 @@ class AgentLoop:
             return await self._run(task, prompt_id, sample_index)
         finally:
             CURRENT_TRAJECTORY.reset(token)
+            await context.release(self.stats.tools)  # stateful tools' states, however it ended
 
     async def _run(self, task: TaskLike, prompt_id: str, sample_index: int) -> Trajectory:
         s = self.settings
@@ -144,6 +160,7 @@ class AgentLoop:
         versions: list[int] = []
         generated_text: list[str] = []
         tool_names: list[str] = []
+        record = trajectory()  # its tool_calls and observations: what the reward sees
         first_turn = first_token = -1  # the tool call whose observation first held a gold answer
         finish = "no_answer"
         for turn in range(s.max_turns + 1):
@@ -153,7 +170,7 @@ class AgentLoop:
                 break
             final = turn == s.max_turns
             params = SamplingParams(
-                s.temperature, s.top_p, budget, (ANSWER_CLOSE,) if final else self.format.stops
+                s.temperature, s.top_p, budget, (ANSWER_CLOSE,) if final else self._stops
             )
             generation = await self.engine.generate(prompt + ids, params)
             self.stats.turns += 1
@@ -176,12 +193,15 @@ class AgentLoop:
             if final:
                 finish = "no_answer"
                 break
-            tool = self._by_action.get(action[0]) if action is not None and action[1] else None
-            if tool is not None and offered is not None and action[0] not in offered:
-                tool = None
-            if tool is not None:
+            call = self._call(action)
+            if call is not None and offered is not None and action[0] not in offered:
+                call = None
+            if call is not None:
+                tool, arguments = call
                 tool_names.append(tool.name)
-                result = await call_tool(tool, action[1], self.stats.tools)
+                result = await call_tool(tool, arguments, self.stats.tools)
+                record.tool_calls.append((tool.name, arguments))
+                record.observations.append(result.text)
                 observation = self.format.observation_ids(
                     self.tokenizer, tool, result.text, s.max_observation_tokens
                 )
@@ -190,7 +210,7 @@ class AgentLoop:
                     first_turn, first_token = len(tool_names) - 1, len(ids)
             else:
                 self.stats.invalid_actions += 1
-                observation = self.format.correction_ids(self.tokenizer)
+                observation = self.format.correction_ids(self.tokenizer, self._by_action)
             room = s.max_response_tokens - len(ids)
             observation = observation[:room]
             ids += observation
@@ -230,6 +250,15 @@ class AgentLoop:
             text=self.tokenizer.decode(ids, skip_special_tokens=False),
             actor_id=self.actor_id,
         )
+
+    def _call(self, action: tuple[str, str | dict] | None) -> tuple[Tool, dict] | None:
+        """The enabled tool an action calls and its arguments, or None: an invalid action (no
+        action, an unknown or disabled tool, an empty input, text that is no JSON object)."""
+        tool = self._by_action.get(action[0]) if action is not None else None
+        if tool is None:
+            return None
+        arguments = tool_arguments(tool, action[1])
+        return None if arguments is None else (tool, arguments)
 
     def _count(self, finish: str, ids: list[int], mask: list[int]) -> None:
         self.stats.trajectories += 1

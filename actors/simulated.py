@@ -36,7 +36,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from actors.engine import Generation, SamplingParams
-from actors.tools import ToolResult
+from actors.tools import ToolResult, string_schema
 
 
 @dataclass(frozen=True)
@@ -304,10 +304,12 @@ class SimulatedEngine:
 
 
 class SimulatedTool:
-    """A tool that takes a drawn latency and returns filler text (`name` search or python)."""
+    """A tool that takes a drawn latency and returns filler text (`name` search or python), on
+    the tool contract with one string parameter (its argument is not read)."""
 
     def __init__(self, name: str, workload: Workload, seed: int = 0) -> None:
         self.name = name
+        self.schema = string_schema(name, f"A simulated {name}.", "input", "Anything.")
         self.open_tag, self.close_tag = (
             ("<information>", "</information>") if name == "search" else ("<output>", "</output>")
         )
@@ -315,6 +317,6 @@ class SimulatedTool:
         self.rng = random.Random(seed)
         self._text = " ".join(["passage"] * workload.observation_words)
 
-    async def __call__(self, argument: str) -> ToolResult:
+    async def __call__(self, arguments: dict) -> ToolResult:
         await asyncio.sleep(self.workload.tool_latency(self.rng))
         return ToolResult(True, self._text)

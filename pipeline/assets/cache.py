@@ -131,10 +131,9 @@ def prepare_policy(
         )
 
     # The demos teach the tags the run's tools answer: web_search answers <search> as the local
-    # search does (its demos' results are then the world's own); browse has no demos.
-    tools = tuple(
-        dict.fromkeys(WARM_START_TOOLS.get(t, t) for t in config.actors.tools if t != "browse")
-    )
+    # search does (its demos' results are then the world's own); browse and plug-ins have none.
+    taught = (WARM_START_TOOLS.get(t, t) for t in config.actors.tool_names)
+    tools = tuple(dict.fromkeys(t for t in taught if t in ("search", "python")))
     training: Training = replace(DEFAULT_TRAINING, max_epochs=config.model.warm_start_epochs)
     # The directory is named by the key: two recipes never share (or replace) a cache entry.
     settings = replace(LOCAL_AGENT, format=config.actors.format)  # demos in the run's format

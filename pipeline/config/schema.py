@@ -8,11 +8,11 @@ touches the disk or imports torch: `--dry-run` validates a config in well under 
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
-from actors.formats import FORMATS
+from actors.formats import BUILTIN_TOOLS, FORMATS
 from pipeline.backends import EngineConfig, RuntimeConfig
 from pipeline.backends.embedded import EmbeddedEngine
 from pipeline.backends.local import LocalRuntime
@@ -306,6 +306,50 @@ class WebConfig(Section):
     stand-in, e.g. 127.0.0.1:8765); every other such address, redirects included, is refused."""
 
 
+TOOL_NAME = r"^[A-Za-z][A-Za-z0-9_-]{0,63}$"
+"""A tool's name (actors/function_tools.py's TOOL_NAME): a function name and a tag."""
+
+
+def tool_name(spec: str) -> str:
+    """The name of the tool an `actors.tools` entry names: a registered name as it is, an
+    import string's attribute (`pkg.tools:lookup` -> `lookup`)."""
+    return spec.rpartition(":")[2].rpartition(".")[2] if ":" in spec else spec
+
+
+class ToolSpec(Section):
+    """A tool of `actors.tools` given with its name or arguments."""
+
+    fn: str = Field(min_length=1)
+    """A plug-in's name (an entry point of strata.tools) or an import string
+    (`package.module:attr`, `path/to/file.py:attr`): a function, sync or async (its signature
+    and docstring make the schema), a class with `__call__` (with `create`/`release`: state per
+    trajectory), or a tool object (actors/tools.py's contract)."""
+    name: str | None = Field(None, pattern=TOOL_NAME)
+    """What the model calls it; null: the plug-in's name, or the import string's attribute."""
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Fixed keyword arguments of a function (hidden from the model: a key, a path) or a class's
+    constructor arguments."""
+
+    @model_validator(mode="after")
+    def _not_built_in(self) -> ToolSpec:
+        if self.fn in BUILTIN_TOOLS:
+            raise ValueError(
+                f"fn: {self.fn} is a built-in tool: list it by name (its settings are in actors)"
+            )
+        return self
+
+    @property
+    def tool_name(self) -> str:
+        return self.name or tool_name(self.fn)
+
+
+ToolEntry = Annotated[
+    Annotated[str, Tag("name")] | Annotated[ToolSpec, Tag("spec")],
+    Discriminator(lambda v: "name" if isinstance(v, str) else "spec"),
+]
+"""An `actors.tools` entry: a name or import string, or a ToolSpec (its errors are its own)."""
+
+
 class ActorsConfig(Section):
     engine: EngineConfig = Field(default_factory=EmbeddedEngine)
     """The generation backend."""
@@ -318,12 +362,13 @@ class ActorsConfig(Section):
     """Actor pools; each runs `concurrency` agent loops. Scales independently of the learner."""
     concurrency: int = Field(8, ge=1, le=65536)
     """Concurrent agent loops (trajectories in flight) per pool."""
-    tools: list[Literal["search", "python", "web_search", "browse"]] = Field(
-        default_factory=lambda: ["search"]
-    )
-    """Tools the agent may call: search (the local retrieval server), python (the sandbox),
-    web_search and browse (the web, `actors.web`). In the tags format web_search answers
-    `<search>` as Search-R1's online search does, so search and web_search exclude each other."""
+    tools: list[ToolEntry] = Field(default_factory=lambda: ["search"])
+    """Tools the agent may call: the built-in search (the local retrieval server), python (the
+    sandbox), web_search and browse (the web, `actors.web`); a plug-in's name (an entry point of
+    strata.tools) or an import string (`package.module:attr`, `path/to/file.py:attr`) of a
+    function or class (actors/function_tools.py: its signature is the schema); or `{fn, name,
+    args}` to name it or give it arguments. In the tags format web_search answers `<search>` as
+    Search-R1's online search does, so search and web_search exclude each other."""
     web: WebConfig = Field(default_factory=WebConfig)
     """The web tools' provider, cache, budgets and limits (used with web_search or browse)."""
     max_turns: int = Field(4, ge=1, le=64)
@@ -374,12 +419,31 @@ class ActorsConfig(Section):
             raise ValueError(
                 f"format: no format {self.format!r}; the formats are {', '.join(FORMATS)}"
             )
-        if self.format == "tags" and {"search", "web_search"} <= set(self.tools):
+        if self.format == "tags" and {"search", "web_search"} <= set(self.tool_names):
             raise ValueError(
                 "tools: search and web_search both answer <search> in the tags format: keep "
                 "one, or set format: chat_tools (each has its own name there)"
             )
+        for i, item in enumerate(self.tools):
+            spec = item.fn if isinstance(item, ToolSpec) else item
+            if spec not in BUILTIN_TOOLS:  # a plug-in: refused now if it cannot be had
+                resolve("tools", spec, f"tools[{i}]")
+        names = self.tool_names
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(
+                f"tools: more than one tool is named {twice[0]!r}: give one another name "
+                "({fn: ..., name: ...})"
+            )
         return self
+
+    @property
+    def tool_names(self) -> list[str]:
+        """The names the agent's tools will have: actors.tools' in order."""
+        names = [
+            item.tool_name if isinstance(item, ToolSpec) else tool_name(item) for item in self.tools
+        ]
+        return names
 
 
 # --------------------------------------------------------------------------------------- buffer

@@ -132,7 +132,7 @@ def load_items(
         try:
             questions = load_questions(path, config.data if config else None)
             if config is not None:
-                check_row_tools(questions, config.actors.tools, str(path))
+                check_row_tools(questions, config.actors.tool_names, str(path))
         except DatasetError as exc:
             raise EvalError(str(exc)) from None
         gaia = path.suffix.lower() == ".jsonl"
@@ -559,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
         "samples": samples,
         "temperature": eval_settings(config, samples).temperature,
         "engine": config.actors.engine.type,
-        "tools": list(config.actors.tools),
+        "tools": config.actors.tool_names,
         "seconds": round(time.perf_counter() - started, 1),
         "rows": [dataclasses.asdict(r) for r in rows],
     }

@@ -23,8 +23,9 @@ from transformers import AutoTokenizer
 from actors.agent import AgentLoop, AgentSettings
 from actors.browse import BrowseTool
 from actors.engine import RolloutEngine
+from actors.function_tools import ToolDefinitionError, function_tool
 from actors.servers import ManagedServers
-from actors.tools import PythonTool, SearchTool, Tool
+from actors.tools import PythonTool, SearchTool, StringTool, Tool
 from actors.web_search import PROVIDERS, DiskCache, WebSearchTool, WebStats
 from buffers.group_buffer import GroupBuffer, rewards_differ
 from buffers.spill import ParquetSpill
@@ -32,6 +33,7 @@ from buffers.strata import make_stratifier, section_params
 from learner.ranked import ranked_learner
 from learner.trainer import Learner
 from learner.weight_sync import Publisher
+from pipeline.backends.runtime import RuntimeUnavailable
 from pipeline.config.algorithm import StratifierConfig, ToolCallsStrata
 from pipeline.config.schema import (
     ActorsConfig,
@@ -39,7 +41,9 @@ from pipeline.config.schema import (
     PretrainedModel,
     RetrievalConfig,
     StrataConfig,
+    ToolSpec,
 )
+from pipeline.plugins import resolve
 from pipeline.runtime.startup import uncollected
 from retrieval.client import RetrievalClient
 from retrieval.gpu import GpuOptions
@@ -157,7 +161,7 @@ def _web_search_tool(
     config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None
 ) -> Tool:
     web = config.web
-    return WebSearchTool(
+    search = WebSearchTool(
         PROVIDERS[web.provider](web.url, web.num_results),
         DiskCache(web.cache_dir),
         web.api_key_env,
@@ -168,17 +172,26 @@ def _web_search_tool(
         timeout_s=web.timeout_s,
         stats=WEB_STATS,
     )
+    return StringTool(  # until web_search is rewritten on the tool contract itself
+        search,
+        "Search the web (Google); returns the top results' titles, snippets and URLs.",
+        "query",
+        "What to search for.",
+    )
 
 
 def _browse_tool(config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None) -> Tool:
     web = config.web
-    return BrowseTool(
+    browse = BrowseTool(
         max_bytes=web.browse_max_bytes,
         max_chars=web.browse_max_chars,
         max_calls_per_trajectory=web.max_calls_per_trajectory,
         timeout_s=web.timeout_s,
         allow_hosts=tuple(web.allow_hosts),
         stats=WEB_STATS,
+    )
+    return StringTool(  # until browse is rewritten on the tool contract itself
+        browse, "Read a web page; returns its text, cut to a budget.", "url", "The page's URL."
     )
 
 
@@ -188,7 +201,8 @@ TOOLS: dict[str, Callable[[ActorsConfig, RetrievalConfig, str | None], Tool]] = 
     "web_search": _web_search_tool,
     "browse": _browse_tool,
 }
-"""Tool name (an `actors.tools` entry) -> how it is built from config."""
+"""Built-in tool name (an `actors.tools` entry) -> how it is built from config; every other entry
+is a plug-in (`plugin_tool`)."""
 
 
 def retrieval_load_options(retrieval: RetrievalConfig) -> dict:
@@ -202,8 +216,26 @@ def retrieval_load_options(retrieval: RetrievalConfig) -> dict:
 def make_tools(
     config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None
 ) -> dict[str, Tool]:
-    """The agent's tools: search through the retrieval server at `search_url`, python in the sandbox."""
-    return {name: TOOLS[name](config, retrieval, search_url) for name in config.tools}
+    """The agent's tools of `actors.tools`, by name: the built-ins (search through the retrieval
+    server at `search_url`, python in the sandbox, the web tools) and plug-ins."""
+    tools: dict[str, Tool] = {}
+    for i, entry in enumerate(config.tools):
+        if isinstance(entry, str) and entry in TOOLS:
+            tool = TOOLS[entry](config, retrieval, search_url)
+        else:
+            tool = plugin_tool(entry, f"actors.tools[{i}]")
+        tools[tool.name] = tool
+    return tools
+
+
+def plugin_tool(entry: str | ToolSpec, where: str) -> Tool:
+    """The tool a plug-in entry names (pipeline.plugins finds the object, actors.function_tools
+    makes it a tool, named as the config says); RuntimeUnavailable (one line) when it cannot be."""
+    spec = entry if isinstance(entry, ToolSpec) else ToolSpec(fn=entry)
+    try:
+        return function_tool(resolve("tools", spec.fn, where), spec.tool_name, spec.args)
+    except ToolDefinitionError as exc:
+        raise RuntimeUnavailable(f"{where}: {spec.fn}: {exc}") from None
 
 
 def agent_settings(config: ActorsConfig, strata: StratifierConfig | None = None) -> AgentSettings:
@@ -211,7 +243,7 @@ def agent_settings(config: ActorsConfig, strata: StratifierConfig | None = None)
     assigns each trajectory's stratum at collection (default: the number of tool calls)."""
     strata = strata or ToolCallsStrata()
     stratifier = make_stratifier(
-        strata.type, tools=config.tools, max_calls=config.max_turns, **section_params(strata)
+        strata.type, tools=config.tool_names, max_calls=config.max_turns, **section_params(strata)
     )
     return AgentSettings(
         max_turns=config.max_turns,
@@ -268,12 +300,15 @@ class Acting:
         )
 
     async def close(self) -> None:
-        if "search" in self.tools:
-            await self.tools["search"].client.close()
-        web = [t for name, t in self.tools.items() if name in ("web_search", "browse")]
-        for tool in web:
-            await tool.close()
-        if web:
+        for name, tool in self.tools.items():  # connections, clients, a plug-in's own close
+            close = getattr(tool, "close", None)
+            if close is None:
+                continue
+            try:
+                await close()
+            except Exception as exc:  # one tool's failure must not keep the others open
+                print(f"strata: closing tool {name}: {type(exc).__name__}: {exc}", flush=True)
+        if {"web_search", "browse"} & set(self.tools):
             print(f"strata: web tools: {WEB_STATS.summary()}", flush=True)
         await self.engine.close()
         if self.servers is not None:

@@ -188,7 +188,7 @@ async def _simulate(
     )
     tools = {
         name: SimulatedTool(name, workload, seed=config.runtime.seed + 1 + i)
-        for i, name in enumerate(config.actors.tools)
+        for i, name in enumerate(config.actors.tool_names)
     }
     settings = agent_settings(config.actors, config.learner.stratifier)
     agents = [

@@ -112,13 +112,13 @@ def question_stream(
             train = []
             for path in config.data.train_files:
                 read = load_questions(path, config.data)
-                check_row_tools(read, config.actors.tools, path)
+                check_row_tools(read, config.actors.tool_names, path)
                 train += read
     except DatasetError as exc:
         raise RuntimeUnavailable(f"data.train_files: {exc}") from None
     questions = train[: config.data.num_questions]
     kept, skipped = drop_long_prompts(
-        questions, tokenizer, config.actors.tools, config.data.max_prompt_tokens
+        questions, tokenizer, config.actors.tool_names, config.data.max_prompt_tokens
     )
     if not kept:
         raise RuntimeUnavailable(

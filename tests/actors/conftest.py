@@ -18,6 +18,15 @@ def tiny_policy_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def long_policy_dir(tmp_path_factory):
+    """The tests' tiny policy with room for 4,096 positions: its 600-token vocabulary spells the
+    tools' schemas in ~700 tokens."""
+    return build_tiny_policy(
+        tmp_path_factory.mktemp("policy") / "tiny", TEXTS, vocab_size=600, max_position=4096
+    )
+
+
+@pytest.fixture(scope="session")
 def world_index(run_cache):
     """The default run's world (small, seed 0) and its index with the real MiniLM encoder, from
     the suite's shared asset cache (tests/conftest.py; built here if no run has built them yet):

@@ -8,7 +8,7 @@ from actors.agent import AgentLoop, AgentSettings
 from actors.embedded import EmbeddedEngine
 from actors.engine import Generation
 from actors.formats import CORRECTION, parse_action
-from actors.tools import PythonTool, SearchTool
+from actors.tools import SEARCH_SCHEMA, PythonTool, SearchTool
 from buffers.strata import RandomStrata, ToolSignature
 from retrieval.client import RetrievalClient
 from retrieval.corpus import Passage
@@ -201,7 +201,7 @@ def test_hostile_output_is_contained(engine):
 
 def test_huge_queries_are_cut_before_they_reach_the_server():
     client = StubClient()
-    result = run(SearchTool(client)("x " * 100_000))
+    result = run(SearchTool(client)({"query": "x " * 100_000}))
     assert result.ok and len(client.queries[0]) <= 512
 
 
@@ -226,9 +226,14 @@ def test_python_tool_in_the_sandbox(engine):
 
 def test_a_failing_tool_is_an_observation_not_a_crash(engine):
     class Broken:
-        name, open_tag, close_tag = "search", "<information>", "</information>"
+        name, schema, open_tag, close_tag = (
+            "search",
+            SEARCH_SCHEMA,
+            "<information>",
+            "</information>",
+        )
 
-        async def __call__(self, argument):
+        async def __call__(self, arguments):
             raise ConnectionError("index on fire")
 
     loop = agent(engine, tools={"search": Broken()})

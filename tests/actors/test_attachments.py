@@ -72,7 +72,7 @@ def test_the_python_tool_reads_the_trajectorys_file_and_cannot_change_it(tmp_pat
     async def call(files):
         token = CURRENT_TRAJECTORY.set(TrajectoryContext(files=files))
         try:
-            return await tool(READ_AND_WRITE)
+            return await tool({"code": READ_AND_WRITE})
         finally:
             CURRENT_TRAJECTORY.reset(token)
 

@@ -1,16 +1,22 @@
-"""The chat_tools call parser (actors/formats.py) under property tests: any text never raises, a
-call is read exactly when it is well formed (a known tool, arguments that are an object, or a
-JSON string of one, holding its input as a non-empty string), so a tool is never called with
-arguments that are not an object. The agent loop counts and corrects every turn the parser
-returns None for (actors/agent.py; tests/actors/test_formats.py runs it on a malformed call)."""
+"""The chat_tools call parser (actors/formats.py) and the tools' argument checks under property
+tests: any text never raises, a call is read exactly when it is well formed (a name that is a
+non-empty string and not reserved, arguments that are an object, or a JSON string of one, or
+absent), so a tool is never handed arguments that are not an object; and whatever object the model
+writes, a tool either runs on arguments that fit its schema or refuses the call with an observation
+(a bad call), never raising. The agent loop counts and corrects every turn the parser returns None
+for (actors/agent.py; tests/actors/test_formats.py runs it on a malformed call)."""
 
+import asyncio
 import json
+from typing import Literal
 
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from actors.engine import Generation
-from actors.formats import ANSWER_CLOSE, ARGUMENT, FORMATS
+from actors.formats import ANSWER_CLOSE, FORMATS, RESERVED_NAMES
+from actors.function_tools import function_tool
+from actors.tools import SEARCH_SCHEMA, check_arguments
 
 CHAT = FORMATS["chat_tools"]
 ENDINGS = st.sampled_from([*CHAT.stops, "</search>", None])
@@ -25,25 +31,20 @@ json_values = st.recursive(
     ),
     max_leaves=8,
 )
-NAMES = st.sampled_from([*ARGUMENT, "answer", "shell", "", "Search"])
+NAMES = st.sampled_from(["search", "python", "lookup", "answer", "think", "", "Search"]) | (
+    json_values
+)
 
 
 @st.composite
 def calls(draw):
-    """A call's JSON object and its text: a tool name (known or not, or none), its arguments
-    (an object, a JSON string of one, or any other JSON value), its input of any type."""
+    """A call's JSON object: a name (a tool's or not, reserved, of another type, or none) and
+    arguments (an object, a JSON string of one, any other JSON value, or none)."""
     call = {}
     if draw(st.integers(0, 9)) > 0:
         call["name"] = draw(NAMES)
     if draw(st.integers(0, 9)) > 0:
-        name = call.get("name")
-        key = ARGUMENT.get(name, "query") if draw(st.booleans()) else draw(st.text(max_size=5))
-        value = draw(st.text(max_size=12) | json_values)
-        arguments = {
-            key: value,
-            **draw(st.dictionaries(st.text(max_size=4), json_values, max_size=2)),
-        }
-        arguments[key] = value
+        arguments = draw(st.dictionaries(st.text(max_size=5), json_values, max_size=3))
         shape = draw(st.sampled_from(["object", "string", "other"]))
         if shape == "string":
             arguments = json.dumps(arguments)
@@ -53,12 +54,12 @@ def calls(draw):
     return call
 
 
-def well_formed(call) -> tuple[str, str] | None:
+def well_formed(call) -> tuple[str, dict] | None:
     """What the parser must read from `call`, written from the format's rules alone."""
     name = call.get("name")
-    if name not in ARGUMENT:
+    if not isinstance(name, str) or not name or name in RESERVED_NAMES:
         return None
-    arguments = call.get("arguments")
+    arguments = call.get("arguments", {})
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
@@ -66,10 +67,7 @@ def well_formed(call) -> tuple[str, str] | None:
             return None
     if not isinstance(arguments, dict):
         return None
-    value = arguments.get(ARGUMENT[name])
-    if not isinstance(value, str) or not value.strip():
-        return None
-    return name, value.strip()
+    return name, arguments
 
 
 def stopped(at):
@@ -78,14 +76,15 @@ def stopped(at):
 
 @settings(max_examples=400, deadline=None)
 @given(st.text(max_size=200), ENDINGS)
-def test_any_text_never_raises_and_yields_a_known_action_or_none(text, ending):
+def test_any_text_never_raises_and_yields_an_answer_or_a_call_with_an_object(text, ending):
     parsed = CHAT.parse(text, stopped(ending))
     if parsed is not None:
-        action, argument = parsed
-        assert action in ARGUMENT or action == "answer"
-        assert isinstance(argument, str) and argument == argument.strip()
-        if action != "answer":
-            assert argument  # a tool is never called on nothing
+        action, body = parsed
+        if action == "answer":
+            assert isinstance(body, str) and body == body.strip()
+        else:
+            assert isinstance(action, str) and action not in RESERVED_NAMES
+            assert isinstance(body, dict)  # a tool is never handed anything but an object
 
 
 @settings(max_examples=400, deadline=None)
@@ -103,3 +102,55 @@ def test_a_cut_call_or_a_turn_that_ended_in_an_answer_calls_no_tool(noise, call)
     assert CHAT.parse(f"{noise}<tool_call>{body}", stopped(None)) is None  # the length limit
     parsed = CHAT.parse(f"{noise}<tool_call>{body}</tool_call>", stopped(ANSWER_CLOSE))
     assert parsed is None or parsed[0] == "answer"
+
+
+class _Search:
+    name, schema = "search", SEARCH_SCHEMA
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["query", "q", ""]), json_values, max_size=3))
+def test_a_built_in_tool_takes_exactly_the_arguments_its_schema_allows(arguments):
+    refused = check_arguments(_Search(), arguments)
+    fits = isinstance(arguments.get("query"), str)  # its schema: query, a string, required
+    assert (refused is None) == fits
+    if refused is not None:
+        assert refused.bad_call and not refused.ok and "\n" not in refused.text
+
+
+def _lookup(word: str, times: int = 1, language: Literal["en", "fr"] = "en") -> str:
+    """Look a word up.
+
+    Args:
+        word: The word.
+        times: How often.
+        language: Which dictionary.
+    """
+    return f"{word}:{times}:{language}"
+
+
+LOOKUP = function_tool(_lookup, name="lookup")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["word", "times", "language", "other"]),
+        json_values | st.sampled_from(["en", "fr"]),
+        max_size=4,
+    )
+)
+def test_a_function_tool_runs_on_fitting_arguments_or_refuses_the_call(arguments):
+    result = asyncio.run(LOOKUP(arguments))
+    fits = (
+        isinstance(arguments.get("word"), str)
+        and set(arguments) <= {"word", "times", "language"}
+        and ("times" not in arguments or type(arguments["times"]) is int)
+        and arguments.get("language", "en") in ("en", "fr")
+    )
+    assert result.ok == fits and result.bad_call == (not fits)
+    if fits:
+        expected = f"{arguments['word']}:{arguments.get('times', 1)}:"
+        assert result.text == expected + arguments.get("language", "en")
+    else:
+        assert result.text.startswith("Invalid call of lookup: ") and "\n" not in result.text

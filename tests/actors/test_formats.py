@@ -9,8 +9,6 @@ from actors.embedded import EmbeddedEngine
 from actors.engine import Generation
 from actors.formats import CHAT_CORRECTION, FORMATS
 from actors.tools import SearchTool
-from pipeline.assets.tiny_policy import build_tiny_policy
-from tests.actors.conftest import TEXTS
 from tests.actors.test_agent import Script, StubClient, Task, agent, run, segments
 
 CHAT = FORMATS["chat_tools"]
@@ -31,15 +29,6 @@ QWEN_TEMPLATE = (
 )
 
 
-@pytest.fixture(scope="module")
-def long_policy_dir(tmp_path_factory):
-    """The tests' tiny policy with room for 4,096 positions: its 600-token vocabulary spells the
-    tools' schemas in ~700 tokens."""
-    return build_tiny_policy(
-        tmp_path_factory.mktemp("policy") / "tiny", TEXTS, vocab_size=600, max_position=4096
-    )
-
-
 @pytest.fixture(params=["qwen", "tiny"])
 def chat_engine(request, long_policy_dir):
     engine = EmbeddedEngine.from_pretrained(long_policy_dir, max_batch_size=4)
@@ -58,20 +47,30 @@ def stopped(at: str) -> Generation:
     [
         (
             '<tool_call>\n{"name": "search", "arguments": {"query": " Varno Telik "}}\n</tool_call>',
-            ("search", "Varno Telik"),
+            ("search", {"query": " Varno Telik "}),
         ),
         (
             '<tool_call>{"name": "python", "arguments": "{\\"code\\": \\"print(1)\\"}"}</tool_call>',
-            ("python", "print(1)"),
+            ("python", {"code": "print(1)"}),
         ),
         ('<tool_call>{"name": "search", "arguments": {"query": "a"}</tool_call>', None),  # bad JSON
         ('<tool_call>{"arguments": {"query": "a"}}</tool_call>', None),  # no name
         ('<tool_call>{"name": "answer", "arguments": {"query": "a"}}</tool_call>', None),
-        ('<tool_call>{"name": "shell", "arguments": {"cmd": "ls"}}</tool_call>', None),
+        ('<tool_call>{"name": 7, "arguments": {"query": "a"}}</tool_call>', None),
         ('<tool_call>{"name": "search", "arguments": ["a"]}</tool_call>', None),
-        ('<tool_call>{"name": "search", "arguments": {"query": "  "}}</tool_call>', None),
-        ('<tool_call>{"name": "search", "arguments": {"query": 7}}</tool_call>', None),
+        ('<tool_call>{"name": "search", "arguments": "[1]"}</tool_call>', None),
         ("<tool_call>[1, 2]</tool_call>", None),
+        # read as calls; the agent loop refuses a tool that is not enabled, the tool arguments
+        # that do not fit its schema (an observation, counted as its error)
+        (
+            '<tool_call>{"name": "shell", "arguments": {"cmd": "ls"}}</tool_call>',
+            ("shell", {"cmd": "ls"}),
+        ),
+        (
+            '<tool_call>{"name": "search", "arguments": {"query": 7}}</tool_call>',
+            ("search", {"query": 7}),
+        ),
+        ('<tool_call>{"name": "now"}</tool_call>', ("now", {})),
         ('no opening {"name": "search"}</tool_call>', None),
     ],
 )
@@ -90,7 +89,7 @@ def test_answers_and_cut_turns():
 
 def test_prompt_and_observation_follow_the_chat_template(chat_engine):
     tokenizer = chat_engine.tokenizer
-    prompt = tokenizer.decode(CHAT.prompt_ids(tokenizer, {"search": None}, "Who?"))
+    prompt = tokenizer.decode(CHAT.prompt_ids(tokenizer, {"search": SearchTool}, "Who?"))
     observation = tokenizer.decode(CHAT.observation_ids(tokenizer, SearchTool, "Doc 1 text", 64))
     correction = tokenizer.decode(CHAT.correction_ids(tokenizer))
     if chat_engine.template == "qwen":  # the schemas reach the template; the result its tool turn

@@ -138,7 +138,7 @@ def test_yaml_reads_exponent_floats(tmp_path):
         (
             "",
             ["actors.tools=[search,web]"],
-            "actors.tools[1] = 'web': input should be 'search', 'python', 'web_search' or 'browse'",
+            "actors: tools[1]: unknown tool 'web'; known: search, python, web_search, browse;",
         ),
         (
             "",
