@@ -161,7 +161,9 @@ def prepare_policy(
 
 def prepare_assets(config: StrataConfig, quiet: bool = False) -> Assets:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    world = prepare_world(config, quiet) if config.data.type == "mini_gaia" else None
+    # The tiny policy's tokenizer and warm start come from the world, whatever the run trains on.
+    worldly = config.data.type == "mini_gaia" or isinstance(config.model, TinyModel)
+    world = prepare_world(config, quiet) if worldly else None
     index = None
     if "search" in config.actors.tools and config.retrieval.url is None:
         corpus = (
