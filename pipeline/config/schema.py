@@ -8,7 +8,9 @@ touches the disk or imports torch: `--dry-run` validates a config in well under 
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, ClassVar, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
@@ -350,6 +352,56 @@ ToolEntry = Annotated[
 """An `actors.tools` entry: a name or import string, or a ToolSpec (its errors are its own)."""
 
 
+def remote_host(url: str) -> str | None:
+    """The host of `url` when it is not loopback (127.0.0.0/8, ::1, localhost), else None: the
+    config's twin of actors/mcp_tools.py's (which the schema does not import: aiohttp)."""
+    host = (urlsplit(url).hostname or "").lower()
+    if host in ("localhost", "::1") or re.fullmatch(r"127(\.\d{1,3}){3}", host):
+        return None
+    return host or url
+
+
+class McpServerConfig(Section):
+    """An MCP server whose tools the agent may call (actors/mcp_tools.py)."""
+
+    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
+    """The server's name: its tools are `<name>_<tool>` to the model and in the books."""
+    command: list[str] | None = Field(None, min_length=1)
+    """A stdio server: the program and its arguments. Each actor process starts its own and
+    stops it with the run; one that dies is started again at the next call."""
+    url: str | None = Field(None, pattern=r"^https?://")
+    """A streamable-HTTP server that is running (e.g. http://127.0.0.1:8000/mcp): loopback
+    addresses only, unless allow_remote."""
+    allow_remote: bool = False
+    """Let `url` reach another machine (tool calls and their arguments leave this one)."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Environment of a stdio server, over the few variables the SDK passes (HOME, PATH, ...)."""
+    tools: list[str] | None = None
+    """The server's tools the agent may call, by their names on the server; null: every tool
+    it lists. A name it does not list is refused when it starts."""
+    timeout_s: float = Field(30.0, gt=0, le=3600)
+    """A call's time limit (past it the call is a failed observation), and the start's."""
+
+    @model_validator(mode="after")
+    def _reachable(self) -> McpServerConfig:
+        if (self.command is None) == (self.url is None):
+            raise ValueError(f"{self.name}: give either command (stdio) or url (streamable HTTP)")
+        if self.env and self.command is None:
+            raise ValueError(f"{self.name}: env is for a stdio server (command)")
+        if self.url is not None and not self.allow_remote:
+            host = remote_host(self.url)
+            if host is not None:
+                raise ValueError(
+                    f"{self.name}: url {self.url} is not on this machine (host {host}); MCP over "
+                    "HTTP reaches loopback addresses only: set allow_remote: true to allow it"
+                )
+        return self
+
+    def tool_name(self, tool: str) -> str:
+        """The Strata name of this server's `tool` (characters a name cannot hold become _)."""
+        return re.sub(r"[^A-Za-z0-9_-]", "_", f"{self.name}_{tool}")[:64]
+
+
 class ActorsConfig(Section):
     engine: EngineConfig = Field(default_factory=EmbeddedEngine)
     """The generation backend."""
@@ -369,6 +421,9 @@ class ActorsConfig(Section):
     function or class (actors/function_tools.py: its signature is the schema); or `{fn, name,
     args}` to name it or give it arguments. In the tags format web_search answers `<search>` as
     Search-R1's online search does, so search and web_search exclude each other."""
+    mcp_servers: list[McpServerConfig] = Field(default_factory=list)
+    """MCP servers whose tools the agent may call too (actors/mcp_tools.py), named
+    `<server>_<tool>`."""
     web: WebConfig = Field(default_factory=WebConfig)
     """The web tools' provider, cache, budgets and limits (used with web_search or browse)."""
     max_turns: int = Field(4, ge=1, le=64)
@@ -435,14 +490,20 @@ class ActorsConfig(Section):
                 f"tools: more than one tool is named {twice[0]!r}: give one another name "
                 "({fn: ..., name: ...})"
             )
+        servers = [s.name for s in self.mcp_servers]
+        if len(set(servers)) < len(servers):
+            raise ValueError("mcp_servers: two servers have the same name")
         return self
 
     @property
     def tool_names(self) -> list[str]:
-        """The names the agent's tools will have: actors.tools' in order."""
+        """The names the agent's tools will have: actors.tools' in order, then the MCP servers'
+        allow-listed ones (a server without an allow-list adds its tools when it starts)."""
         names = [
             item.tool_name if isinstance(item, ToolSpec) else tool_name(item) for item in self.tools
         ]
+        for server in self.mcp_servers:
+            names += [server.tool_name(tool) for tool in server.tools or ()]
         return names
 
 

@@ -11,9 +11,10 @@ What differs between engines and runtimes is asked of the chosen backend (`pipel
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from actors.agent import AgentLoop, AgentSettings
 from actors.browse import BrowseTool
 from actors.engine import RolloutEngine
 from actors.function_tools import ToolDefinitionError, function_tool
+from actors.mcp_tools import McpError, McpServer, McpServerSpec, open_mcp_tools
 from actors.servers import ManagedServers
 from actors.tools import PythonTool, SearchTool, StringTool, Tool
 from actors.web_search import PROVIDERS, DiskCache, WebSearchTool, WebStats
@@ -217,7 +219,8 @@ def make_tools(
     config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None
 ) -> dict[str, Tool]:
     """The agent's tools of `actors.tools`, by name: the built-ins (search through the retrieval
-    server at `search_url`, python in the sandbox, the web tools) and plug-ins."""
+    server at `search_url`, python in the sandbox, the web tools) and plug-ins. The MCP servers'
+    tools join them in `open_acting`, where the servers start."""
     tools: dict[str, Tool] = {}
     for i, entry in enumerate(config.tools):
         if isinstance(entry, str) and entry in TOOLS:
@@ -236,6 +239,34 @@ def plugin_tool(entry: str | ToolSpec, where: str) -> Tool:
         return function_tool(resolve("tools", spec.fn, where), spec.tool_name, spec.args)
     except ToolDefinitionError as exc:
         raise RuntimeUnavailable(f"{where}: {spec.fn}: {exc}") from None
+
+
+async def open_mcp_servers(
+    config: ActorsConfig, tools: dict[str, Tool], log_dir: str | os.PathLike[str] | None
+) -> list[McpServer]:
+    """Start `actors.mcp_servers` (stdio ones as this process's children, their stderr in
+    `log_dir/mcp-<name>.log`) and add their tools to `tools`; RuntimeUnavailable (one line) when
+    one cannot start or its tools clash with others. The servers are returned to be stopped."""
+    if not config.mcp_servers:
+        return []
+    specs = [
+        McpServerSpec(s.name, s.command, s.url, s.tools, s.timeout_s, dict(s.env), s.allow_remote)
+        for s in config.mcp_servers
+    ]
+    try:
+        servers, found = await open_mcp_tools(specs, log_dir)
+    except McpError as exc:
+        raise RuntimeUnavailable(f"actors.mcp_servers: {exc}") from None
+    clash = sorted(set(found) & set(tools))
+    if clash:
+        await asyncio.gather(*(server.close() for server in servers))
+        raise RuntimeUnavailable(
+            f"actors.mcp_servers: tool {clash[0]!r} of server "
+            f"{found[clash[0]].server.spec.name} has the name of an actors.tools entry: rename "
+            "the server or the tool"
+        )
+    tools.update(found)
+    return servers
 
 
 def agent_settings(config: ActorsConfig, strata: StratifierConfig | None = None) -> AgentSettings:
@@ -285,6 +316,8 @@ class Acting:
     """The inference servers started here (actors.servers.ManagedServers), if any."""
     retrieval: Any = None
     """The retrieval server's aiohttp runner, when it was started here."""
+    mcp_servers: list = field(default_factory=list)
+    """The MCP servers started (or reached) here (actors.mcp_tools.McpServer)."""
 
     def agent(
         self, actor_id: str, settings: AgentSettings | None = None, tools: dict | None = None
@@ -310,6 +343,10 @@ class Acting:
                 print(f"strata: closing tool {name}: {type(exc).__name__}: {exc}", flush=True)
         if {"web_search", "browse"} & set(self.tools):
             print(f"strata: web tools: {WEB_STATS.summary()}", flush=True)
+        for server in self.mcp_servers:
+            await server.close()
+            if server.restarts:
+                print(f"strata: mcp server {server.spec.name}: {server.restarts} restart(s)")
         await self.engine.close()
         if self.servers is not None:
             self.servers.stop()
@@ -334,6 +371,7 @@ async def open_acting(
     here on `policy_dir` (logs in `log_dir`) and stopped by `close`."""
     retrieval = servers = None
     tools: dict[str, Tool] = {}
+    mcp: list[McpServer] = []
     try:
         search_url = search_url or config.retrieval.url
         if "search" in config.actors.tools and search_url is None:
@@ -346,16 +384,17 @@ async def open_acting(
             )
             search_url = f"http://{config.retrieval.host}:{port}"
         tools = make_tools(config.actors, config.retrieval, search_url)
+        mcp = await open_mcp_servers(config.actors, tools, log_dir)
         if urls is None:
             servers, urls = start_servers(config, policy_dir, log_dir)
         engine = make_engine(config, policy_dir, urls=urls)
     except BaseException:
-        await Acting(config, _NoEngine(), None, tools, servers, retrieval).close()
+        await Acting(config, _NoEngine(), None, tools, servers, retrieval, mcp).close()
         raise
     tokenizer = engine.tokenizer  # servers hold none: the policy directory's own
     if tokenizer is None:
         tokenizer = AutoTokenizer.from_pretrained(str(policy_dir), local_files_only=True)
-    return Acting(config, engine, tokenizer, tools, servers, retrieval)
+    return Acting(config, engine, tokenizer, tools, servers, retrieval, mcp)
 
 
 def start_servers(
