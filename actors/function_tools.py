@@ -27,7 +27,9 @@ JSON. A function that raises is a failed observation too (`actors.tools.call_too
 
 A sync function runs in a worker thread (`asyncio.to_thread`), so a slow one cannot stall the
 event loop every trajectory of the pool runs on; an async one is awaited on that loop. Either sees
-the calling trajectory through `actors.tools.trajectory()`.
+the calling trajectory through `actors.tools.trajectory()`. Trajectories call a tool concurrently:
+a sync one must be thread-safe, and the loop's default executor runs min(32, CPUs + 4) such calls
+at once (the others wait their turn); nothing bounds a call's time but the function itself.
 
 `args` (a config's `{fn: ..., args: {...}}`) are fixed keyword arguments: an API key, a data
 path. They leave the schema, so the model never sees or sets them. For a class they are its

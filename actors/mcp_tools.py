@@ -1,7 +1,8 @@
 """MCP servers as tool sources (`actors.mcp_servers`), through the `mcp` SDK's client.
 
 A server is a command Strata starts (stdio: each actor process starts its own and stops it with
-the run) or a running streamable-HTTP endpoint, which Strata reaches on loopback only
+the run; a command `python` or `python3` is this process's own interpreter, whatever PATH finds)
+or a running streamable-HTTP endpoint, which Strata reaches on loopback only
 (127.0.0.0/8, ::1, localhost) unless the config says `allow_remote: true`. At start the server's
 tools are listed (every page) and, kept to the allow-list if one is given, become Strata tools
 (the contract: actors/tools.py) named `<server>_<tool>`: the server's name keeps two servers' tools
@@ -187,6 +188,8 @@ class McpServer:
         if self.spec.url is not None:
             return streamable_http_client(self.spec.url)
         command, *args = self.spec.command
+        if command in ("python", "python3"):  # the actor's interpreter: its packages, its venv
+            command = sys.executable
         params = StdioServerParameters(command=command, args=list(args), env=self.spec.env or None)
         errlog = sys.stderr
         if self.log_dir is not None:

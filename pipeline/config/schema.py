@@ -367,8 +367,9 @@ class McpServerConfig(Section):
     name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
     """The server's name: its tools are `<name>_<tool>` to the model and in the books."""
     command: list[str] | None = Field(None, min_length=1)
-    """A stdio server: the program and its arguments. Each actor process starts its own and
-    stops it with the run; one that dies is started again at the next call."""
+    """A stdio server: the program and its arguments (`python`: the actor's own interpreter).
+    Each actor process starts its own and stops it with the run; one that dies is started again
+    at the next call."""
     url: str | None = Field(None, pattern=r"^https?://")
     """A streamable-HTTP server that is running (e.g. http://127.0.0.1:8000/mcp): loopback
     addresses only, unless allow_remote."""

@@ -79,6 +79,20 @@ def test_a_stdio_servers_tools_are_listed_with_their_schemas_and_called(tmp_path
     assert (tmp_path / "mcp-calc.log").is_file()  # the server's stderr, not the run's
 
 
+def test_python_is_the_actors_own_interpreter_whatever_path_finds(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no python on it
+
+    async def scenario():
+        spec = McpServerSpec("calc", command=["python", STANDIN], tools=["add"], timeout_s=60)
+        servers, tools = await open_mcp_tools([spec], log_dir=tmp_path)
+        try:
+            return await tools["calc_add"]({"a": 1, "b": 2})
+        finally:
+            await servers[0].close()
+
+    assert run(scenario()).text == "3"
+
+
 def test_a_server_killed_mid_call_fails_that_call_and_the_next_call_restarts_it(tmp_path):
     async def scenario():
         spec = McpServerSpec("calc", command=STDIO, timeout_s=60)
