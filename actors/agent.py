@@ -22,11 +22,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from actors.engine import GenerationAborted, RolloutEngine, SamplingParams
 from actors.formats import ANSWER_CLOSE, FORMATS, check_tool_names, tool_arguments
-from actors.rewards import ANSWER_MATCHERS, score
+from actors.reward_view import RewardTask, RewardView
+from actors.rewards import ANSWER_MATCHERS, extract_answer
+from actors.scoring import Scoring
 from actors.tools import (
     CURRENT_TRAJECTORY,
     Tool,
@@ -59,8 +61,12 @@ class AgentSettings:
     max_observation_tokens: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
-    reward: str | None = None  # None: chosen per data_source
+    reward: Any = None
+    """What scores a trajectory (`actors.scoring.Scoring.of`): None for the choice per data
+    source (exact match; GAIA's scorer for gaia* sources), a built-in reward's name, a reward
+    callable `score(view, task)`, or the weighted terms pipeline/ makes of `actors.reward`."""
     format_weight: float = 0.0
+    """Weight of the format reward added to the outcome (0: none)."""
     latent_reward: float = 0.0
     """TSPO's first-occurrence latent reward beta for a wrong answer whose observations held a
     gold answer (0: off); see `AgentLoop.run`."""
@@ -91,6 +97,7 @@ class AgentStats:
     turns: int = 0
     invalid_actions: int = 0
     retokenize_drift: int = 0  # trajectories whose decode->encode differs from the ids
+    reward_errors: int = 0  # reward terms that raised, timed out or gave no number: scored 0
     finish: Counter = field(default_factory=Counter)
     tools: ToolStats = field(default_factory=ToolStats)
 
@@ -113,6 +120,7 @@ class AgentLoop:
         self._by_action = {self.format.call_name(n, t): t for n, t in tools.items()}
         self._stops = self.format.stops_for(self._by_action)
         self.settings = settings
+        self.scoring = Scoring.of(settings.reward, settings.format_weight)
         self.actor_id = actor_id
         self.stats = AgentStats()
         self._prompts: dict[tuple, list[int]] = {}
@@ -219,16 +227,22 @@ class AgentLoop:
             versions += [-1] * len(observation)
         response = "".join(generated_text)
         self._count(finish, ids, mask)
-        reward = score(
-            response, list(task.ground_truth), task.data_source, s.reward, s.format_weight
+        view = RewardView(
+            answer=extract_answer(response),
+            response=response,
+            tool_calls=tuple(record.tool_calls),
+            observations=tuple(record.observations),
+            turns=len(generated_text),
         )
+        scored = await self.scoring(view, RewardTask.of(task))
+        self.stats.reward_errors += scored.errors
         # TSPO (arXiv 2601.22776): a wrong answer whose search found the gold answer still earns
         # beta, credited to the turns up to that observation (the learner trains no token after
-        # it), so a group of wrong answers keeps a signal for the searches that found it.
+        # it), so a group of wrong answers keeps a signal for the searches that found it. An
+        # outcome that failed to be scored is not known to be wrong.
         latent = 0.0
-        if s.latent_reward > 0 and first_turn >= 0:
-            outcome = score(response, list(task.ground_truth), task.data_source, s.reward, 0.0)
-            latent = s.latent_reward if outcome == 0 else 0.0
+        if s.latent_reward > 0 and first_turn >= 0 and not scored.errors:
+            latent = s.latent_reward if scored.outcome == 0 else 0.0
         return Trajectory(
             prompt_id=prompt_id,
             sample_index=sample_index,
@@ -236,7 +250,8 @@ class AgentLoop:
             loss_mask=mask,
             behavior_logprobs=logprobs,
             token_versions=versions,
-            reward=float(reward) + latent - overlong_penalty(len(ids), s),
+            reward=scored.reward + latent - overlong_penalty(len(ids), s),
+            reward_components=scored.components,
             first_answer_turn=first_turn,
             first_answer_token=first_token,
             latent_reward=latent,

@@ -8,6 +8,8 @@ what this prints, so the reference cannot drift from the code.
 from __future__ import annotations
 
 import sys
+import types
+import typing
 from typing import Any
 
 from pydantic import BaseModel
@@ -50,10 +52,34 @@ def _rows(model: type[BaseModel], prefix: str, out: list[str], sections: list) -
         key = f"{prefix}{name}"
         members = model_classes(field.annotation)
         doc = " ".join((field.description or "").split())
+        row = f"| `{key}` | {_default(field)} | {_constraints(field)} | {doc} |"
         if members:
+            if _takes_more_than_sections(field.annotation):  # a name or a list of them too
+                out.append(row)
             sections.append((key, members, doc))
             continue
-        out.append(f"| `{key}` | {_default(field)} | {_constraints(field)} | {doc} |")
+        out.append(row)
+
+
+def _takes_more_than_sections(annotation: Any) -> bool:
+    """Whether a field whose annotation holds sections also takes other values (a string, a
+    list): then it has a row of its own beside their sections."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _takes_more_than_sections(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return any(_takes_more_than_sections(arg) for arg in typing.get_args(annotation))
+    return not (isinstance(annotation, type) and issubclass(annotation, BaseModel))
+
+
+def _label(member: type[BaseModel]) -> str:
+    """How a section of a union is told from the others: its `type`, else its first required
+    key (`{url: ...}`)."""
+    tag = member.model_fields.get("type")
+    if tag is not None:
+        return f"type: {'a plug-in' if tag.is_required() else tag.default}"
+    required = [name for name, f in member.model_fields.items() if f.is_required()]
+    return f"{{{required[0]}: ...}}" if required else member.__name__
 
 
 def render() -> str:
@@ -69,9 +95,7 @@ def render() -> str:
     while queue:
         key, members, doc = queue.pop(0)
         for member in members:
-            tag = member.model_fields.get("type")
-            label = "a plug-in" if tag is not None and tag.is_required() else tag and tag.default
-            variant = f" (`type: {label}`)" if len(members) > 1 and tag is not None else ""
+            variant = f" (`{_label(member)}`)" if len(members) > 1 else ""
             lines += [f"## `{key}`{variant}", ""]
             about = " ".join((member.__doc__ or "").split()) if len(members) > 1 else doc
             if about:

@@ -8,11 +8,20 @@ touches the disk or imports torch: `--dry-run` validates a config in well under 
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import re
 from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import (
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from actors.formats import BUILTIN_TOOLS, FORMATS
 from pipeline.backends import EngineConfig, RuntimeConfig
@@ -30,7 +39,7 @@ from pipeline.config.algorithm import (
     SurrogateConfig,
     ToolCallsStrata,
 )
-from pipeline.config.base import Section, backend_union
+from pipeline.config.base import Section, backend_union, shown
 from pipeline.loggers import LOGGERS
 from pipeline.plugins import resolve
 
@@ -403,6 +412,131 @@ class McpServerConfig(Section):
         return re.sub(r"[^A-Za-z0-9_-]", "_", f"{self.name}_{tool}")[:64]
 
 
+REWARD_NAME = r"^[A-Za-z][A-Za-z0-9_./-]{0,63}$"
+"""A reward term's name, as metrics.jsonl (`reward/<name>`) and Prometheus show it."""
+
+
+class RewardSpec(Section):
+    """A reward of `actors.reward` written out; in a list, one term of the weighted sum."""
+
+    fn: str = Field(min_length=1)
+    """A built-in (exact_match, f1, gaia, format), a plug-in's name (an entry point of
+    strata.rewards) or an import string (`package.module:attr`, `path/to/file.py:attr`): a
+    function `score(view, task) -> float or dict[str, float]`, sync or async, or a class made
+    with `args` whose instances are such functions (actors/reward_view.py)."""
+    weight: float = 1.0
+    """Its score counts this many times in the reward (negative: a penalty; 0: logged only)."""
+    name: str | None = Field(None, pattern=REWARD_NAME)
+    """How its score is logged (metrics.jsonl `reward/<name>`, Prometheus
+    `strata_reward_component{component}`); null: the plug-in's name or the import string's
+    attribute."""
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments: a class's constructor's, else fixed arguments of the function."""
+    timeout_s: float = Field(60.0, gt=0, le=3600)
+    """Past this a score is 0, counted as a reward error (a sync reward runs in a thread of its
+    own; the built-ins, pure and fast, run on the event loop, unlimited)."""
+
+    @property
+    def term_name(self) -> str:
+        return self.name or reward_term_name(self.fn)
+
+
+class RemoteRewardSpec(Section):
+    """A reward served over HTTP: each trajectory is a POST of `{"view": ..., "task": ...}` as
+    JSON (actors/reward_view.py's fields), answered `{"reward": number}` or `{"rewards": {name:
+    number}}` (its components, logged by name)."""
+
+    url: str = Field(pattern=r"^https?://[^/\s]+")
+    """Where to POST (e.g. http://127.0.0.1:8100/score)."""
+    timeout_s: float = Field(30.0, gt=0, le=3600)
+    """One request's time limit."""
+    retries: int = Field(2, ge=0, le=20)
+    """Tries again a request that failed to connect, timed out or got 429 or 5xx, the wait
+    doubling from 0.25 s; past them the score is 0, counted as a reward error."""
+    weight: float = 1.0
+    """Its score counts this many times in the reward (in a weighted list)."""
+    name: str = Field("remote", pattern=REWARD_NAME)
+    """How its score is logged (its components under `<name>/` in a list)."""
+
+    @property
+    def term_name(self) -> str:
+        return self.name
+
+
+def _reward_kind(value: Any) -> str:
+    if isinstance(value, str):
+        return "by_name"
+    if isinstance(value, RemoteRewardSpec) or (isinstance(value, dict) and "url" in value):
+        return "by_url"
+    return "by_fn"
+
+
+RewardEntry = Annotated[
+    Annotated[str, Tag("by_name")]
+    | Annotated[RewardSpec, Tag("by_fn")]
+    | Annotated[RemoteRewardSpec, Tag("by_url")],
+    Discriminator(_reward_kind),
+]
+"""A reward: a name or import string, a RewardSpec or a RemoteRewardSpec (its errors are its own)."""
+
+
+def reward_term_name(entry: str | RewardSpec | RemoteRewardSpec) -> str:
+    """The name a reward of `actors.reward` is logged under: its `name`, else the import
+    string's attribute (`pkg.scoring:judge` -> `judge`) or the plug-in's name."""
+    if isinstance(entry, str):
+        return entry.rpartition(":")[2].rpartition(".")[2] if ":" in entry else entry
+    return entry.term_name
+
+
+REWARD_TAGS = {"by_name", "by_fn", "by_url", "one", "many"}
+"""The tags of actors.reward's unions (pydantic puts them into error locations)."""
+_NOT_A_REWARD = ("model_type", "model_attributes_type", "dict_type", "list_type", "string_type")
+
+
+def reward_problem(error: dict[str, Any]) -> str:
+    """One line for the first problem pydantic found in `actors.reward`, its location without
+    the unions' tags (`[1].weight: input should be a valid number`)."""
+    path, member = "", RewardSpec
+    for part in error["loc"]:
+        if part == "by_url":
+            member = RemoteRewardSpec
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part not in REWARD_TAGS:
+            path += f".{part}" if path else part
+    kind, message = error["type"], error["msg"]
+    if kind in _NOT_A_REWARD and (not path or path.endswith("]")):  # an entry, not its key
+        message = (
+            "must be a reward's name or import string, {fn: ...}, {url: ...}, or a list of "
+            f"these, not {shown(error.get('input'))}"
+        )
+    elif kind == "extra_forbidden":
+        leaf = path.rpartition(".")[2]
+        keys = list(member.model_fields)
+        close = difflib.get_close_matches(leaf, keys, n=1)
+        message = "unknown key (" + (
+            f"did you mean '{close[0]}'?)" if close else f"the keys: {', '.join(keys)})"
+        )
+    message = message[:1].lower() + message[1:]
+    return f"{path}: {message}" if path else message
+
+
+def check_reward_args(found: Any, args: dict[str, Any], where: str) -> None:
+    """Refuse `args` that `found` does not take: a class's constructor's, or a function's after
+    its (view, task)."""
+    try:
+        signature = inspect.signature(found)
+    except (TypeError, ValueError):  # no signature to check against: the call will say
+        return
+    try:
+        if inspect.isclass(found):
+            signature.bind(**args)
+        else:
+            signature.bind(None, None, **args)
+    except TypeError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
 class ActorsConfig(Section):
     engine: EngineConfig = Field(default_factory=EmbeddedEngine)
     """The generation backend."""
@@ -444,8 +578,20 @@ class ActorsConfig(Section):
     """Sampling temperature."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling mass."""
-    reward: Literal["exact_match", "f1", "gaia"] = "exact_match"
-    """Outcome reward of the final <answer>."""
+    reward: Annotated[
+        Annotated[RewardEntry, Tag("one")] | Annotated[list[RewardEntry], Tag("many")],
+        Discriminator(lambda v: "many" if isinstance(v, list | tuple) else "one"),
+    ] = "exact_match"
+    """What a finished trajectory scores: a built-in (exact_match, f1, gaia: the final
+    <answer> against the gold answers; GAIA's scorer for gaia* sources whichever is named), a
+    plug-in's name (an entry point of strata.rewards), an import string
+    (`package.module:attr`, `path/to/file.py:attr`) of `score(view, task)` returning a float or
+    a dict of floats (sync or async; it sees the answer, the response, the tool calls and their
+    observations, and every field of the row: actors/reward_view.py), `{fn, weight, name, args,
+    timeout_s}`, a remote reward `{url, timeout_s, retries}`, or a list of these, summed by
+    weight. A dict's parts and a list's terms are logged by name (metrics.jsonl `reward/<name>`,
+    Prometheus `strata_reward_component`); a reward that raises, times out or gives no number
+    scores 0 and is counted (`reward_errors`)."""
     format_weight: float = Field(0.0, ge=0, le=1)
     """Added reward for a well-formed response (tags closed, one final answer); 0: outcome only."""
     latent_reward: float = Field(0.0, ge=0, le=1)
@@ -463,6 +609,52 @@ class ActorsConfig(Section):
     """bwrap: model-written code runs only inside bubblewrap (no network, read-only filesystem,
     own pid namespace); where bubblewrap cannot run, every python call is refused (an error
     observation, counted) and the run goes on. none: rlimits and a timeout only, NOT isolated."""
+
+    @field_validator("reward", mode="wrap")
+    @classmethod
+    def _reward_entries(cls, value: Any, handler: Any) -> Any:
+        try:
+            return handler(value)
+        except ValidationError as exc:  # the union's own lines name its members: say it plainly
+            raise ValueError(reward_problem(exc.errors(include_url=False)[0])) from None
+
+    @field_validator("reward")
+    @classmethod
+    def _rewards_can_be_had(cls, value: Any) -> Any:
+        entries = value if isinstance(value, list) else [value]
+        if not entries:
+            raise ValueError("give at least one reward")
+        for i, entry in enumerate(entries):
+            if isinstance(entry, RemoteRewardSpec):
+                continue
+            where = f"[{i}]" if isinstance(value, list) else ""
+            spec = entry if isinstance(entry, str) else entry.fn
+            found = resolve("rewards", spec, where)
+            if not callable(found):
+                raise ValueError(
+                    f"{where}{' ' if where else ''}{spec} is a {type(found).__name__}, not a "
+                    "reward function"
+                )
+            args = {} if isinstance(entry, str) else entry.args
+            if args:
+                check_reward_args(found, args, f"{where}.args" if where else "args")
+        names = [reward_term_name(e) for e in entries]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(
+                f"two rewards are named {twice[0]!r}: give one another name ({{fn: ..., name: ...}})"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _one_format_term(self) -> ActorsConfig:
+        entries = self.reward if isinstance(self.reward, list) else [self.reward]
+        if self.format_weight > 0 and "format" in map(reward_term_name, entries):
+            raise ValueError(
+                "format_weight adds the format reward under the name 'format', and actors.reward "
+                "has one too: set format_weight 0 and weigh it in actors.reward, or rename yours"
+            )
+        return self
 
     @model_validator(mode="after")
     def _overlong_fits(self) -> ActorsConfig:

@@ -100,7 +100,11 @@ class LocalRoles(Roles):
         rejoins = self.engine.stats()["rejoins"] if isinstance(self.engine, RemoteEngine) else 0
         return {
             "embedded-0": ActorStats(
-                self.engine.version, self.engine.generated_tokens, tools, int(rejoins)
+                self.engine.version,
+                self.engine.generated_tokens,
+                tools,
+                int(rejoins),
+                sum(agent.stats.reward_errors for agent in self.agents),
             )
         }
 

@@ -15,6 +15,8 @@ STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16)
 TRAJECTORY_FATES = ("released", "filtered", "dropped_stale", "abandoned", "rejected")
 """strata_trajectories_total's status label: the buffer's counters of the same names."""
 TOOL_CALL_BUCKETS = (0, 1, 2, 3, 4, 6, 8)
+REWARD_PREFIX = "reward/"
+"""metrics.jsonl's `reward/<component>`: exported as strata_reward_component{component}."""
 
 
 OFFPOLICY = (
@@ -82,6 +84,18 @@ class RunMetrics:
         )
         self.reward = Gauge(
             "strata_reward", "Mean reward of the last step", ["stratum"], registry=r
+        )
+        self.reward_component = Gauge(
+            "strata_reward_component",
+            "Mean of each named part of the reward over the last step's trajectories (the terms "
+            "of a weighted actors.reward, the keys of a reward's dict)",
+            ["component"],
+            registry=r,
+        )
+        self.reward_errors = Counter(
+            "strata_reward_errors_total",
+            "Reward terms that raised, timed out or gave no number (each scored 0)",
+            registry=r,
         )
         self.mean_advantage = Gauge(
             "strata_stratum_mean_advantage",
@@ -204,7 +218,9 @@ class RunMetrics:
             if key in metrics:
                 self.objective.labels(measure=key).set(metrics[key])
         for key, value in metrics.items():
-            if key.startswith("stratum/") and key.endswith("/reward"):
+            if key.startswith(REWARD_PREFIX):
+                self.reward_component.labels(component=key.removeprefix(REWARD_PREFIX)).set(value)
+            elif key.startswith("stratum/") and key.endswith("/reward"):
                 self.reward.labels(stratum=key.split("/")[1]).set(value)
             elif key.startswith("stratum/") and key.endswith("/mean_advantage"):
                 self.mean_advantage.labels(stratum=key.split("/")[1]).set(value)
@@ -247,6 +263,7 @@ class RunMetrics:
             self.actor_version.labels(actor=name).set(actor.version)
             self._advance(self.generated_tokens, f"tokens/{name}", actor.generated_tokens)
             self._advance(self.server_rejoins, f"rejoins/{name}", actor.server_rejoins)
+            self._advance(self.reward_errors, f"reward_errors/{name}", actor.reward_errors)
             for tool in actor.tools.calls:
                 secs, errs = actor.tools.seconds[tool], actor.tools.errors[tool]
                 self._advance(self.tool_seconds, f"secs/{name}/{tool}", secs, tool=tool)

@@ -12,6 +12,8 @@ What differs between engines and runtimes is asked of the chosen backend (`pipel
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +28,7 @@ from actors.browse import BrowseTool
 from actors.engine import RolloutEngine
 from actors.function_tools import ToolDefinitionError, function_tool
 from actors.mcp_tools import McpError, McpServer, McpServerSpec, open_mcp_tools
+from actors.scoring import RemoteReward, Term
 from actors.servers import ManagedServers
 from actors.tools import PythonTool, SearchTool, StringTool, Tool
 from actors.web_search import PROVIDERS, DiskCache, WebSearchTool, WebStats
@@ -41,9 +44,12 @@ from pipeline.config.schema import (
     ActorsConfig,
     BufferConfig,
     PretrainedModel,
+    RemoteRewardSpec,
     RetrievalConfig,
+    RewardSpec,
     StrataConfig,
     ToolSpec,
+    reward_term_name,
 )
 from pipeline.plugins import resolve
 from pipeline.runtime.startup import uncollected
@@ -269,6 +275,34 @@ async def open_mcp_servers(
     return servers
 
 
+def reward_terms(config: ActorsConfig) -> tuple[Term, ...]:
+    """`actors.reward` as the terms the agent loop sums (actors/scoring.py): each reward
+    resolved (pipeline/plugins.py), a class made with its args, a function given its args;
+    RuntimeUnavailable (one line) when a class cannot be made."""
+    many = isinstance(config.reward, list)
+    terms = []
+    for i, entry in enumerate(config.reward if many else [config.reward]):
+        where = f"actors.reward[{i}]" if many else "actors.reward"
+        name = reward_term_name(entry)
+        if isinstance(entry, RemoteRewardSpec):
+            remote = RemoteReward(entry.url, entry.timeout_s, entry.retries)
+            terms.append(Term(name, remote, entry.weight, timeout_s=None))  # timed per request
+            continue
+        spec = RewardSpec(fn=entry) if isinstance(entry, str) else entry
+        found = resolve("rewards", spec.fn, where)
+        if inspect.isclass(found):
+            try:
+                found = found(**spec.args)
+            except Exception as exc:  # the plug-in's own constructor
+                raise RuntimeUnavailable(
+                    f"{where}: {spec.fn}(**{spec.args}) failed: {exc}"
+                ) from None
+        elif spec.args:
+            found = functools.partial(found, **spec.args)
+        terms.append(Term(name, found, spec.weight, spec.timeout_s))
+    return tuple(terms)
+
+
 def agent_settings(config: ActorsConfig, strata: StratifierConfig | None = None) -> AgentSettings:
     """The agent loop's settings; `strata` (learner.stratifier) picks the stratifier that
     assigns each trajectory's stratum at collection (default: the number of tool calls)."""
@@ -283,7 +317,7 @@ def agent_settings(config: ActorsConfig, strata: StratifierConfig | None = None)
         max_observation_tokens=config.max_observation_tokens,
         temperature=config.temperature,
         top_p=config.top_p,
-        reward=config.reward,
+        reward=reward_terms(config),
         format_weight=config.format_weight,
         latent_reward=config.latent_reward,
         overlong_buffer=config.overlong_buffer,

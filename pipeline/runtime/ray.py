@@ -192,7 +192,11 @@ class GenerationWorker:
         engine = self.agent.engine
         rejoins = engine.stats()["rejoins"] if isinstance(engine, RemoteEngine) else 0
         return os.getpid(), ActorStats(
-            engine.version, engine.generated_tokens, self.agent.stats.tools, int(rejoins)
+            engine.version,
+            engine.generated_tokens,
+            self.agent.stats.tools,
+            int(rejoins),
+            self.agent.stats.reward_errors,
         )
 
     async def close(self) -> None:

@@ -97,6 +97,8 @@ class ActorStats:
     tools: ToolStats
     server_rejoins: int = 0
     """Times one of its inference servers came back after failing (reloaded, readmitted)."""
+    reward_errors: int = 0
+    """Reward terms that raised, timed out or gave no number (each scored 0), in its loops."""
 
 
 def question_stream(
@@ -257,6 +259,7 @@ async def stream(
             skipped_prompts=summary.skipped_prompts,
             aborted=sum(p.stats.aborted for p in pools),
             server_rejoins=sum(a.server_rejoins for a in actors.values()),
+            reward_errors=sum(a.reward_errors for a in actors.values()),
         )
         metrics.update(fairness_metrics(stats))
         metrics_file.write(json.dumps(metrics) + "\n")
