@@ -70,6 +70,10 @@ class Scoring:
             raise ValueError(f"two rewards are named {twice[0]!r}: give one another name")
         self.terms, self.shaping = tuple(terms), tuple(shaping)
         self._itemized = len(names) > 1
+        builtins = tuple(REWARDS.values())
+        self._on_the_loop = tuple(
+            any(t.fn is f for f in builtins) for t in (*self.terms, *self.shaping)
+        )
         self.errors = 0
         """Terms that failed, over every trajectory scored here."""
 
@@ -103,7 +107,15 @@ class Scoring:
 
     async def __call__(self, view: RewardView, task: RewardTask) -> Scored:
         everything = (*self.terms, *self.shaping)
-        results = await asyncio.gather(*(self._score(term, view, task) for term in everything))
+        results: list[Any] = []
+        waiting: dict[int, Any] = {}
+        for i, (term, inline) in enumerate(zip(everything, self._on_the_loop, strict=True)):
+            results.append(_scored_here(term, view, task) if inline else None)
+            if not inline:
+                waiting[i] = self._score(term, view, task)
+        if waiting:  # no task is made for a sum of built-ins: they take microseconds
+            for i, result in zip(waiting, await asyncio.gather(*waiting.values()), strict=True):
+                results[i] = result
         components: dict[str, float] = {}
         values: list[float] = []
         errors = 0
@@ -132,27 +144,20 @@ class Scoring:
         """The term's checked score, or a RewardFailure saying what went wrong."""
         limit = asyncio.timeout(term.timeout_s)
         try:
-            if any(term.fn is f for f in REWARDS.values()):
-                value = term.fn(view, task)
-            else:
-                async with limit:
-                    if _is_async(term.fn):
-                        value = await term.fn(view, task)
-                    else:
-                        value = await _in_thread(term.fn, view, task)
-                        if inspect.isawaitable(
-                            value
-                        ):  # a sync callable that hands back a coroutine
-                            value = await value
+            async with limit:
+                if _is_async(term.fn):
+                    value = await term.fn(view, task)
+                else:
+                    value = await _in_thread(term.fn, view, task)
+                    if inspect.isawaitable(value):  # a sync callable handing back a coroutine
+                        value = await value
             return _checked(value)
         except TimeoutError as exc:
             if limit.expired():
                 return RewardFailure(f"ran past its {term.timeout_s:g} s limit")
-            return RewardFailure(f"raised {_first_line(exc)}")
-        except RewardError as exc:
-            return RewardFailure(str(exc))
+            return _failure(exc)
         except Exception as exc:  # the reward's own code: anything may fail there
-            return RewardFailure(f"raised {_first_line(exc)}")
+            return _failure(exc)
 
     def _failed(self, term: Term, problem: str) -> None:
         self.errors += 1
@@ -166,6 +171,20 @@ class Scoring:
 @dataclass(frozen=True)
 class RewardFailure:
     problem: str
+
+
+def _scored_here(term: Term, view: RewardView, task: RewardTask) -> Any:
+    """A built-in's checked score, on the loop (or a RewardFailure)."""
+    try:
+        return _checked(term.fn(view, task))
+    except Exception as exc:  # a row's odd gold answers, say: counted like any failure
+        return _failure(exc)
+
+
+def _failure(exc: Exception) -> RewardFailure:
+    if isinstance(exc, RewardError):
+        return RewardFailure(str(exc))
+    return RewardFailure(f"raised {_first_line(exc)}")
 
 
 def _weighted_sum(terms: Sequence[Term], values: Sequence[float]) -> float:
