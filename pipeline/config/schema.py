@@ -297,8 +297,9 @@ class WebConfig(Section):
     """Every provider answer is kept here, keyed by provider, query and parameters, so a rerun
     asks nothing."""
     max_calls_per_run: int = Field(10000, ge=0)
-    """Provider requests a run (one process) may make; cache hits are free. Past it a search gets
-    an observation saying the budget is spent."""
+    """Provider requests a run may make, counted once for all its processes and across resumes
+    (in the run directory's web_search_requests); cache hits are free. Past it a search gets an
+    observation saying the budget is spent."""
     max_calls_per_trajectory: int = Field(8, ge=0, le=1024)
     """web_search calls (cache hits included) of one trajectory; browse has the same cap."""
     requests_per_second: float = Field(5.0, gt=0, le=1000)
@@ -843,11 +844,11 @@ class LearnerConfig(Section):
     and on GPUs with NCCL."""
     num_ranks: int = Field(1, ge=1, le=1024)
     """DeepSpeed ranks the learner trains with (data parallel, one torch.distributed group; gloo
-    over loopback on CPU, NCCL on GPUs). Each step's groups are dealt to the ranks by tokens,
-    whole; the update equals one rank's on the whole step. Local runtime: ranks 1..N-1 are
-    processes the launcher starts. Ray: every rank is an actor on a bundle of the learner's
-    placement group (runtime.learner_num_cpus/gpus each, runtime.learner_placement), so ranks
-    may run on several machines."""
+    over loopback on CPU; on GPUs NCCL, with gloo for the trainer's CPU agreements). Each step's
+    groups are dealt to the ranks by tokens, whole; the update equals one rank's on the whole
+    step. Local runtime: ranks 1..N-1 are processes the launcher starts. Ray: every rank is an
+    actor on a bundle of the learner's placement group (runtime.learner_num_cpus/gpus each,
+    runtime.learner_placement), so ranks may run on several machines."""
     checkpoint_every: int = Field(50, ge=0)
     """Save a checkpoint every this many steps, and at the end; 0: only at the end (a run killed
     outright then has nothing to resume from)."""

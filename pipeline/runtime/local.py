@@ -155,7 +155,11 @@ async def run_local(
     summary = summary if summary is not None else RunSummary()
     watching = learner = None
     acting = await open_acting(
-        config, assets.policy_dir, index_dir=assets.index_dir, log_dir=run_dir / "logs"
+        config,
+        assets.policy_dir,
+        index_dir=assets.index_dir,
+        log_dir=run_dir / "logs",
+        run_dir=run_dir,
     )
     try:
         learner = make_learner(config, assets.policy_dir)

@@ -146,14 +146,18 @@ def make_engine(
         return config.actors.engine.build(config, model_path, urls)
 
 
-def _search_tool(config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None) -> Tool:
+def _search_tool(
+    config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None, run_dir: Path | None
+) -> Tool:
     if search_url is None:
         raise ValueError("the search tool is enabled but no retrieval server URL is known")
     client = RetrievalClient(search_url, topk=retrieval.topk, timeout_s=retrieval.timeout_s)
     return SearchTool(client, topk=retrieval.topk)
 
 
-def _python_tool(config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None) -> Tool:
+def _python_tool(
+    config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None, run_dir: Path | None
+) -> Tool:
     return PythonTool(
         timeout_s=config.python_timeout_s,
         memory_mb=config.python_memory_mb,
@@ -166,7 +170,7 @@ WEB_STATS = WebStats()
 
 
 def _web_search_tool(
-    config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None
+    config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None, run_dir: Path | None
 ) -> Tool:
     web = config.web
     search = WebSearchTool(
@@ -179,6 +183,7 @@ def _web_search_tool(
         retries=web.retries,
         timeout_s=web.timeout_s,
         stats=WEB_STATS,
+        run_dir=run_dir,  # the run's budget: one count for all its processes and resumes
     )
     return StringTool(  # until web_search is rewritten on the tool contract itself
         search,
@@ -188,7 +193,9 @@ def _web_search_tool(
     )
 
 
-def _browse_tool(config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None) -> Tool:
+def _browse_tool(
+    config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None, run_dir: Path | None
+) -> Tool:
     web = config.web
     browse = BrowseTool(
         max_bytes=web.browse_max_bytes,
@@ -203,7 +210,7 @@ def _browse_tool(config: ActorsConfig, retrieval: RetrievalConfig, search_url: s
     )
 
 
-TOOLS: dict[str, Callable[[ActorsConfig, RetrievalConfig, str | None], Tool]] = {
+TOOLS: dict[str, Callable[[ActorsConfig, RetrievalConfig, str | None, Path | None], Tool]] = {
     "search": _search_tool,
     "python": _python_tool,
     "web_search": _web_search_tool,
@@ -222,15 +229,19 @@ def retrieval_load_options(retrieval: RetrievalConfig) -> dict:
 
 
 def make_tools(
-    config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None
+    config: ActorsConfig,
+    retrieval: RetrievalConfig,
+    search_url: str | None,
+    run_dir: Path | None = None,
 ) -> dict[str, Tool]:
     """The agent's tools of `actors.tools`, by name: the built-ins (search through the retrieval
     server at `search_url`, python in the sandbox, the web tools) and plug-ins. The MCP servers'
-    tools join them in `open_acting`, where the servers start."""
+    tools join them in `open_acting`, where the servers start. `run_dir`: the run's directory,
+    where web_search counts the run's budget (none: this process counts its own)."""
     tools: dict[str, Tool] = {}
     for i, entry in enumerate(config.tools):
         if isinstance(entry, str) and entry in TOOLS:
-            tool = TOOLS[entry](config, retrieval, search_url)
+            tool = TOOLS[entry](config, retrieval, search_url, run_dir)
         else:
             tool = plugin_tool(entry, f"actors.tools[{i}]")
         tools[tool.name] = tool
@@ -396,13 +407,15 @@ async def open_acting(
     search_url: str | None = None,
     urls: list[str] | None = None,
     log_dir: str | os.PathLike[str] | None = None,
+    run_dir: str | os.PathLike[str] | None = None,
 ) -> Acting:
     """The acting parts of `config`, serving the policy at `policy_dir`.
 
     `search_url`: a retrieval server running elsewhere; else `retrieval.url`; else one is started
     here on `index_dir`. `urls`: the inference servers to use (a pool's share of those the
     runtime started); else `actors.engine.urls`; else, for vLLM and SGLang, servers are started
-    here on `policy_dir` (logs in `log_dir`) and stopped by `close`."""
+    here on `policy_dir` (logs in `log_dir`) and stopped by `close`. `run_dir`: the training
+    run's directory (web_search's run budget); none for an evaluation."""
     retrieval = servers = None
     tools: dict[str, Tool] = {}
     mcp: list[McpServer] = []
@@ -417,7 +430,9 @@ async def open_acting(
                 config.retrieval.port,
             )
             search_url = f"http://{config.retrieval.host}:{port}"
-        tools = make_tools(config.actors, config.retrieval, search_url)
+        tools = make_tools(
+            config.actors, config.retrieval, search_url, None if run_dir is None else Path(run_dir)
+        )
         mcp = await open_mcp_servers(config.actors, tools, log_dir)
         if urls is None:
             servers, urls = start_servers(config, policy_dir, log_dir)

@@ -92,12 +92,15 @@ class GenerationWorker:
         name: str,
         threads: int,
         urls: list[str] | None = None,
+        run_dir: str | None = None,
     ) -> None:
         """`urls`: the inference servers this pool owns (remote engines); no two pools share one,
-        so each server is updated by exactly one client."""
+        so each server is updated by exactly one client. `run_dir`: the run's directory (its
+        logs; web_search's budget, counted there once for every pool)."""
         resumed()  # the worker imported this module with the collector paused
         self.config = StrataConfig.model_validate(config)
         self.policy_dir, self.search_url, self.name, self.urls = policy_dir, search_url, name, urls
+        self.run_dir = run_dir
         torch.set_num_threads(threads)
         self.acting = self.agent = None  # built on first use (`_ready`)
         self.synced = -1  # the newest version this actor was asked to load (-1: none yet)
@@ -110,8 +113,14 @@ class GenerationWorker:
             self._building = self._building or asyncio.Lock()
             async with self._building:
                 if self.agent is None:
+                    run_dir = None if self.run_dir is None else Path(self.run_dir)
                     self.acting = await open_acting(
-                        self.config, self.policy_dir, search_url=self.search_url, urls=self.urls
+                        self.config,
+                        self.policy_dir,
+                        search_url=self.search_url,
+                        urls=self.urls,
+                        log_dir=None if run_dir is None else run_dir / "logs",
+                        run_dir=run_dir,
                     )
                     self.agent = self.acting.agent(self.name)
         return self.agent
@@ -421,7 +430,7 @@ async def run_ray(
                 max_restarts=-1,
                 max_task_retries=0,
                 max_concurrency=config.actors.concurrency + 8,
-            ).remote(plain, policy, search_url, name, threads, urls[i])
+            ).remote(plain, policy, search_url, name, threads, urls[i], str(run_dir.resolve()))
         latest: list = []
         targets = [WorkerTarget(name, handle) for name, handle in workers.items()]
         roles = RayRoles(

@@ -163,3 +163,46 @@ def test_a_count_that_cannot_be_read_refuses_the_request(standin, tmp_path, monk
         not result.ok and "budget cannot be counted" in result.text and "not a count" in result.text
     )
     assert tool.stats.outcomes == {"budget_uncounted": 1} and tool.stats.provider_requests == 0
+
+
+def test_the_runs_tools_count_in_its_directory(standin, tmp_path, monkeypatch):
+    """The runtimes build web_search through `make_tools` with the run's directory: two pools'
+    tools (and a resume's) share the run's budget, an evaluation's tools (no run_dir) their own."""
+    from pipeline.config.schema import ActorsConfig, RetrievalConfig
+    from pipeline.runtime.parts import make_tools
+
+    monkeypatch.setenv(ENV, KEY)
+    actors = ActorsConfig.model_validate(
+        {
+            "format": "chat_tools",
+            "tools": ["web_search"],
+            "web": {
+                "url": f"{standin.base}/search",
+                "api_key_env": ENV,
+                "cache_dir": str(tmp_path / "cache"),
+                "num_results": 1,
+                "max_calls_per_run": 3,
+            },
+        }
+    )
+
+    async def search(run_dir, queries):
+        tool = make_tools(actors, RetrievalConfig(), None, run_dir)["web_search"]
+        try:
+            out = []
+            for query in queries:
+                token = CURRENT_TRAJECTORY.set(TrajectoryContext())
+                try:
+                    out.append((await tool({"query": query})).ok)
+                finally:
+                    CURRENT_TRAJECTORY.reset(token)
+            return out
+        finally:
+            await tool.tool.close()
+
+    run = tmp_path / "run"
+    run.mkdir()
+    assert asyncio.run(search(run, ["pool 0 a", "pool 0 b"])) == [True, True]
+    assert asyncio.run(search(run, ["pool 1 a", "pool 1 b"])) == [True, False]
+    assert (run / BUDGET_FILE).read_text().strip() == "3"
+    assert asyncio.run(search(None, ["eval a", "eval b"])) == [True, True]  # its own count
