@@ -125,6 +125,8 @@ def _plugin_lines(config: StrataConfig) -> str:
 
 def _list_plugins(config: StrataConfig | None) -> int:
     """Every kind's names and where each comes from; with a config, which of them it uses."""
+    from pipeline.runtime import parts  # noqa: F401  the built-in tools register there (torch)
+
     used = {(kind, spec): key for key, kind, spec in configured(config)} if config else {}
     for kind in KINDS:
         try:

@@ -24,6 +24,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from actors.agent import AgentLoop
+from actors.formats import BUILTIN_TOOLS
+from actors.rewards import REWARDS
+from buffers.strata import STRATIFIERS
+
 KINDS = ("tools", "rewards", "datasets", "stratifiers", "estimators", "agents")
 """The kinds of plug-in; kind K's entry points are the group `strata.K`."""
 SINGULAR = {
@@ -40,30 +45,33 @@ class PluginError(ValueError):
     """A plug-in that cannot be had; the message is one line."""
 
 
-def _tools() -> dict[str, Any]:
-    from pipeline.runtime.parts import TOOLS  # torch and transformers: only when asked
+REGISTERED: dict[str, dict[str, Any]] = {"tools": {}, "datasets": {}}
+"""The built-ins of the kinds whose registries live in pipeline/ (which imports this module):
+each registers its own (`register_builtins`), so nothing here imports them. A name is known
+before its object is (None until the owner is imported): a config names it without torch."""
 
-    return TOOLS
+
+def register_builtins(kind: str, registry: dict[str, Any]) -> None:
+    """`registry`'s names are built-ins of `kind` (tools: pipeline/runtime/parts.py; datasets:
+    pipeline/assets/datasets.py and the config's data types); None declares a name only."""
+    for name, made in registry.items():
+        if made is not None or name not in REGISTERED[kind]:
+            REGISTERED[kind][name] = made
+
+
+def _tools() -> dict[str, Any]:
+    return {name: REGISTERED["tools"].get(name) for name in BUILTIN_TOOLS}
 
 
 def _rewards() -> dict[str, Any]:
-    from actors import rewards
-
-    registry = getattr(rewards, "REWARDS", None)
-    if registry is None:  # until the rewards are functions of their own: today's kinds
-        registry = {kind: rewards.reward_for("", kind) for kind in rewards.KINDS}
-    return registry
+    return REWARDS
 
 
 def _datasets() -> dict[str, Any]:
-    from pipeline.assets.datasets import LOADERS
-
-    return LOADERS
+    return REGISTERED["datasets"]
 
 
 def _stratifiers() -> dict[str, Any]:
-    from buffers.strata import STRATIFIERS
-
     return STRATIFIERS
 
 
@@ -74,9 +82,7 @@ def _estimators() -> dict[str, Any]:
 
 
 def _agents() -> dict[str, Any]:
-    from actors import agent
-
-    return getattr(agent, "AGENTS", None) or {"default": agent.AgentLoop}
+    return {"default": AgentLoop}
 
 
 BUILTINS: dict[str, Callable[[], dict[str, Any]]] = {
@@ -87,7 +93,7 @@ BUILTINS: dict[str, Callable[[], dict[str, Any]]] = {
     "estimators": _estimators,
     "agents": _agents,
 }
-"""kind -> the registry of its built-in names, imported when first asked."""
+"""kind -> the registry of its built-in names (the estimators' imported when first asked)."""
 PLUGGED: dict[str, set[str]] = {kind: set() for kind in KINDS}
 """Names a plug-in was registered under in a built-in registry (a config's plug-in section
 does that, pipeline/config/algorithm.py): not built-ins, whatever the registry holds."""
@@ -154,6 +160,8 @@ def resolve(kind: str, spec: str, where: str = "") -> Any:
         return import_string(spec, where)
     builtin = builtins(kind)
     if spec in builtin:
+        if builtin[spec] is None:  # declared by the config, its registry not imported here
+            raise PluginError(f"{prefix}{SINGULAR[kind]} {spec!r} is built in: its owner builds it")
         return builtin[spec]
     matches = [ep for ep in entry_points(kind) if ep.name == spec]
     if len(matches) > 1:

@@ -13,9 +13,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("pipeline", "actors", "learner", "buffers", "retrieval")
 
-DEFERRED = {"pipeline/launch.py": {"pipeline.runtime.run"}}
+DEFERRED = {
+    "pipeline/launch.py": {"pipeline.runtime.run", "pipeline.runtime", "pipeline.runtime.parts"},
+    "pipeline/plugins.py": {"learner.estimators"},
+    "pipeline/config/algorithm.py": {"learner", "learner.estimators"},
+}
 """Imports of our own modules inside functions, and why: the launcher imports the run (torch)
-only once `--dry-run` is past. Besides these, a backend module of pipeline/backends/ imports its
+only once `--dry-run` is past, and the built-in tools' registry (torch) only for
+`--list-plugins`; the estimators' registry (torch) is imported when a plug-in estimator is named
+or listed, so a config of built-ins loads without torch. Besides these, a backend module of pipeline/backends/ imports its
 implementation when called, so the config schema that holds it imports no torch."""
 
 

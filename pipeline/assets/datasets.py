@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from actors.formats import prompt_ids, render
 from pipeline.assets.world import VERSION as WORLD_VERSION
+from pipeline.plugins import PluginError, register_builtins, resolve
 
 SEARCH_R1_COLUMNS = (
     "id",
@@ -605,8 +606,6 @@ def data_rows(path: Path, kind: str) -> Iterator[tuple[str, object]]:
     gives."""
     if kind in FILE_KINDS:
         return file_rows(path, kind)
-    from pipeline.plugins import PluginError, resolve
-
     try:
         loader = resolve("datasets", kind, "data.type")
     except PluginError as exc:
@@ -655,6 +654,7 @@ LOADERS: dict[str, Any] = {
     **{kind: file_rows for kind in FILE_KINDS},
 }
 """`data.type`'s built-in names -> how their files are read (mini_gaia: a world directory)."""
+register_builtins("datasets", LOADERS)
 
 
 def drop_long_prompts(

@@ -17,6 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import ConfigDict, Discriminator, Field, Tag, model_validator
 
+from buffers import strata
 from pipeline.config.base import Section, backend_union, shown
 from pipeline.plugins import PLUGGED, resolve
 
@@ -396,8 +397,6 @@ class PluginStratifier(PluginSection):
 
     @classmethod
     def register(cls, name: str, made: Any, params: tuple[str, ...]) -> None:
-        from buffers import strata
-
         strata.STRATIFIERS[name] = strata.Registered(made, params)
 
 

@@ -41,7 +41,7 @@ from pipeline.config.algorithm import (
 )
 from pipeline.config.base import Section, backend_union, shown
 from pipeline.loggers import LOGGERS
-from pipeline.plugins import resolve
+from pipeline.plugins import register_builtins, resolve
 
 # ---------------------------------------------------------------------------------------- model
 
@@ -184,6 +184,8 @@ class DataFields(Section):
 
 DATA_TYPES = ("mini_gaia", "search_r1", "gaia", "jsonl", "parquet", "arrow")
 """`data.type`'s built-in names (pipeline/assets/datasets.py's LOADERS; a test checks)."""
+register_builtins("datasets", dict.fromkeys(DATA_TYPES))  # the names; their loaders register there
+
 FIELD_TYPES = ("jsonl", "parquet", "arrow")
 """The built-in types whose rows data.fields maps (so does a plug-in's)."""
 

@@ -51,7 +51,7 @@ from pipeline.config.schema import (
     ToolSpec,
     reward_term_name,
 )
-from pipeline.plugins import resolve
+from pipeline.plugins import register_builtins, resolve
 from pipeline.runtime.startup import uncollected
 from retrieval.client import RetrievalClient
 from retrieval.gpu import GpuOptions
@@ -218,6 +218,7 @@ TOOLS: dict[str, Callable[[ActorsConfig, RetrievalConfig, str | None, Path | Non
 }
 """Built-in tool name (an `actors.tools` entry) -> how it is built from config; every other entry
 is a plug-in (`plugin_tool`)."""
+register_builtins("tools", TOOLS)
 
 
 def retrieval_load_options(retrieval: RetrievalConfig) -> dict:
