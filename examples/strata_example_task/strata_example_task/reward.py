@@ -1,5 +1,6 @@
 """The task's reward: `score(view, task)`, returned as named parts that Strata sums and logs one
-by one (metrics.jsonl `reward/atlas/correct`, `reward/atlas/looked_up`)."""
+by one (metrics.jsonl `reward/correct`, `reward/looked_up`; `reward/atlas/correct` ... when it is
+one term of a list)."""
 
 import re
 import string
