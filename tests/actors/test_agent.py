@@ -1,5 +1,5 @@
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -21,6 +21,7 @@ class Task:
     question: str
     ground_truth: tuple[str, ...]
     data_source: str = "minigaia_l1"
+    extra: dict = field(default_factory=dict, hash=False)  # the row's other fields
 
 
 class StubClient:

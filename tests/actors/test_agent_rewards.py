@@ -3,24 +3,13 @@ tool calls with their arguments, the observations, the turns and the row's own f
 named parts ride on the trajectory; a reward that fails leaves a whole trajectory scored 0."""
 
 import asyncio
-from dataclasses import dataclass, field
 
 import pytest
 
 from actors.agent import AgentLoop, AgentSettings
 from actors.scoring import Term
 from actors.tools import SearchTool
-from tests.actors.test_agent import Script, StubClient, engine  # noqa: F401 (a fixture)
-
-
-@dataclass(frozen=True)
-class Task:
-    id: str
-    question: str
-    ground_truth: tuple[str, ...]
-    data_source: str = "minigaia_l1"
-    extra: dict = field(default_factory=dict, hash=False)
-
+from tests.actors.test_agent import Script, StubClient, Task, engine  # noqa: F401 (a fixture)
 
 TASK = Task("q1", "Where was Varno Telik born?", ("Quorvex",), extra={"hops": 2, "gold": "d1"})
 STEERED = "<search> Varno Telik </search><answer> Quorvex </answer>"
