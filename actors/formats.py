@@ -248,6 +248,35 @@ def _tagged(text: str, action: str, close: str) -> tuple[str, str] | None:
     return action, text[start + len(action) + 2 : end].strip()
 
 
+def read_tool_call(
+    body: str, reserved: tuple[str, ...] = RESERVED_NAMES
+) -> tuple[str, dict] | None:
+    """(name, arguments) of the JSON written between `<tool_call>` and `</tool_call>`, else None:
+    JSON that does not parse or is no object, no name, a name that is not a string, is empty or
+    is `reserved`, arguments that are not an object (nor a JSON string of one) are no call
+    (hostile text included). A call without arguments has `{}`. The chat_tools format and the
+    OpenAI-compatible endpoint (`actors.agent_session`, whose agents name their own tools and
+    reserve none) read calls with this one reader."""
+    try:
+        call = json.loads(body)
+    except (ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
+        return None
+    if not isinstance(call, dict):
+        return None
+    name = call.get("name")
+    if not isinstance(name, str) or not name or name in reserved:
+        return None
+    arguments = call.get("arguments", {})
+    if isinstance(arguments, str):  # some models write the arguments as a JSON string
+        try:
+            arguments = json.loads(arguments)
+        except (ValueError, RecursionError):
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return name, arguments
+
+
 class TagFormat:
     """Search-R1's tags (see the module doc)."""
 
@@ -355,24 +384,7 @@ class ChatToolsFormat:
         start = text.rfind(self.call_open, 0, end)
         if start < 0:
             return None
-        try:
-            call = json.loads(text[start + len(self.call_open) : end])
-        except ValueError:
-            return None
-        if not isinstance(call, dict):
-            return None
-        name = call.get("name")
-        if not isinstance(name, str) or not name or name in RESERVED_NAMES:
-            return None
-        arguments = call.get("arguments", {})
-        if isinstance(arguments, str):  # some models write the arguments as a JSON string
-            try:
-                arguments = json.loads(arguments)
-            except ValueError:
-                return None
-        if not isinstance(arguments, dict):
-            return None
-        return name, arguments
+        return read_tool_call(text[start + len(self.call_open) : end])
 
     def observation_ids(self, tokenizer, tool, body: str, limit: int) -> list[int]:
         """The chat template's rendering of a `tool` message holding `body` (cut to `limit`

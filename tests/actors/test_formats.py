@@ -7,7 +7,7 @@ import pytest
 
 from actors.embedded import EmbeddedEngine
 from actors.engine import Generation
-from actors.formats import CHAT_CORRECTION, FORMATS
+from actors.formats import CHAT_CORRECTION, FORMATS, read_tool_call
 from actors.tools import SearchTool
 from tests.actors.test_agent import Script, StubClient, Task, agent, run, segments
 
@@ -76,6 +76,24 @@ def stopped(at: str) -> Generation:
 )
 def test_a_call_is_read_only_when_it_is_well_formed(text, parsed):
     assert CHAT.parse(text, stopped("</tool_call>")) == parsed
+
+
+def test_the_reader_is_the_formats_and_the_endpoints_and_survives_deep_json():
+    """chat_tools and the OpenAI-compatible endpoint read calls with one reader; the endpoint's
+    agents name their own tools (an `answer` tool is theirs to have). JSON nested 100,000 deep
+    is no call: json's RecursionError used to escape the parser and end the actor."""
+    assert read_tool_call('{"name": "answer", "arguments": {}}') is None
+    assert read_tool_call('{"name": "answer", "arguments": {}}', reserved=()) == ("answer", {})
+    deep = "[" * 100_000
+    assert read_tool_call(deep) is None
+    assert CHAT.parse(f"<tool_call>{deep}</tool_call>", stopped("</tool_call>")) is None
+    assert (
+        CHAT.parse(
+            f'<tool_call>{{"name": "a", "arguments": "{deep}"}}</tool_call>',
+            stopped("</tool_call>"),
+        )
+        is None
+    )
 
 
 def test_answers_and_cut_turns():
