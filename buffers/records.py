@@ -40,6 +40,7 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("first_answer_token", pa.int32()),
         ("latent_reward", pa.float32()),
         ("reward_components", pa.map_(pa.string(), pa.float32())),
+        ("segments", pa.int32()),
         ("finish_reason", pa.string()),
         ("text", pa.string()),
         ("actor_id", pa.string()),
@@ -61,10 +62,11 @@ ADDED_LATER = {
     "first_answer_token": -1,
     "latent_reward": 0.0,
     "reward_components": [],
+    "segments": 1,
 }
 """Columns that files written before them lack, with the value such a file's rows are read as
 (the `Trajectory` field defaults: no latent reward, no reward components, an empty map being
-the empty list of (key, value) pairs Arrow reads it as). The one list: `from_arrow` and the
+the empty list of (key, value) pairs Arrow reads it as, one segment). The one list: `from_arrow` and the
 Parquet reader (`buffers.reader`) both take it from here."""
 
 _UINT32_MAX = np.iinfo(np.uint32).max
@@ -119,6 +121,10 @@ class Trajectory:
     reward_components: dict[str, float] = field(default_factory=dict)
     """The reward's named parts as the reward gave them (actors/scoring.py): each term of a
     weighted `actors.reward` by its name, a dict's by its keys; empty for one plain reward."""
+    segments: int = 1
+    """1 + the times the agent rewrote its history (summarised, dropped or edited a turn) through
+    the chat endpoint (actors/agent_session.py): the response is the last segment's, the one
+    the final answer was generated in; the tool names count over every segment."""
     data_source: str = ""
     question: str = ""
     ground_truth: list[str] = field(default_factory=list)
@@ -229,6 +235,8 @@ class Trajectory:
             )
         if not (math.isfinite(self.latent_reward) and self.latent_reward >= 0):
             raise self._invalid(f"latent_reward {self.latent_reward!r} must be finite and >= 0")
+        if self.segments < 1:
+            raise self._invalid(f"segments {self.segments} must be >= 1")
         if self.reward_components and not all(map(math.isfinite, self.reward_components.values())):
             raise self._invalid(f"reward_components {self.reward_components!r} are not all finite")
 
@@ -290,6 +298,7 @@ def to_arrow(trajectories: list[Trajectory]) -> pa.RecordBatch:
         "reward_components": pa.array(
             [x.reward_components for x in t], TRAJECTORY_SCHEMA.field("reward_components").type
         ),
+        "segments": pa.array([x.segments for x in t], pa.int32()),
         "finish_reason": pa.array([x.finish_reason for x in t], pa.string()),
         "text": pa.array([x.text for x in t], pa.string()),
         "actor_id": pa.array([x.actor_id for x in t], pa.string()),

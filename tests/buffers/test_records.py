@@ -188,3 +188,34 @@ def test_reward_components_round_trip_through_the_spill_and_old_files_read_witho
     t.reward_components = {"judge": float("nan")}
     with pytest.raises(InvalidTrajectory, match=r"reward_components .* are not all finite"):
         t.validate()
+
+
+def test_segments_round_trip_and_old_files_read_as_one_segment(tmp_path):
+    """An agent that rewrote its history trains its last segment and says how many it had
+    (issue 70); a file written before the column existed reads as one segment, by both readers."""
+    from buffers.reader import read_trajectories
+    from buffers.spill import ParquetSpill
+
+    t = synthetic_trajectory("p", 0, tokens=20)
+    t.segments = 3
+    t.validate()
+    (back,) = from_arrow(to_arrow([t]))
+    assert back.segments == 3
+    assert synthetic_trajectory("p", 1, tokens=20).segments == 1
+
+    old = tmp_path / "old"
+    old.mkdir()
+    written = pa.Table.from_batches([to_arrow([t])]).drop_columns(["segments"])
+    pq.write_table(written, old / "part-000001.parquet")
+    assert from_arrow(pq.read_table(old))[0].segments == 1
+    table, _ = read_trajectories(old, ["segments"])
+    assert table["segments"].to_pylist() == [1]
+    spill = ParquetSpill(tmp_path / "spill")
+    spill.append([t], "released")
+    spill.close()
+    table, _ = read_trajectories(tmp_path / "spill", ["segments"])
+    assert table["segments"].to_pylist() == [3]
+
+    t.segments = 0
+    with pytest.raises(InvalidTrajectory, match="segments 0 must be >= 1"):
+        t.validate()
