@@ -27,8 +27,8 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import ThreadedResolver
 
-from actors.tools import ToolResult, trajectory
-from actors.web_search import WebStats
+from actors.tools import FunctionTool, ToolResult
+from actors.web_search import TrajectoryCalls, WebStats
 
 MAX_REDIRECTS = 5
 TEXT_TYPES = ("text/", "application/xhtml", "application/json", "application/xml")
@@ -203,11 +203,10 @@ def decode(body: bytes, content_type: str, charset: str | None) -> str:
     return html_text(text) if "html" in kind or re.search(r"(?i)<html|<body", text[:2048]) else text
 
 
-class BrowseTool:
-    """`browse`: the text of the page at a URL (see the module doc)."""
+class BrowseTool(FunctionTool, method="browse"):
+    """`browse`: the text of the page at a URL (see the module doc); a trajectory reads at most
+    `max_calls_per_trajectory` pages (its state: `TrajectoryCalls`)."""
 
-    name = "browse"
-    call_tag = "browse"
     open_tag, close_tag = "<page>", "</page>"
 
     def __init__(
@@ -233,16 +232,26 @@ class BrowseTool:
         self.session: aiohttp.ClientSession | None = None
         self.session_loop: asyncio.AbstractEventLoop | None = None
 
-    async def __call__(self, argument: str) -> ToolResult:
-        url = argument.strip()
-        calls = trajectory().calls
-        if calls[self.name] >= self.max_calls_per_trajectory:
+    async def create(self) -> TrajectoryCalls:
+        return TrajectoryCalls()
+
+    async def release(self, calls: TrajectoryCalls) -> None:
+        """Nothing to give back: the count ends with its trajectory."""
+
+    async def browse(self, calls: TrajectoryCalls, url: str) -> ToolResult:
+        """Read a web page; returns its text, cut to a budget.
+
+        Args:
+            url: The page's URL.
+        """
+        url = url.strip()
+        if calls.made >= self.max_calls_per_trajectory:
             self.stats.outcomes["browse_refused_trajectory_budget"] += 1
             return ToolResult(
                 False,
                 f"Browse refused: this answer has read its {self.max_calls_per_trajectory} pages.",
             )
-        calls[self.name] += 1
+        calls.made += 1
         try:
             text = await self._read(url)
         except PageError as exc:

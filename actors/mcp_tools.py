@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from actors.function_tools import clean_schema, parse_docstring
+from actors.tool_schema import clean_schema, parse_docstring
 from actors.tools import ToolResult, check_arguments, function_schema
 
 _NOT_IN_A_NAME = re.compile(r"[^A-Za-z0-9_-]")

@@ -14,7 +14,8 @@ deep-research setting has (Google, reached through a Serper-compatible API).
   again) for the whole run when the tool is given the run directory: counted there (`RunBudget`),
   so every process of the run draws on one count and a resumed run goes on with it; and
   `max_calls_per_trajectory` calls of one trajectory (cache hits count: it is the agent's
-  behaviour being bounded). A call past either gets an observation saying so, and is counted.
+  behaviour being bounded; the count is the trajectory's state, `TrajectoryCalls`). A call past
+  either gets an observation saying so, and is counted.
 - **Rate limit and retries**: requests are spaced `1 / requests_per_second` apart; a timeout, a
   connection error, 429 or 5xx is retried `retries` times with exponential backoff.
 
@@ -38,7 +39,7 @@ from typing import Any, ClassVar, Protocol
 
 import aiohttp
 
-from actors.tools import ToolResult, trajectory
+from actors.tools import FunctionTool, ToolResult
 
 MAX_QUERY_CHARS = 512
 BUDGET_FILE = "web_search_requests"
@@ -236,10 +237,17 @@ class RateLimit:
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 
-class WebSearchTool:
+@dataclass
+class TrajectoryCalls:
+    """A trajectory's calls of one web tool so far: the web tools' per-trajectory state (their
+    `create`/`release`, actors/tools.py's FunctionTool), bounding `max_calls_per_trajectory`."""
+
+    made: int = 0
+
+
+class WebSearchTool(FunctionTool, method="web_search"):
     """`web_search`: the provider's results for the query (see the module doc)."""
 
-    name = "web_search"
     call_tag = "search"  # the tags format: Search-R1 asks its online search with <search> too
     open_tag, close_tag = "<information>", "</information>"
 
@@ -272,19 +280,29 @@ class WebSearchTool:
         self.pending: dict[Path, asyncio.Future] = {}  # searches asked and not answered yet
         self.session_loop: asyncio.AbstractEventLoop | None = None
 
-    async def __call__(self, argument: str) -> ToolResult:
-        query = " ".join(argument.split())[:MAX_QUERY_CHARS]
+    async def create(self) -> TrajectoryCalls:
+        return TrajectoryCalls()
+
+    async def release(self, calls: TrajectoryCalls) -> None:
+        """Nothing to give back: the count ends with its trajectory."""
+
+    async def web_search(self, calls: TrajectoryCalls, query: str) -> ToolResult:
+        """Search the web (Google); returns the top results' titles, snippets and URLs.
+
+        Args:
+            query: What to search for.
+        """
+        query = " ".join(query.split())[:MAX_QUERY_CHARS]
         if not query:
             return self._done("empty", False, "Empty search query.")
-        calls = trajectory().calls
-        if calls[self.name] >= self.max_calls_per_trajectory:
+        if calls.made >= self.max_calls_per_trajectory:
             return self._done(
                 "refused_trajectory_budget",
                 False,
                 f"Search refused: this answer has used its {self.max_calls_per_trajectory} web "
                 "searches. Answer with what you have.",
             )
-        calls[self.name] += 1
+        calls.made += 1
         request = self.provider.request(query)
         body = self.cache.get(self.provider.name, request)
         outcome = "cache_hit"

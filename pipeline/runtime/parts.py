@@ -30,7 +30,7 @@ from actors.function_tools import ToolDefinitionError, function_tool
 from actors.mcp_tools import McpError, McpServer, McpServerSpec, open_mcp_tools
 from actors.scoring import RemoteReward, Term
 from actors.servers import ManagedServers
-from actors.tools import PythonTool, SearchTool, StringTool, Tool
+from actors.tools import PythonTool, SearchTool, Tool
 from actors.web_search import PROVIDERS, DiskCache, WebSearchTool, WebStats
 from buffers.group_buffer import GroupBuffer, rewards_differ
 from buffers.spill import ParquetSpill
@@ -173,7 +173,7 @@ def _web_search_tool(
     config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None, run_dir: Path | None
 ) -> Tool:
     web = config.web
-    search = WebSearchTool(
+    return WebSearchTool(
         PROVIDERS[web.provider](web.url, web.num_results),
         DiskCache(web.cache_dir),
         web.api_key_env,
@@ -185,28 +185,19 @@ def _web_search_tool(
         stats=WEB_STATS,
         run_dir=run_dir,  # the run's budget: one count for all its processes and resumes
     )
-    return StringTool(  # until web_search is rewritten on the tool contract itself
-        search,
-        "Search the web (Google); returns the top results' titles, snippets and URLs.",
-        "query",
-        "What to search for.",
-    )
 
 
 def _browse_tool(
     config: ActorsConfig, retrieval: RetrievalConfig, search_url: str | None, run_dir: Path | None
 ) -> Tool:
     web = config.web
-    browse = BrowseTool(
+    return BrowseTool(
         max_bytes=web.browse_max_bytes,
         max_chars=web.browse_max_chars,
         max_calls_per_trajectory=web.max_calls_per_trajectory,
         timeout_s=web.timeout_s,
         allow_hosts=tuple(web.allow_hosts),
         stats=WEB_STATS,
-    )
-    return StringTool(  # until browse is rewritten on the tool contract itself
-        browse, "Read a web page; returns its text, cut to a budget.", "url", "The page's URL."
     )
 
 

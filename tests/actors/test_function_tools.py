@@ -17,7 +17,8 @@ from actors.agent import AgentLoop, AgentSettings
 from actors.embedded import EmbeddedEngine
 from actors.engine import EngineError
 from actors.formats import FORMATS, instruction
-from actors.function_tools import ToolDefinitionError, function_tool, parse_docstring
+from actors.function_tools import function_tool
+from actors.tool_schema import ToolDefinitionError, parse_docstring
 from actors.tools import ToolResult, ToolStats, call_tool
 from pipeline.config.loader import load_config
 from tests.actors.test_agent import Script, Task, segments

@@ -198,7 +198,7 @@ def test_the_runs_tools_count_in_its_directory(standin, tmp_path, monkeypatch):
                     CURRENT_TRAJECTORY.reset(token)
             return out
         finally:
-            await tool.tool.close()
+            await tool.close()
 
     run = tmp_path / "run"
     run.mkdir()
