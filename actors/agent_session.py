@@ -437,7 +437,7 @@ class TrajectorySession:
         if read_calls:
             for block in _CALL.finditer(visible):
                 call = read_tool_call(block[1], reserved=())
-                if call is not None:
+                if call is not None and _json(call[1]):
                     calls.append(ToolCall(f"call_{secrets.token_hex(12)}", *call))
                     kept.append(visible[start : block.start()])
                     start = block.end()
@@ -568,6 +568,16 @@ def _tool_call(call: object, i: int) -> dict:
     if isinstance(call.get("id"), str):
         normal["id"] = call["id"]
     return normal
+
+
+def _json(arguments: dict) -> bool:
+    """Whether `arguments` is JSON as every client reads it: Python's json takes NaN and
+    Infinity, which a client could neither parse nor send back equal."""
+    try:
+        json.dumps(arguments, allow_nan=False)
+    except ValueError:
+        return False
+    return True
 
 
 def _message_key(message: dict) -> tuple:

@@ -373,14 +373,15 @@ def test_a_forced_prefix_is_masked_and_starts_the_reply(tokenizer):
 
 def test_calls_that_do_not_parse_stay_in_the_content_and_are_counted(tokenizer):
     bad = '<tool_call>{"name": "search", "arguments": [1]}</tool_call>'
+    nan = '<tool_call>{"name": "search", "arguments": {"k": NaN}}</tool_call>'
     engine = ScriptedEngine(
-        tokenizer, [f'{bad} and {CALL} then <tool_call>{{"name<|im_end|>', "ok<|im_end|>"]
+        tokenizer, [f'{bad} and {CALL}{nan} then <tool_call>{{"name<|im_end|>', "ok<|im_end|>"]
     )
     s = session(engine)
     (reply,) = chat(s, QUESTION)
     assert len(reply.tool_calls) == 1
-    assert reply.content == f'{bad} and  then <tool_call>{{"name'
-    assert s.record().invalid_tool_calls == 2
+    assert reply.content == f'{bad} and {nan} then <tool_call>{{"name'
+    assert s.record().invalid_tool_calls == 3  # NaN: JSON to Python alone, to no client
     (plain,) = chat(s, QUESTION, tools=None)  # no tools offered: nothing is read as a call
     assert plain.tool_calls == [] and plain.content == "ok"
 
