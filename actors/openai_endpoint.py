@@ -24,7 +24,11 @@ OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`:
 | 400 | history_rewritten | the agent rewrote its history and the session drops rewrites |
 | 404 | unknown_session / finished_session | no such key / the trajectory is over |
 | 409 | session_busy | another request of the session is in flight |
+| 413 | request_entity_too_large | a body over 64 MiB |
 | 503 | engine_error | the engine failed or aborted; the session keeps the error |
+
+A session that failed (engine error, budget, rewrite under drop) answers every later request
+with the same error: its trajectory is lost, and `TrajectorySession.failure` says why.
 """
 
 from __future__ import annotations

@@ -319,7 +319,7 @@ def test_the_agents_sdk_extends_its_session(tokenizer):
     engine = ScriptedEngine(
         tokenizer,
         [
-            '<tool_call>\n{"name": "lookup", "arguments": {"word": "Telik"}}\n</tool_call><|im_end|>',
+            '<think> look it up </think><tool_call>\n{"name": "lookup", "arguments": {"word": "Telik"}}\n</tool_call><|im_end|>',
             ANSWER,
         ],
     )
