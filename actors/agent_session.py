@@ -205,6 +205,7 @@ class TrajectorySession:
         self._segments = 0
         self._history: list[dict] | None = None  # the last request's messages; None: ids only
         self._pending: _Pending | None = None
+        self._final = 0  # the pending choice the trajectory ends with
         self._tool_calls: list[tuple[str, dict]] = []
         self._invalid = 0
         self._issued: set[str] = set()  # ids of the tool calls the session's replies made
@@ -259,12 +260,13 @@ class TrajectorySession:
 
     def record(self) -> SessionRecord:
         """The session as a trajectory, once the agent is done: a pending reply the agent sent
-        no request after is the final one (choice 0 of n > 1)."""
+        no request after is the final one (choice 0 of n > 1, or the one a request refused for
+        the budget went on from)."""
         if self._segment is None:
             return SessionRecord([], [], [], [], [], [], [], "", 0, 0, 0, 0)
         segment, calls, invalid = self._segment.copy(), list(self._tool_calls), self._invalid
         if self._pending is not None:
-            invalid += self._take(segment, self._pending, 0, calls)
+            invalid += self._take(segment, self._pending, self._final, calls)
         return SessionRecord(
             prompt_ids=list(segment.prompt),
             token_ids=segment.ids,
@@ -388,6 +390,8 @@ class TrajectorySession:
             spent += len(plan.delta)
         room = self.max_response_tokens - spent
         if room <= 0:
+            if plan.taken is not None:  # the session ends with the choice the agent went on from
+                self._final = plan.taken
             raise SessionBudgetExhausted(
                 f"this session's {self.max_response_tokens} response tokens are spent "
                 f"({spent} generated and observed)"
@@ -467,7 +471,7 @@ class TrajectorySession:
             if call_id:
                 self._answered.add(call_id)
         self._issued |= {call.id for reply in pending.replies for call in reply.tool_calls}
-        self._pending = pending
+        self._pending, self._final = pending, 0
         self.requests += 1
 
     @staticmethod

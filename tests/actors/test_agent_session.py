@@ -327,6 +327,15 @@ def test_the_budget_clips_max_tokens_and_then_refuses(tokenizer):
     assert isinstance(s.failure, SessionBudgetExhausted) and len(engine.contexts) == 2
 
 
+def test_a_request_refused_for_the_budget_still_says_which_choice_the_agent_took(tokenizer):
+    engine = ScriptedEngine(tokenizer, ["A.<|im_end|>", "B.<|im_end|>"])
+    s = session(engine, max_response_tokens=30)
+    choices = chat(s, QUESTION, n=2)
+    with pytest.raises(SessionBudgetExhausted):
+        chat(s, [*QUESTION, as_sent(choices[1]), {"role": "user", "content": "x " * 40}])
+    assert s.record().token_ids == choices[1].generation.token_ids
+
+
 def test_max_requests(tokenizer):
     engine = ScriptedEngine(tokenizer, ["A<|im_end|>"] * 3)
     s = session(engine, max_requests=2)
