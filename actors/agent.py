@@ -100,6 +100,18 @@ class AgentStats:
     reward_errors: int = 0  # reward terms that raised, timed out or gave no number: scored 0
     finish: Counter = field(default_factory=Counter)
     tools: ToolStats = field(default_factory=ToolStats)
+    failures: Counter = field(default_factory=Counter)
+    """A custom or openai agent's dropped trajectories by kind (`AGENT_FAILURES`)."""
+    rewrites: int = 0
+    """Times a custom or openai agent rewrote its history (new segments) in the trajectories
+    delivered."""
+
+
+AGENT_FAILURES = ("raised", "timeout", "exit", "rewritten", "invalid")
+"""How a custom or openai agent's trajectory can fail (actors/session_agent.py): the agent
+raised, outlived actors.agent.deadline_s, its program exited with a status other than 0, it
+rewrote its history under on_rewrite drop, or it returned what is no answer (or never
+generated)."""
 
 
 class AgentLoop:
