@@ -1,0 +1,218 @@
+"""The agent endpoint's cost: the built-in loop against an `openai`-client agent, same work.
+
+Both paths run the same trajectories on one embedded engine (the tiny Qwen2 policy, greedy, so
+both generate the very same tokens; the script checks it): `--turns` generations of at most
+`--max-tokens` tokens each, a turn ended by `</tool_call>` or `</answer>`, and after each turn
+that did not answer the chat_tools format's correction as a user message. The built-in path is
+`actors.agent.AgentLoop` (format chat_tools, one tool offered, the model calling none); the
+endpoint path is an agent written with the official `openai` client (`AsyncOpenAI`) talking to
+`actors.openai_endpoint.AgentEndpoint` on 127.0.0.1, one session per trajectory, its record
+taken at the end as the pool does. Both run `--concurrency` trajectories at a time in the one
+process and event loop, as an actor pool runs them with the embedded engine; the paths
+alternate (`--repeats` each) so that drift in the machine's speed falls on both.
+
+Printed: generated tokens/s of each path and their ratio (issue 70's target: endpoint >= 0.9 of
+the built-in loop), and the endpoint's added latency per call: at concurrency 1, the client's
+time for a request less the engine's time generating it (p50/p99 over every call).
+
+    python benchmarks/agent_endpoint.py [--trajectories 64] [--concurrency 16] [--turns 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+
+import numpy as np
+import torch
+from openai import AsyncOpenAI
+
+from actors.agent import AgentLoop, AgentSettings
+from actors.embedded import EmbeddedEngine
+from actors.formats import ANSWER_CLOSE, CHAT_CORRECTION, CHAT_INSTRUCTION
+from actors.function_tools import function_tool
+from actors.openai_endpoint import AgentEndpoint
+from pipeline.assets.tiny_policy import build_tiny_policy
+
+TEXTS = [
+    f"Question {i}: where was Varno Telik born? <tool_call>\n"
+    f'{{"name": "lookup", "arguments": {{"key": "Varno Telik {i}"}}}}\n</tool_call> '
+    f"<answer> Quorvex </answer>"
+    for i in range(3000)
+]
+STOPS = ["</tool_call>", ANSWER_CLOSE]
+
+
+def lookup(key: str) -> str:
+    """Look a key up in the atlas.
+
+    key: what to look up
+    """
+    return f"{key}: nothing known"
+
+
+class TimedEngine:
+    """The engine, with the time each generation took (for the endpoint's added latency)."""
+
+    def __init__(self, engine: EmbeddedEngine) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.durations: list[float] = []
+
+    @property
+    def generated_tokens(self) -> int:
+        return self.engine.generated_tokens
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    async def generate(self, prompt_ids, params):
+        start = time.perf_counter()
+        out = await self.engine.generate(prompt_ids, params)
+        self.durations.append(time.perf_counter() - start)
+        return out
+
+
+class Task:
+    def __init__(self, i: int) -> None:
+        self.id, self.question = f"q{i}", f"where was person {i} born?"
+        self.ground_truth, self.data_source = ("Quorvex",), "bench"
+
+
+async def builtin(engine, tokenizer, tasks, concurrency: int, turns: int, tokens: int) -> int:
+    settings = AgentSettings(
+        max_turns=turns - 1,
+        max_new_tokens_per_turn=tokens,
+        max_response_tokens=100_000,
+        temperature=0.0,
+        format="chat_tools",
+    )
+    loop = AgentLoop(engine, tokenizer, {"lookup": function_tool(lookup)}, settings)
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(i: int, task: Task) -> int:
+        async with slots:
+            trajectory = await loop.run(task, task.id, i)
+            return int(trajectory.loss_mask.sum())
+
+    return sum(await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks))))
+
+
+async def endpoint_agent(
+    endpoint: AgentEndpoint, tasks, concurrency: int, turns: int, tokens: int
+) -> tuple[int, list[float]]:
+    schema = function_tool(lookup).schema
+    slots = asyncio.Semaphore(concurrency)
+    calls: list[float] = []
+
+    async def one(task: Task) -> int:
+        async with slots:
+            key, session = endpoint.open_session(
+                max_response_tokens=100_000, max_requests=turns, temperature=0.0
+            )
+            client = AsyncOpenAI(base_url=endpoint.base_url, api_key=key, max_retries=0)
+            content = f"{CHAT_INSTRUCTION} Question: {task.question}\n"
+            messages: list = [{"role": "user", "content": content}]
+            try:
+                for turn in range(turns):
+                    final = turn == turns - 1
+                    start = time.perf_counter()
+                    reply = await client.chat.completions.create(
+                        model="strata-policy",
+                        messages=messages,
+                        tools=[schema],
+                        temperature=0.0,
+                        max_tokens=tokens,
+                        stop=[ANSWER_CLOSE] if final else STOPS,
+                    )
+                    calls.append(time.perf_counter() - start)
+                    message = reply.choices[0].message
+                    if final or ANSWER_CLOSE in (message.content or ""):
+                        break
+                    messages += [message, {"role": "user", "content": CHAT_CORRECTION}]
+                record = session.record()
+            finally:
+                endpoint.close_session(key)
+                await client.close()
+            return sum(record.loss_mask)
+
+    generated = sum(await asyncio.gather(*(one(t) for t in tasks)))
+    return generated, calls
+
+
+async def measure(path: str, args) -> None:
+    engine = EmbeddedEngine.from_pretrained(path, max_batch_size=args.concurrency)
+    tokenizer = engine.tokenizer
+    timed = TimedEngine(engine)
+    endpoint = AgentEndpoint(timed, tokenizer)
+    await endpoint.start()
+    tasks = [Task(i) for i in range(args.trajectories)]
+    turns, tokens = args.turns, args.max_tokens
+    await builtin(engine, tokenizer, tasks[:2], 2, 1, 8)  # warm-up, both paths
+    await endpoint_agent(endpoint, tasks[:2], 2, 1, 8)
+    rates: dict[str, list[float]] = {"built-in loop": [], "endpoint (openai client)": []}
+    counts: dict[str, set[int]] = {name: set() for name in rates}
+    for _ in range(args.repeats):
+        for name in rates:
+            start = time.perf_counter()
+            if name == "built-in loop":
+                generated = await builtin(engine, tokenizer, tasks, args.concurrency, turns, tokens)
+            else:
+                generated, _ = await endpoint_agent(
+                    endpoint, tasks, args.concurrency, turns, tokens
+                )
+            rates[name].append(generated / (time.perf_counter() - start))
+            counts[name].add(generated)
+    # the added latency: one trajectory at a time, so each call's generation is its own
+    timed.durations.clear()
+    _, calls = await endpoint_agent(endpoint, tasks[: args.latency_trajectories], 1, turns, tokens)
+    added = np.array(calls) - np.array(timed.durations)
+    await endpoint.close()
+    await engine.close()
+
+    print(
+        f"embedded engine, tiny Qwen2 (2 layers, hidden 128), torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads; {args.trajectories} trajectories of up to {turns} "
+        f"turns of {tokens} tokens, {args.concurrency} at a time, greedy; {args.repeats} "
+        "alternating runs a path"
+    )
+    print(f"generated tokens a run: {counts}")
+    if len(counts["built-in loop"] | counts["endpoint (openai client)"]) != 1:
+        print("WARNING: the paths generated different numbers of tokens: not the same work")
+    print("| path | generated tokens/s (each run) | median |")
+    print("|---|---|---|")
+    for name, values in rates.items():
+        each = ", ".join(f"{v:,.0f}" for v in values)
+        print(f"| {name} | {each} | {statistics.median(values):,.0f} |")
+    ratio = statistics.median(rates["endpoint (openai client)"]) / statistics.median(
+        rates["built-in loop"]
+    )
+    print(f"endpoint / built-in loop, tokens/s (medians): {ratio:.3f} (target >= 0.9)")
+    p50, p99 = np.percentile(added * 1000, [50, 99])
+    print(
+        f"endpoint's added latency a call (client time - engine time, concurrency 1, "
+        f"{len(added)} calls): p50 {p50:.1f} ms, p99 {p99:.1f} ms; the engine's own p50 "
+        f"{np.percentile(np.array(timed.durations) * 1000, 50):.1f} ms"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trajectories", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--latency-trajectories", type=int, default=32)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(build_tiny_policy(f"{tmp}/tiny", TEXTS))
+        asyncio.run(measure(path, args))
+
+
+if __name__ == "__main__":
+    main()
