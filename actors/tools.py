@@ -169,6 +169,11 @@ class ToolStats:
         if bad_call:
             self.bad_calls[name] += 1
 
+    def add(self, other: ToolStats) -> None:
+        """Count `other`'s figures here too (the pools of one process, added up)."""
+        for counter in ("calls", "errors", "seconds", "bad_calls", "release_errors"):
+            getattr(self, counter).update(getattr(other, counter))
+
 
 def keeps_state(obj: Any) -> bool:
     """Whether `obj` (a tool's class or object) keeps per-trajectory state: it has `create` and

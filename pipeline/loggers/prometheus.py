@@ -19,7 +19,9 @@ class PrometheusLogger(Logger):
     def __init__(self, config: StrataConfig, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.metrics = RunMetrics()
-        self.metrics.declare_tools(config.actors.tool_names)
+        self.metrics.declare_tools(
+            config.actors.tool_names, [server.name for server in config.actors.mcp_servers]
+        )
         # Serving starts here: a taken port stops the run before anything is built.
         host = config.metrics.host
         port = self.metrics.serve(host, config.metrics.port)

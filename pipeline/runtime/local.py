@@ -93,10 +93,7 @@ class LocalRoles(Roles):
     async def actor_stats(self) -> dict[str, ActorStats]:
         tools = ToolStats()  # the pools share the one engine: their tool counts add up
         for agent in self.agents:
-            for name in agent.stats.tools.calls:
-                tools.calls[name] += agent.stats.tools.calls[name]
-                tools.errors[name] += agent.stats.tools.errors[name]
-                tools.seconds[name] += agent.stats.tools.seconds[name]
+            tools.add(agent.stats.tools)
         rejoins = self.engine.stats()["rejoins"] if isinstance(self.engine, RemoteEngine) else 0
         return {
             "embedded-0": ActorStats(
@@ -105,6 +102,7 @@ class LocalRoles(Roles):
                 tools,
                 int(rejoins),
                 sum(agent.stats.reward_errors for agent in self.agents),
+                {server.spec.name: server.restarts for server in self.acting.mcp_servers},
             )
         }
 

@@ -7,6 +7,7 @@ the gauges and counters it reads off the buffer, the pools and the engines; ever
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -116,6 +117,24 @@ class RunMetrics:
         self.tool_errors = Counter(
             "strata_tool_errors_total", "Failed tool calls", ["tool"], registry=r
         )
+        self.tool_bad_calls = Counter(
+            "strata_tool_bad_calls_total",
+            "Tool calls whose arguments did not fit the tool's schema (nothing ran; also errors)",
+            ["tool"],
+            registry=r,
+        )
+        self.tool_release_errors = Counter(
+            "strata_tool_release_errors_total",
+            "Per-trajectory tool states whose release raised",
+            ["tool"],
+            registry=r,
+        )
+        self.mcp_restarts = Counter(
+            "strata_mcp_restarts_total",
+            "MCP servers started (or reconnected) again after they died",
+            ["server"],
+            registry=r,
+        )
         self.weight_sync = Histogram(
             "strata_weight_sync_seconds", "Weight publish time", registry=r
         )
@@ -178,10 +197,18 @@ class RunMetrics:
         for status in TRAJECTORY_FATES:
             self.trajectories.labels(status=status)  # every series exists from the first scrape
 
-    def declare_tools(self, tools: list[str]) -> None:
+    def declare_tools(self, tools: Sequence[str], mcp_servers: Sequence[str] = ()) -> None:
+        """Every tool's and MCP server's series, at 0 from the first scrape."""
         for tool in tools:
-            self.tool_seconds.labels(tool=tool)
-            self.tool_errors.labels(tool=tool)
+            for counter in (
+                self.tool_seconds,
+                self.tool_errors,
+                self.tool_bad_calls,
+                self.tool_release_errors,
+            ):
+                counter.labels(tool=tool)
+        for server in mcp_servers:
+            self.mcp_restarts.labels(server=server)
 
     def serve(self, host: str, port: int) -> int:
         """Start the HTTP endpoint; returns the bound port (port 0 picks a free one)."""
@@ -264,7 +291,15 @@ class RunMetrics:
             self._advance(self.generated_tokens, f"tokens/{name}", actor.generated_tokens)
             self._advance(self.server_rejoins, f"rejoins/{name}", actor.server_rejoins)
             self._advance(self.reward_errors, f"reward_errors/{name}", actor.reward_errors)
-            for tool in actor.tools.calls:
-                secs, errs = actor.tools.seconds[tool], actor.tools.errors[tool]
-                self._advance(self.tool_seconds, f"secs/{name}/{tool}", secs, tool=tool)
-                self._advance(self.tool_errors, f"errs/{name}/{tool}", errs, tool=tool)
+            tools = actor.tools
+            per_tool = (
+                (self.tool_seconds, "secs", tools.seconds),
+                (self.tool_errors, "errs", tools.errors),
+                (self.tool_bad_calls, "bad", tools.bad_calls),
+                (self.tool_release_errors, "release", tools.release_errors),
+            )
+            for counter, kind, totals in per_tool:
+                for tool, total in totals.items():
+                    self._advance(counter, f"{kind}/{name}/{tool}", total, tool=tool)
+            for server, restarts in actor.mcp_restarts.items():
+                self._advance(self.mcp_restarts, f"mcp/{name}/{server}", restarts, server=server)

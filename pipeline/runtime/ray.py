@@ -206,6 +206,7 @@ class GenerationWorker:
             self.agent.stats.tools,
             int(rejoins),
             self.agent.stats.reward_errors,
+            {server.spec.name: server.restarts for server in self.acting.mcp_servers},
         )
 
     async def close(self) -> None:

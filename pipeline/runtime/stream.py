@@ -17,6 +17,7 @@ import itertools
 import json
 import math
 import random
+from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,6 +100,29 @@ class ActorStats:
     """Times one of its inference servers came back after failing (reloaded, readmitted)."""
     reward_errors: int = 0
     """Reward terms that raised, timed out or gave no number (each scored 0), in its loops."""
+    mcp_restarts: dict[str, int] = field(default_factory=dict)
+    """Times each of its MCP servers (by name) was started again after it died."""
+
+
+def tool_fault_metrics(actors: dict[str, ActorStats]) -> dict[str, int]:
+    """metrics.jsonl's tool faults, summed over the actors since they started: calls whose
+    arguments did not fit the tool's schema (`tool_bad_calls`), per-trajectory states whose
+    release raised (`tool_release_errors`), MCP servers started again after dying
+    (`mcp_restarts`), each also per tool or server name where there was one
+    (`tool_bad_calls/<tool>` ...)."""
+    counts = {
+        "tool_bad_calls": Counter(),
+        "tool_release_errors": Counter(),
+        "mcp_restarts": Counter(),
+    }
+    for actor in actors.values():
+        counts["tool_bad_calls"].update(actor.tools.bad_calls)
+        counts["tool_release_errors"].update(actor.tools.release_errors)
+        counts["mcp_restarts"].update(actor.mcp_restarts)
+    out = {key: sum(by_name.values()) for key, by_name in counts.items()}
+    for key, by_name in counts.items():
+        out.update({f"{key}/{name}": n for name, n in sorted(by_name.items()) if n})
+    return out
 
 
 def question_stream(
@@ -261,6 +285,7 @@ async def stream(
             server_rejoins=sum(a.server_rejoins for a in actors.values()),
             reward_errors=sum(a.reward_errors for a in actors.values()),
         )
+        metrics.update(tool_fault_metrics(actors))
         metrics.update(fairness_metrics(stats))
         metrics_file.write(json.dumps(metrics) + "\n")
         metrics_file.flush()
