@@ -3,10 +3,13 @@
 A server is a command Strata starts (stdio: each actor process starts its own and stops it with
 the run; a command `python` or `python3` is this process's own interpreter, whatever PATH finds)
 or a running streamable-HTTP endpoint, which Strata reaches on loopback only
-(127.0.0.0/8, ::1, localhost) unless the config says `allow_remote: true`. At start the server's
-tools are listed (every page) and, kept to the allow-list if one is given, become Strata tools
-(the contract: actors/tools.py) named `<server>_<tool>`: the server's name keeps two servers' tools
-(and Strata's own) apart, and the prompt and `Trajectory.tool_names` show where a call went.
+(127.0.0.0/8, ::1, localhost) unless the config says `allow_remote: true`. A server that does not
+start, or does not answer within `timeout_s`, is refused in one line that says where its stderr
+went (the run directory's `logs/mcp-<name>.log`) and the last line it wrote there. At start the
+server's tools are listed (every page) and, kept to the allow-list if one is given, become
+Strata tools (the contract: actors/tools.py) named `<server>_<tool>`: the server's name keeps two
+servers' tools (and Strata's own) apart, and the prompt and `Trajectory.tool_names` show where a
+call went.
 Characters a tool name cannot hold become `_`; the call reaches the server under its own name.
 Each tool's schema is the server's input schema (titles dropped); its description the server's,
 parameters the description's `Args:` block documents getting their lines.
@@ -94,15 +97,16 @@ class McpServer:
     async def start(self) -> dict[str, McpTool]:
         """Start (or reach) the server and list its tools: name -> Strata tool. McpError (one
         line) when it cannot be started, or the allow-list names a tool it does not have."""
+        log = self.log_path()
+        before = _size(log)
         try:
             self._connection = await self._connect()
             listed = await asyncio.wait_for(self._list(), self.spec.timeout_s)
         except Exception as exc:
             await self.close()
-            if isinstance(exc, McpError):
-                raise
             raise McpError(
-                f"mcp server {self.spec.name} ({self._where()}) cannot be used: {_first_line(exc)}"
+                f"mcp server {self.spec.name} ({self._where()}) cannot be used: "
+                f"{_first_line(exc)}{self._stderr_said(log, before)}"
             ) from None
         chosen = (
             listed if self.spec.tools is None else [t for t in listed if t.name in self.spec.tools]
@@ -178,9 +182,33 @@ class McpServer:
         await asyncio.wait_for(connection.open(), self.spec.timeout_s)
         return connection
 
+    def log_path(self) -> Path | None:
+        """Where a stdio server's stderr goes: `log_dir/mcp-<name>.log` (the run directory's
+        logs/); None without a log_dir (this process's stderr) or for an HTTP server."""
+        if self.spec.command is None or self.log_dir is None:
+            return None
+        return self.log_dir / f"mcp-{self.spec.name}.log"
+
+    def _stderr_said(self, log: Path | None, before: int) -> str:
+        """Where to read why a stdio server did not start, for its one-line refusal: its log
+        (and the last line it wrote there during this start), or this process's stderr."""
+        if self.spec.command is None:
+            return ""
+        if log is None:
+            return "; its stderr is this process's (above)"
+        try:
+            with open(log, "rb") as f:
+                f.seek(before)
+                written = f.read().decode("utf-8", "replace")
+        except OSError:
+            written = ""
+        lines = [line.strip() for line in written.splitlines() if line.strip()]
+        last = f", ending: {lines[-1][:200]}" if lines else " (empty)"
+        return f"; its stderr is in {log}{last}"
+
     def _transport(self, stack: contextlib.AsyncExitStack):
-        """The SDK's transport to the server; a stdio server's stderr goes to
-        `log_dir/mcp-<name>.log` (else this process's stderr)."""
+        """The SDK's transport to the server; a stdio server's stderr goes to `log_path()`
+        (else this process's stderr)."""
         from mcp import StdioServerParameters
         from mcp.client.stdio import stdio_client
         from mcp.client.streamable_http import streamable_http_client
@@ -192,9 +220,9 @@ class McpServer:
             command = sys.executable
         params = StdioServerParameters(command=command, args=list(args), env=self.spec.env or None)
         errlog = sys.stderr
-        if self.log_dir is not None:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            log = self.log_dir / f"mcp-{self.spec.name}.log"
+        log = self.log_path()
+        if log is not None:
+            log.parent.mkdir(parents=True, exist_ok=True)
             errlog = stack.enter_context(open(log, "a"))  # noqa: SIM115 (the stack closes it)
         return stdio_client(params, errlog=errlog)
 
@@ -311,6 +339,14 @@ def _timed_out(exc: BaseException) -> bool:
     from mcp_types import REQUEST_TIMEOUT
 
     return isinstance(exc, TimeoutError) or (getattr(exc, "code", None) == REQUEST_TIMEOUT)
+
+
+def _size(path: Path | None) -> int:
+    """The file's size (0 when there is none): where what is written next begins."""
+    try:
+        return 0 if path is None else path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _first_line(exc: BaseException) -> str:

@@ -229,3 +229,32 @@ def test_a_runs_servers_start_with_its_acting_parts_and_stop_with_them(tmp_path)
     names, pid, running = run(scenario())
     assert names == config.actors.tool_names and running
     assert not alive(pid) and (tmp_path / "logs" / "mcp-calc.log").is_file()
+
+
+def test_a_server_that_does_not_start_is_one_line_naming_its_log(tmp_path):
+    from pipeline.backends.runtime import RuntimeUnavailable
+    from pipeline.runtime.parts import open_mcp_servers
+
+    crash = (
+        "import sys; print('ModuleNotFoundError: no module units', file=sys.stderr); sys.exit(1)"
+    )
+    config = load_config(
+        "configs/local.yaml",
+        [
+            "actors.tools=[python]",
+            f"actors.mcp_servers=[{{name: units, command: [{sys.executable}, -c, {crash!r}]}}]",
+        ],
+    )
+    log = tmp_path / "logs" / "mcp-units.log"
+    log.parent.mkdir()
+    log.write_text("an earlier run's last words\n")  # a resumed run appends to its log
+    with pytest.raises(RuntimeUnavailable) as refused:
+        run(open_mcp_servers(config.actors, {}, tmp_path / "logs"))
+    message = str(refused.value)
+    assert message.startswith("actors.mcp_servers: mcp server units (") and "\n" not in message
+    assert message.endswith(
+        f"; its stderr is in {log}, ending: ModuleNotFoundError: no module units"
+    )
+    with pytest.raises(McpError) as unlogged:  # no log directory: the stderr is this process's
+        run(open_mcp_tools([McpServerSpec("units", command=[sys.executable, "-c", crash])]))
+    assert str(unlogged.value).endswith("; its stderr is this process's (above)")
