@@ -2,10 +2,11 @@
 
 For a measure per run (e.g. held-out accuracy at the last evaluation) of variant A against B:
 
-- Welch's t-test over runs (unequal variances), with its 95% interval of the difference;
-- a permutation test over runs: exact (every relabelling) when there are at most 50,000, else
-  20,000 random ones, counted with the observed labelling among them ((hits + 1) / (draws + 1),
-  as scipy.stats.permutation_test does: a Monte Carlo p is never 0); `smallest_permutation_p`
+- Welch's t-test over runs (unequal variances), with its 95% interval of the difference and
+  its degrees of freedom (`scipy.stats.ttest_ind`);
+- a permutation test over runs (`scipy.stats.permutation_test`): exact (every relabelling) when
+  there are at most 50,000, else 20,000 random ones, counted with the observed labelling among
+  them ((hits + 1) / (draws + 1): a Monte Carlo p is never 0); `smallest_permutation_p`
   says the least p a design of n_a vs n_b runs can give at all (3 vs 3: 0.05 one-sided, 0.1
   two-sided, so "p < 0.05" is out of its reach whatever the runs);
 - a hierarchical bootstrap 95% interval of the difference where the per-question scores are at
@@ -25,8 +26,8 @@ significant difference", which with few runs is what most comparisons are.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
-from itertools import combinations
 from typing import Literal
 
 import numpy as np
@@ -89,35 +90,46 @@ def _zeroed(x: float) -> float:
     return 0.0 if abs(x) < 1e-12 else x
 
 
-def welch_parts(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    """The standard error of mean(a) - mean(b) (unequal variances) and its Welch-Satterthwaite
-    degrees of freedom (nan when the error is 0)."""
-    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-    se = math.sqrt(va + vb)
-    if se == 0:
-        return 0.0, math.nan
-    return se, (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+def _standard_error(a: np.ndarray, b: np.ndarray) -> float:
+    """Of mean(a) - mean(b), variances unequal."""
+    return math.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b))
 
 
-def welch(a: np.ndarray, b: np.ndarray) -> tuple[float, tuple[float, float]]:
-    """Welch's two-sided p and 95% interval of mean(a) - mean(b)."""
-    se, df = welch_parts(a, b)
-    diff = float(a.mean() - b.mean())
-    if se == 0:
-        return (1.0 if diff == 0 else 0.0), (diff, diff)
-    p = float(2 * sps.t.sf(abs(diff) / se, df))
-    half = float(sps.t.ppf(1 - LEVEL / 2, df)) * se
-    return p, (diff - half, diff + half)
+def _ttest(a: np.ndarray, b: np.ndarray):
+    """scipy's Welch test; a side whose runs are all equal is a valid sample (its variance 0),
+    not the precision loss scipy warns of."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Precision loss occurred", RuntimeWarning)
+        return sps.ttest_ind(a, b, equal_var=False)
+
+
+def welch(a: np.ndarray, b: np.ndarray) -> tuple[float, tuple[float, float], float]:
+    """Welch's two-sided p, 95% interval of mean(a) - mean(b) and Welch-Satterthwaite degrees of
+    freedom (scipy's `ttest_ind(equal_var=False)`). Runs without spread have no t: p is 1 for
+    equal means and 0 otherwise, the interval the difference itself, the degrees of freedom 0."""
+    if _standard_error(a, b) == 0:
+        diff = float(a.mean() - b.mean())
+        return (1.0 if diff == 0 else 0.0), (diff, diff), 0.0
+    found = _ttest(a, b)
+    ci = found.confidence_interval(1 - LEVEL)
+    return float(found.pvalue), (float(ci.low), float(ci.high)), float(found.df)
 
 
 def detectable(a: np.ndarray, b: np.ndarray, power: float = 0.8, level: float = LEVEL) -> float:
     """The difference of means these runs detect with `power` in a two-sided Welch test at
     `level`: (t_{1 - level/2} + t_{power}) * se on the Welch-Satterthwaite degrees of freedom;
     0 when the runs have no spread."""
-    se, df = welch_parts(a, b)
+    se = _standard_error(a, b)
     if se == 0:
         return 0.0
+    df = _ttest(a, b).df
     return float((sps.t.ppf(1 - level / 2, df) + sps.t.ppf(power, df)) * se)
+
+
+def _exact(n_a: int, n_b: int, exact_limit: int, draws: int) -> bool:
+    """Whether the permutation test enumerates every relabelling: when there are at most
+    `exact_limit`, or no more than the `draws` it would otherwise make (scipy's own rule)."""
+    return math.comb(n_a + n_b, n_a) <= max(exact_limit, draws)
 
 
 def smallest_permutation_p(
@@ -129,14 +141,13 @@ def smallest_permutation_p(
 ) -> float:
     """The least p `permutation_p` can give n_a vs n_b runs whatever their values (no ties):
     one relabelling in C(n_a + n_b, n_a) is as extreme as the observed one, two two-sided when
-    n_a == n_b (the swapped labelling is its mirror); with more relabellings than `exact_limit`
+    n_a == n_b (the swapped labelling is its mirror); drawn at random rather than enumerated,
     the Monte Carlo floor 1 / (draws + 1) as well."""
     if n_a < 1 or n_b < 1:
         raise ValueError(f"a permutation test needs a run a side, got {n_a} vs {n_b}")
-    splits = math.comb(n_a + n_b, n_a)
     extreme = 2 if alternative == "two-sided" and n_a == n_b else 1
-    floor = extreme / splits
-    return floor if splits <= exact_limit else max(floor, 1 / (draws + 1))
+    floor = extreme / math.comb(n_a + n_b, n_a)
+    return floor if _exact(n_a, n_b, exact_limit, draws) else max(floor, 1 / (draws + 1))
 
 
 def can_reach(
@@ -147,6 +158,14 @@ def can_reach(
     return smallest_permutation_p(n_a, n_b, alternative) < level
 
 
+def _mean_gap(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.mean(x, axis=axis) - np.mean(y, axis=axis)
+
+
+def _abs_mean_gap(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.abs(_mean_gap(x, y, axis))
+
+
 def permutation_p(
     a: np.ndarray,
     b: np.ndarray,
@@ -155,32 +174,28 @@ def permutation_p(
     alternative: Alternative = "two-sided",
     exact_limit: int = EXACT_LIMIT,
 ) -> float:
-    """p of the difference of means mean(a) - mean(b) under relabelling the runs: two-sided as
-    |difference| at least the observed one, "greater" / "less" one-sided. Exact over every
-    relabelling when there are at most `exact_limit`, else `draws` random ones counted with the
-    observed one ((hits + 1) / (draws + 1), never 0)."""
-    pooled = np.concatenate([a, b]).astype(float)
-    n, k = len(pooled), len(a)
-    exact = math.comb(n, k) <= exact_limit
-    if exact:
-        chosen = np.array(list(combinations(range(n), k)), dtype=np.int64).reshape(-1, k)
-    else:
-        rng = np.random.default_rng(seed)
-        chosen = rng.random((draws, n)).argsort(axis=1)[:, :k]
-    # every relabelling's difference from the same sums, so equal splits compare equal
-    sums = pooled[chosen].sum(axis=1)
-    diffs = sums / k - (pooled.sum() - sums) / (n - k)
-    observed = float(a.mean() - b.mean())
-    tolerance = 1e-12 * max(1.0, abs(observed))
-    if alternative == "two-sided":
-        hits = int((np.abs(diffs) >= abs(observed) - tolerance).sum())
-    elif alternative == "greater":
-        hits = int((diffs >= observed - tolerance).sum())
-    elif alternative == "less":
-        hits = int((diffs <= observed + tolerance).sum())
-    else:
+    """p of the difference of means mean(a) - mean(b) under relabelling the runs
+    (`scipy.stats.permutation_test`): two-sided as |difference| at least the observed one (scipy's
+    own two-sided doubles the smaller tail, which differs from it when the sides are unequal),
+    "greater" / "less" one-sided. Exact over every relabelling when there are at most
+    `exact_limit`, else `draws` random ones counted with the observed one ((hits + 1) /
+    (draws + 1), never 0)."""
+    if alternative not in ("two-sided", "greater", "less"):
         raise ValueError(f"alternative must be two-sided, greater or less, got {alternative!r}")
-    return hits / len(diffs) if exact else (hits + 1) / (len(diffs) + 1)
+    statistic, side = _mean_gap, alternative
+    if alternative == "two-sided":
+        statistic, side = _abs_mean_gap, "greater"
+    exact = _exact(len(a), len(b), exact_limit, draws)
+    found = sps.permutation_test(
+        (np.asarray(a, dtype=float), np.asarray(b, dtype=float)),
+        statistic,
+        permutation_type="independent",
+        alternative=side,
+        n_resamples=np.inf if exact else draws,
+        vectorized=True,
+        random_state=seed,
+    )
+    return float(found.pvalue)
 
 
 def hierarchical_bootstrap(
@@ -211,7 +226,7 @@ def compare(
     xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if len(xa) < 2 or len(xb) < 2:
         return None
-    p, ci = welch(xa, xb)
+    p, ci, _ = welch(xa, xb)
     boot = None
     if per_question_a and per_question_b:
         lengths = {len(x) for x in (*per_question_a, *per_question_b)}

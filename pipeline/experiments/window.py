@@ -52,7 +52,7 @@ from pipeline.experiments.diagnose import (
 )
 from pipeline.experiments.proportions import clopper_pearson
 from pipeline.experiments.searches import bucket, read_trajectories
-from pipeline.experiments.stats import detectable, welch, welch_parts
+from pipeline.experiments.stats import detectable, welch
 from pipeline.experiments.trap import Trap, cell
 
 LEVEL = 0.01  # the primary test's threshold, registered
@@ -304,9 +304,7 @@ def difference(blend: list[float], grpo: list[float]) -> Difference | None:
     a, b = np.asarray(blend, dtype=float), np.asarray(grpo, dtype=float)
     if len(a) < 2 or len(b) < 2:
         return None
-    p, (low, high) = welch(a, b)
-    se, df = welch_parts(a, b)
-    df = float(df) if se > 0 else 0.0  # JSON has no nan
+    p, (low, high), df = welch(a, b)
     return Difference(float(a.mean() - b.mean()), low, high, p, df, detectable(a, b))
 
 

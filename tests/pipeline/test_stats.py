@@ -21,10 +21,10 @@ from pipeline.experiments.stats import (
 def test_welch_p_and_interval_are_scipys(seed, n_a, n_b):
     rng = np.random.default_rng(seed)
     a, b = rng.normal(0.4, 0.05, n_a), rng.normal(0.3, 0.1, n_b)
-    p, (low, high) = welch(a, b)
+    p, (low, high), df = welch(a, b)
     want = sps.ttest_ind(a, b, equal_var=False)
     interval = want.confidence_interval(0.95)
-    assert p == pytest.approx(want.pvalue, rel=1e-9)
+    assert p == pytest.approx(want.pvalue, rel=1e-9) and df == pytest.approx(want.df, rel=1e-9)
     assert (low, high) == pytest.approx((interval.low, interval.high), rel=1e-9)
 
 
@@ -155,7 +155,7 @@ def test_the_hierarchical_bootstrap_holds_the_runs_noise():
 
     runs_a, runs_b = runs(0.0), runs(0.0)
     low, high = hierarchical_bootstrap(runs_a, runs_b, replicates=1500)
-    _, (w_low, w_high) = welch(np.mean(runs_a, axis=1), np.mean(runs_b, axis=1))
+    _, (w_low, w_high), _ = welch(np.mean(runs_a, axis=1), np.mean(runs_b, axis=1))
     assert high - low > 0.5 * (w_high - w_low) and low < 0 < high
     stacked_a, stacked_b = np.stack(runs_a), np.stack(runs_b)
     q_only = [  # the interval over questions alone, every run kept: the one this test refuses
@@ -191,9 +191,9 @@ def test_a_verdict_needs_every_test():
 
 
 def test_runs_without_spread_give_welch_its_limits():
-    assert welch(np.array([0.2, 0.2]), np.array([0.2, 0.2])) == (1.0, (0.0, 0.0))
-    p, (low, high) = welch(np.array([0.3, 0.3]), np.array([0.2, 0.2]))
-    assert p == 0.0 and low == high == pytest.approx(0.1)
+    assert welch(np.array([0.2, 0.2]), np.array([0.2, 0.2])) == (1.0, (0.0, 0.0), 0.0)
+    p, (low, high), df = welch(np.array([0.3, 0.3]), np.array([0.2, 0.2]))
+    assert p == 0.0 and low == high == pytest.approx(0.1) and df == 0.0
 
 
 def test_the_floor_at_the_edges_of_the_exact_limit_and_of_the_sizes():
@@ -207,7 +207,8 @@ def test_the_floor_at_the_edges_of_the_exact_limit_and_of_the_sizes():
     assert not can_reach(4, 4, 0.02) and can_reach(4, 4, 0.02, "greater")  # 2/70, 1/70
     a, b = np.array([0.4, 0.5, 0.6]), np.array([0.1, 0.2, 0.3])
     assert permutation_p(a, b, exact_limit=20) == pytest.approx(0.1)  # 20 relabellings: exact
-    assert permutation_p(a, b, exact_limit=19, draws=50) != pytest.approx(0.1)
+    assert permutation_p(a, b, exact_limit=19, draws=10) != pytest.approx(0.1)  # 10 drawn
+    assert permutation_p(a, b, exact_limit=19, draws=50) == pytest.approx(0.1)  # 50 > 20: exact
     with pytest.raises(ValueError, match="two-sided, greater or less, got 'both'"):
         permutation_p(a, b, alternative="both")
 
@@ -272,8 +273,9 @@ def test_ties_that_differ_by_rounding_count_at_any_scale():
 
 def test_a_tie_is_equality_up_to_rounding_not_a_near_miss():
     """The permutation test counts a relabelling's difference as reaching the observed one when
-    it is within 1e-12 (relative above 1): rounding, not data. Differences 1.5e-12 apart are
-    distinct: here one relabelling falls short of the observed 0.5 + 0.5e-12 by 1.5e-12."""
-    a, b = np.array([1.0]), np.array([0.0, 1.0 - 1e-12])
-    assert permutation_p(a, b) == pytest.approx(2 / 3)  # {1.0} itself and {0.0}, not {1 - 1e-12}
-    assert permutation_p(a, np.array([0.0, 1.0 - 2e-13])) == 1.0  # 0.3e-12 apart: a tie
+    it is equal up to float rounding (scipy's tolerance: 100 machine epsilons of the observed
+    difference). Differences 1e-12 apart are distinct: here two relabellings fall short of the
+    observed 1.5 + 0.5e-12 by 1e-12."""
+    a, b = np.array([1.0, 3.0]), np.array([0.0, 1.0 - 1e-12])
+    assert permutation_p(a, b) == pytest.approx(2 / 6)  # {1, 3} and its mirror only
+    assert permutation_p(a, np.array([0.0, 1.0 - 2e-16])) == pytest.approx(4 / 6)  # ties
