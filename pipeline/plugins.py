@@ -24,7 +24,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from actors.agent import AgentLoop
 from actors.formats import BUILTIN_TOOLS
 from actors.rewards import REWARDS
 from buffers.strata import STRATIFIERS
@@ -82,7 +81,7 @@ def _estimators() -> dict[str, Any]:
 
 
 def _agents() -> dict[str, Any]:
-    return {"default": AgentLoop}
+    return {}  # Strata's own loop is actors.agent.type builtin, not a plug-in to name
 
 
 BUILTINS: dict[str, Callable[[], dict[str, Any]]] = {
@@ -254,7 +253,9 @@ def configured(config: Any) -> list[tuple[str, str, str]]:
         ("learner.advantage.type", "estimators", dumped["learner"]["advantage"]["type"]),
     ]
     actors = dumped["actors"]
-    for key, kind in (("agent", "agents"), ("tools", "tools"), ("reward", "rewards")):
+    if actors["agent"].get("path"):  # custom and openai agents; `type` chooses no plug-in
+        out.append(("actors.agent.path", "agents", actors["agent"]["path"]))
+    for key, kind in (("tools", "tools"), ("reward", "rewards")):
         out += [(f"actors.{key}{at}", kind, spec) for at, spec in _named(actors.get(key))]
     return out
 

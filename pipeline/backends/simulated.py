@@ -79,4 +79,9 @@ class SimulatedEngine(EngineBackend):
     def refused(self, config: StrataConfig, gpus: int) -> str | None:
         if not config.runtime.one_process:
             return "actors.engine.type simulated runs on the local runtime only: use --set runtime.type=local"
+        if not config.actors.agent.strata_loop:
+            return (
+                f"actors.engine.type simulated runs Strata's own loop on simulated text, not a "
+                f"{config.actors.agent.type} agent: use --set actors.agent.type=builtin"
+            )
         return None

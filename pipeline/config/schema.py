@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import os
 import re
+import shutil
 from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
@@ -540,14 +542,225 @@ def check_reward_args(found: Any, args: dict[str, Any], where: str) -> None:
         raise ValueError(f"{where}: {exc}") from None
 
 
+class BuiltinAgentConfig(Section):
+    """Strata's own multi-turn loop (actors/agent.py): it writes the prompt in `actors.format`,
+    reads each action, runs `actors.tools` and ends at the answer. Every actors key acts."""
+
+    type: Literal["builtin"] = "builtin"
+    """Strata's own loop."""
+
+    strata_loop: ClassVar[bool] = True
+    """The loop writes the prompt (actors.format) and records where an observation first held
+    the gold answer (TSPO's keys)."""
+
+    def problem(self, actors: ActorsConfig) -> str | None:
+        """One line when an actors key given would not act for this agent, else None."""
+        return None
+
+
+def _agent_plugin(spec: str, where: str) -> Any:
+    try:
+        return resolve("agents", spec, where)
+    except ValueError as exc:  # PluginError: one line already
+        raise ValueError(str(exc)) from None
+
+
+def _changed(actors: ActorsConfig, keys: tuple[str, ...]) -> str | None:
+    """The first of `keys` whose value in `actors` is not its default."""
+    for key in keys:
+        field = ActorsConfig.model_fields[key]
+        default = field.get_default(call_default_factory=True)
+        if getattr(actors, key) != default:
+            return key
+    return None
+
+
+AGENT_TSPO_KEYS = ("latent_reward", "latent_match")
+"""Keys that need the built-in loop's record of where an observation held the gold answer."""
+
+
+class CustomAgentConfig(Section):
+    """A class of your own (actors/custom_agent.py): made once per actor pool, its `async run(task,
+    ctx)` drives one trajectory, `ctx.generate(messages | token ids, sampling)` to generate (the
+    engine's ids, log-probs and versions are kept as the built-in loop keeps them) and
+    `ctx.tool(name, arguments)` to call a tool of `actors.tools`; it returns the final answer
+    (scored by actors.reward), a reward (a float) or None. Acting as for the built-in loop: tools,
+    mcp_servers, web, python_*, max_turns (at most max_turns + 1 generations),
+    max_new_tokens_per_turn (a generation's default and most max_new_tokens), max_response_tokens
+    (the trajectory's budget), max_observation_tokens (ctx.tool's text is cut to it), temperature
+    and top_p (a generation's defaults), reward, format_weight, overlong_buffer. Refused:
+    latent_reward, latent_match (and learner.turn_credit); actors.format acts only as the format the
+    tiny policy's warm start teaches."""
+
+    type: Literal["custom"] = "custom"
+    """An agent class of your own."""
+    path: str = Field(min_length=1)
+    """The class: a plug-in's name (an entry point of strata.agents) or an import string
+    (`package.module:Class`, `path/to/file.py:Class`) of a class with `async run(task, ctx)`,
+    made with no arguments."""
+    deadline_s: float = Field(300.0, gt=0, le=86400)
+    """One trajectory's time limit: past it `run` is cancelled, the trajectory dropped (its group
+    abandoned, as for an engine failure) and counted (agent_failures/timeout)."""
+    on_rewrite: Literal["segment", "drop"] = "segment"
+    """When a generation's messages do not extend the trajectory so far (the agent summarised,
+    dropped or edited a turn): `segment` starts a new segment (the trajectory trains the last
+    one, `segments` counts them), `drop` drops the trajectory (agent_failures/rewritten)."""
+
+    strata_loop: ClassVar[bool] = False
+
+    @field_validator("path")
+    @classmethod
+    def _a_class_with_run(cls, value: str) -> str:
+        found = _agent_plugin(value, "")
+        run = getattr(found, "run", None)
+        if not inspect.isclass(found) or not inspect.iscoroutinefunction(run):
+            kind = "class" if inspect.isclass(found) else type(found).__name__
+            raise ValueError(
+                f"{value} is a {kind} without async run(task, ctx): a custom agent is a class "
+                "whose run is `async def run(self, task, ctx)`"
+            )
+        return value
+
+    def problem(self, actors: ActorsConfig) -> str | None:
+        key = _changed(actors, AGENT_TSPO_KEYS)
+        if key is not None:
+            return (
+                f"{key} needs the built-in loop's record of where an observation held the gold "
+                "answer, which a custom agent does not keep: remove it, or set agent.type builtin"
+            )
+        return None
+
+
+OPENAI_AGENT_KEYS = (
+    "mcp_servers",
+    "web",
+    "max_observation_tokens",
+    "python_timeout_s",
+    "python_memory_mb",
+    "python_isolation",
+    *AGENT_TSPO_KEYS,
+)
+"""actors keys an openai agent has no use for: it runs its own tools and sends their results."""
+
+
+class OpenAIAgentConfig(Section):
+    """An agent that speaks OpenAI's chat API (actors/openai_agent.py): for each trajectory,
+    `agent(task, endpoint)` (a function, async or not; a sync one runs in a worker thread) or a
+    program (`command`) is pointed at this actor process's OpenAI-compatible endpoint
+    (`endpoint.base_url`, `endpoint.api_key`, `endpoint.model`), runs its own tools and returns
+    (prints) the final answer, scored by actors.reward with the tool calls the endpoint read.
+    Acting: max_turns (at most max_turns + 1 requests), max_new_tokens_per_turn (a request's
+    max_tokens when it gives none, and its most), max_response_tokens (the trajectory's budget:
+    generated and sent-back tokens), temperature and top_p (a request's when it gives none), reward,
+    format_weight, overlong_buffer; tools: [search] serves Strata's retrieval index to the agent
+    (`endpoint.search_url`, STRATA_SEARCH_URL: POST /retrieve), [] serves nothing. Refused: other
+    tools, mcp_servers, web, python_*, max_observation_tokens, latent_reward, latent_match (and
+    learner.turn_credit); actors.format acts only as the format the tiny policy's warm start teaches
+    (chat_tools: the template's tool calls, which the endpoint reads)."""
+
+    type: Literal["openai"] = "openai"
+    """An agent that speaks OpenAI's chat API."""
+    path: str | None = Field(None, min_length=1)
+    """The function `agent(task, endpoint) -> str | float | None`, async or not: a plug-in's
+    name (an entry point of strata.agents) or an import string (`package.module:agent`,
+    `path/to/file.py:agent`). Exactly one of path and command."""
+    command: list[str] | None = Field(None, min_length=1)
+    """A program and its arguments (`python`: the actor's own interpreter), started once per
+    trajectory with OPENAI_BASE_URL, OPENAI_API_KEY, STRATA_MODEL (and STRATA_SEARCH_URL with
+    tools [search]) in its environment and the task as JSON on stdin (id, question,
+    data_source, level, messages, tools, extra; not the answers); its stdout, stripped, is the
+    answer (empty: none), its stderr goes to logs/agent-<pool>.log, an exit status other than 0
+    drops the trajectory (agent_failures/exit)."""
+    deadline_s: float = Field(300.0, gt=0, le=86400)
+    """One trajectory's time limit: past it the agent is cancelled (a program's process group
+    killed; a sync function's requests refused from then on), the trajectory dropped (its
+    group abandoned) and counted (agent_failures/timeout)."""
+    on_rewrite: Literal["segment", "drop"] = "segment"
+    """When a request's messages do not extend the conversation so far (the agent summarised,
+    dropped or edited a turn): `segment` starts a new segment (the trajectory trains the last
+    one, `segments` counts them), `drop` answers 400 `history_rewritten` and drops the
+    trajectory (agent_failures/rewritten)."""
+
+    strata_loop: ClassVar[bool] = False
+
+    @field_validator("path")
+    @classmethod
+    def _a_function_of_task_and_endpoint(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        found = _agent_plugin(value, "")
+        if inspect.isclass(found) or not callable(found):
+            raise ValueError(
+                f"{value} is a {'class' if inspect.isclass(found) else type(found).__name__}, "
+                "not a function agent(task, endpoint)"
+            )
+        try:
+            inspect.signature(found).bind(None, None)
+        except TypeError:
+            raise ValueError(f"{value} must take (task, endpoint)") from None
+        except ValueError:  # no signature to read (a builtin): the call will say
+            pass
+        return value
+
+    @field_validator("command")
+    @classmethod
+    def _a_program_here(cls, value: list[str] | None) -> list[str] | None:
+        if value is None or value[0] in ("python", "python3"):
+            return value
+        program = value[0]
+        if shutil.which(program) is None:
+            raise ValueError(
+                f"{program!r} is no program on PATH nor an executable file (relative to "
+                f"{os.getcwd()})"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _path_or_command(self) -> OpenAIAgentConfig:
+        if (self.path is None) == (self.command is None):
+            raise ValueError(
+                "give either path (a function agent(task, endpoint)) or command (a program)"
+            )
+        return self
+
+    def problem(self, actors: ActorsConfig) -> str | None:
+        extra = [t for t in actors.tool_names if t != "search"]
+        if extra:
+            return (
+                f"tools: {extra[0]!r}: an openai agent runs its own tools; tools may hold only "
+                "search (Strata serves the retrieval index at endpoint.search_url) "
+                "or be []"
+            )
+        key = _changed(actors, OPENAI_AGENT_KEYS)
+        if key is not None:
+            what = "its own tools" if key not in AGENT_TSPO_KEYS else "its own loop"
+            return (
+                f"{key} does not act for agent.type openai (the agent runs {what}): remove it, "
+                "or set agent.type builtin or custom"
+            )
+        return None
+
+
+AGENTS = (BuiltinAgentConfig, CustomAgentConfig, OpenAIAgentConfig)
+"""`actors.agent.type` -> its section; the first is the default. What each builds is
+pipeline/runtime/parts.py's `AGENT_TYPES`."""
+AgentConfig = backend_union(AGENTS)
+
+
 class ActorsConfig(Section):
     engine: EngineConfig = Field(default_factory=EmbeddedEngine)
     """The generation backend."""
+    agent: AgentConfig = Field(default_factory=BuiltinAgentConfig)
+    """What drives a trajectory: Strata's own loop (`builtin`), a class of your own (`custom`)
+    or an agent that speaks OpenAI's chat API (`openai`), through an endpoint each actor
+    process serves on 127.0.0.1. Each type says which actors keys act for it; the others are
+    refused at load."""
     format: str = "tags"
     """How the agent and the model speak (actors/formats.py): `tags` (Search-R1's `<search>`,
     `<information>`, `<answer>`) or `chat_tools` (tool schemas through the chat template,
     `<tool_call>{json}</tool_call>` calls, results in the template's tool turn; the answer still
-    in `<answer>`)."""
+    in `<answer>`). With a custom or openai agent (which writes its own prompts) only the format
+    the tiny policy's warm start teaches; refused with model.type hf."""
     num_pools: int = Field(1, ge=1, le=4096)
     """Actor pools; each runs `concurrency` agent loops. Scales independently of the learner."""
     concurrency: int = Field(8, ge=1, le=65536)
@@ -558,29 +771,39 @@ class ActorsConfig(Section):
     strata.tools) or an import string (`package.module:attr`, `path/to/file.py:attr`) of a
     function or class (actors/function_tools.py: its signature is the schema); or `{fn, name,
     args}` to name it or give it arguments. In the tags format web_search answers `<search>` as
-    Search-R1's online search does, so search and web_search exclude each other."""
+    Search-R1's online search does, so search and web_search exclude each other. A custom agent
+    calls them with ctx.tool; an openai agent runs its own, and this may hold only search
+    (Strata's retrieval server, served to the agent at endpoint.search_url) or be []."""
     mcp_servers: list[McpServerConfig] = Field(default_factory=list)
     """MCP servers whose tools the agent may call too (actors/mcp_tools.py), named
     `<server>_<tool>`."""
     web: WebConfig = Field(default_factory=WebConfig)
     """The web tools' provider, cache, budgets and limits (used with web_search or browse)."""
     max_turns: int = Field(4, ge=1, le=64)
-    """Most tool calls in one trajectory; the next turn must answer."""
+    """Most tool calls in one trajectory; the next turn must answer. A custom or openai agent
+    may make max_turns + 1 generations (requests); the next one fails (`context_length_exceeded`)
+    and the trajectory ends there."""
     max_new_tokens_per_turn: int = Field(128, ge=1, le=32768)
-    """Generated tokens per turn before the turn is cut."""
+    """Generated tokens per turn before the turn is cut; a custom or openai agent's generation
+    (request) gets this many when it asks for none, and never more."""
     max_response_tokens: int = Field(512, ge=1, le=131072)
-    """Response budget (generated + observation tokens) of one trajectory."""
+    """Response budget (generated + observation tokens) of one trajectory; for a custom or
+    openai agent, generated and sent-back tokens over all its segments (a request's max_tokens
+    is cut to what is left)."""
     overlong_buffer: int = Field(0, ge=0, le=131072)
     """DAPO's soft overlong punishment (0: off): a response longer than max_response_tokens -
     overlong_buffer loses (length - (max_response_tokens - overlong_buffer)) / overlong_buffer
     of reward, 1 at the budget; length counts generated and observation tokens, as the budget
     does."""
     max_observation_tokens: int = Field(256, ge=1, le=32768)
-    """Tool output is truncated to this many tokens before it enters the context."""
+    """Tool output is truncated to this many tokens before it enters the context (a custom
+    agent's ctx.tool text too); refused for an openai agent, whose tool results are its own."""
     temperature: float = Field(1.0, gt=0, le=10)
-    """Sampling temperature."""
+    """Sampling temperature (the learner's log-probs are taken at it too); a custom or openai
+    agent's generations get it when they ask for none."""
     top_p: float = Field(1.0, gt=0, le=1)
-    """Nucleus sampling mass."""
+    """Nucleus sampling mass; a custom or openai agent's generations get it when they ask for
+    none."""
     reward: Annotated[
         Annotated[RewardEntry, Tag("one")] | Annotated[list[RewardEntry], Tag("many")],
         Discriminator(lambda v: "many" if isinstance(v, list | tuple) else "one"),
@@ -689,6 +912,13 @@ class ActorsConfig(Section):
         servers = [s.name for s in self.mcp_servers]
         if len(set(servers)) < len(servers):
             raise ValueError("mcp_servers: two servers have the same name")
+        return self
+
+    @model_validator(mode="after")
+    def _agent_uses_the_keys(self) -> ActorsConfig:
+        problem = self.agent.problem(self)
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
     @property
@@ -1054,7 +1284,8 @@ class EvalConfig(Section):
     """Samples per question: 1 answers greedily; K > 1 samples at actors.temperature and reports
     mean@K and pass@K."""
     no_tools_baseline: bool = True
-    """Also evaluate with every tool disabled (a direct answer): what the tools buy."""
+    """Also evaluate with every tool disabled (a direct answer): what the tools buy. Not for
+    actors.agent.type openai, which runs tools of its own (the evaluation says so in one line)."""
     train_questions: int = Field(0, ge=0, le=100_000)
     """Also evaluate the first this many training questions (with tools): the same questions at
     every evaluation, so the report can show training accuracy rising against paired noise, which
@@ -1092,6 +1323,20 @@ class StrataConfig(Section):
                 "actors.latent_reward moves TSPO's reward into a group-normalised advantage; "
                 "learner.advantage.type gae takes the outcome reward through its critic: use one"
             )
+        if not self.actors.agent.strata_loop:
+            kind = self.actors.agent.type
+            if self.learner.turn_credit > 0:
+                raise ValueError(
+                    f"learner.turn_credit needs the built-in loop's record of where an "
+                    f"observation held the gold answer, which a {kind} agent does not keep: "
+                    "set it to 0, or actors.agent.type builtin"
+                )
+            if self.actors.format != "tags" and not isinstance(self.model, TinyModel):
+                raise ValueError(
+                    f"actors.format does not act for actors.agent.type {kind} with model.type "
+                    f"{self.model.type} (the agent writes its own prompts; the format only "
+                    "chooses what the tiny policy's warm start teaches): remove it"
+                )
         if self.learner.turn_credit > 0 and self.actors.latent_reward > 0:
             raise ValueError(
                 "actors.latent_reward and learner.turn_credit are two readings of TSPO's "

@@ -6,10 +6,11 @@
 CHECKPOINT_DIR is an HF model directory, a training checkpoint (`.../checkpoints/step-N`, whose
 `hf/` is used) or a run directory (its latest checkpoint). The questions (Search-R1 parquet: one
 row of the table per `data_source`; GAIA metadata.jsonl: one per `Level`; by default the mini-GAIA
-world's test split) go through the training agent loop with the config's engine type, tools and
+world's test split) go through the training agent (`actors.agent`: the built-in loop, a custom
+agent, or an openai agent through an endpoint of its own) with the config's engine type, tools and
 rewards: greedily, or K samples each at `actors.temperature` (mean@K, pass@K). The same questions
 are then answered with every tool disabled (the no-tools baseline), so each table shows what the
-tools buy. With `eval.train_questions: N`, the first N training questions are answered too (with
+tools buy; an openai agent runs tools of its own and has none (one line says so). With `eval.train_questions: N`, the first N training questions are answered too (with
 tools; table row `training questions`): the report pairs them across evaluations.
 
 Written, each complete or not at all: FILE.json (the table and the settings), FILE.md (the table)
@@ -38,7 +39,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from actors.agent import AgentLoop
 from actors.engine import EngineError, NoServerBack
 from actors.rewards import format_reward
 from actors.servers import ServerStartError
@@ -51,7 +51,14 @@ from pipeline.config.loader import ConfigError, load_config
 from pipeline.config.schema import StrataConfig
 from pipeline.evaluation.paper_table import paper_table
 from pipeline.evaluation.report_learning import BASELINE_ACTOR, TOOLS_ACTOR, TRAIN_ACTOR, TRAIN_ROW
-from pipeline.runtime.parts import agent_settings, open_acting
+from pipeline.runtime.parts import (
+    AGENT_TYPES,
+    AgentParts,
+    agent_endpoint,
+    agent_settings,
+    make_agent,
+    open_acting,
+)
 from pipeline.runtime.preflight import unavailable
 
 
@@ -173,18 +180,11 @@ EVAL_ATTEMPTS = 3
 
 
 async def run_items(
-    engine,
-    tokenizer,
-    tools: dict,
-    settings,
-    items: Sequence[Item],
-    samples: int,
-    concurrency: int,
-    actor_id: str,
+    loop, items: Sequence[Item], samples: int, concurrency: int, actor_id: str
 ) -> list:
-    """One trajectory per (question, sample), `concurrency` agent loops at a time, in input order.
-    A trajectory the engine fails is run again (EVAL_ATTEMPTS in all; the last failure raises)."""
-    loop = AgentLoop(engine, tokenizer, tools, settings, actor_id=actor_id)
+    """One trajectory per (question, sample) of the agent `loop` (the configured
+    actors.agent), `concurrency` at a time, in input order. A trajectory the engine fails is
+    run again (EVAL_ATTEMPTS in all; the last failure raises)."""
     slots = asyncio.Semaphore(concurrency)
     again = {"count": 0, "first": ""}  # trajectories run again, and the first failure
 
@@ -329,6 +329,8 @@ async def evaluate(
             items,
             samples,
             concurrency,
+            acting.search_url,
+            acting.log_dir,
         )
     finally:
         await acting.close()
@@ -343,25 +345,44 @@ async def with_and_without_tools(
     items: Sequence[Item],
     samples: int,
     concurrency: int,
+    search_url: str | None = None,
+    log_dir: Path | None = None,
 ) -> tuple[list[Row], list]:
     """The rows and trajectories of the held-out `items` with `tools`, then (eval.no_tools_baseline)
-    without; then those of the training questions among them (row TRAIN_ROW), with tools only."""
+    without; then those of the training questions among them (row TRAIN_ROW), with tools only.
+    The agent is the configured one (actors.agent) on `engine`: an openai agent gets an endpoint
+    of its own on it for the evaluation, and `search_url` (the retrieval server) with
+    actors.tools [search]; as it runs tools of its own it has no no-tools baseline (one line
+    says so)."""
     held_out = [i for i in items if i.row != TRAIN_ROW]
     training = [i for i in items if i.row == TRAIN_ROW]
     runs = [(held_out, tools, TOOLS_ACTOR)]
-    runs += [(held_out, {}, BASELINE_ACTOR)] if config.eval.no_tools_baseline else []
+    if config.eval.no_tools_baseline and AGENT_TYPES[config.actors.agent.type].no_tools_baseline:
+        runs.append((held_out, {}, BASELINE_ACTOR))
+    elif config.eval.no_tools_baseline and not _SAID:
+        _SAID.append(True)
+        print(
+            f"strata: eval: no no-tools baseline for actors.agent.type {config.actors.agent.type} "
+            "(the agent runs tools of its own)",
+            flush=True,
+        )
     runs += [(training, tools, TRAIN_ACTOR)] if training else []
     rows, trajectories = [], []
-    for chosen, enabled, actor in runs:
-        if not chosen:
-            continue
-        made = await run_items(
-            engine, tokenizer, enabled, settings, chosen, samples, concurrency, actor
-        )
-        summary = summarize(made, chosen, samples, bool(enabled), tokenizer)
-        rows += summary[:1] if actor == TRAIN_ACTOR else summary  # one row, not "all" again
-        trajectories += made
+    async with agent_endpoint(config, engine, tokenizer) as endpoint:  # an openai agent's
+        for chosen, enabled, actor in runs:
+            if not chosen:
+                continue
+            parts = AgentParts(
+                config, engine, tokenizer, enabled, settings, actor, endpoint, search_url, log_dir
+            )
+            made = await run_items(make_agent(parts), chosen, samples, concurrency, actor)
+            summary = summarize(made, chosen, samples, bool(enabled), tokenizer)
+            rows += summary[:1] if actor == TRAIN_ACTOR else summary  # one row, not "all" again
+            trajectories += made
     return rows, trajectories
+
+
+_SAID: list[bool] = []  # the line on a missing baseline, once a process
 
 
 # ---------------------------------------------------------------------------- during training

@@ -12,10 +12,11 @@ What differs between engines and runtimes is asked of the chosen backend (`pipel
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import os
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,9 +26,12 @@ from transformers import AutoTokenizer
 
 from actors.agent import AgentLoop, AgentSettings
 from actors.browse import BrowseTool
+from actors.custom_agent import CustomAgent
 from actors.engine import RolloutEngine
 from actors.function_tools import ToolDefinitionError, function_tool
 from actors.mcp_tools import McpError, McpServer, McpServerSpec, open_mcp_tools
+from actors.openai_agent import CommandRunner, FunctionRunner, OpenAIAgent
+from actors.openai_endpoint import AgentEndpoint
 from actors.scoring import RemoteReward, Term
 from actors.servers import ManagedServers
 from actors.tools import PythonTool, SearchTool, Tool
@@ -338,6 +342,132 @@ def pool_urls(config: StrataConfig) -> list[list[str] | None]:
     return config.actors.engine.pool_urls(config.actors.num_pools)
 
 
+# ------------------------------------------------------------------------------------ the agent
+
+
+ENDPOINT_MODEL = "strata-policy"
+"""The model name the OpenAI-compatible endpoint answers with (it takes any: one policy)."""
+
+
+@dataclass(frozen=True)
+class AgentParts:
+    """What an agent is built on: one actor process's acting parts, or an evaluation's."""
+
+    config: StrataConfig
+    engine: RolloutEngine
+    tokenizer: Any
+    tools: dict[str, Tool]
+    settings: AgentSettings
+    actor_id: str
+    endpoint: Any = None
+    """The OpenAI-compatible endpoint on `engine` (actors/openai_endpoint.py), when the agent
+    type needs one."""
+    search_url: str | None = None
+    """The retrieval server's URL, when one serves this process."""
+    log_dir: Path | None = None
+
+
+def _builtin_agent(parts: AgentParts) -> AgentLoop:
+    return AgentLoop(
+        parts.engine, parts.tokenizer, parts.tools, parts.settings, actor_id=parts.actor_id
+    )
+
+
+def _custom_agent(parts: AgentParts) -> CustomAgent:
+    spec = parts.config.actors.agent
+    found = resolve("agents", spec.path, "actors.agent.path")
+    try:
+        made = found()
+    except Exception as exc:  # the plug-in's own constructor
+        raise RuntimeUnavailable(f"actors.agent.path: {spec.path}() failed: {exc}") from None
+    return CustomAgent(
+        made,
+        parts.engine,
+        parts.tokenizer,
+        parts.tools,
+        parts.settings,
+        deadline_s=spec.deadline_s,
+        on_rewrite=spec.on_rewrite,
+        actor_id=parts.actor_id,
+    )
+
+
+def _openai_agent(parts: AgentParts) -> OpenAIAgent:
+    spec = parts.config.actors.agent
+    if spec.command is not None:
+        log = None if parts.log_dir is None else Path(parts.log_dir) / f"agent-{parts.actor_id}.log"
+        runner: FunctionRunner | CommandRunner = CommandRunner(spec.command, log)
+    else:
+        runner = FunctionRunner(resolve("agents", spec.path, "actors.agent.path"))
+    served = "search" in parts.config.actors.tool_names
+    return OpenAIAgent(
+        runner,
+        parts.endpoint,
+        parts.engine,
+        parts.tokenizer,
+        parts.tools,
+        parts.settings,
+        deadline_s=spec.deadline_s,
+        on_rewrite=spec.on_rewrite,
+        actor_id=parts.actor_id,
+        search_url=parts.search_url if served else None,
+    )
+
+
+@dataclass(frozen=True)
+class AgentType:
+    """How an `actors.agent.type` is built (its config section: pipeline/config/schema.py)."""
+
+    build: Callable[[AgentParts], Any]
+    """The agent on these parts: what the pool runs (`run(task, prompt_id, sample_index)`,
+    `stats`, `engine`, `tokenizer`, `tools`)."""
+    endpoint: bool = False
+    """It needs the OpenAI-compatible endpoint: each actor process serves one, on its engine."""
+    no_tools_baseline: bool = True
+    """Its held-out evaluation can run again with every tool disabled (an openai agent runs
+    tools of its own: it cannot)."""
+
+
+AGENT_TYPES: dict[str, AgentType] = {
+    "builtin": AgentType(_builtin_agent),
+    "custom": AgentType(_custom_agent),
+    "openai": AgentType(_openai_agent, endpoint=True, no_tools_baseline=False),
+}
+"""`actors.agent.type` -> how it is built."""
+
+
+def make_agent(parts: AgentParts) -> Any:
+    """The agent `parts.config` names, on `parts`; RuntimeUnavailable (one line) when its
+    plug-in cannot be had or the policy cannot speak chat."""
+    try:
+        return AGENT_TYPES[parts.config.actors.agent.type].build(parts)
+    except ValueError as exc:  # a PluginError (an entry point uninstalled since the config was
+        raise RuntimeUnavailable(str(exc)) from None  # read), a policy without a chat template
+
+
+async def start_endpoint(config: StrataConfig, engine: RolloutEngine, tokenizer: Any):
+    """The OpenAI-compatible endpoint on `engine` (127.0.0.1, a free port), started, when the
+    configured agent type needs one; else None. The caller closes it."""
+    if not AGENT_TYPES[config.actors.agent.type].endpoint:
+        return None
+    endpoint = AgentEndpoint(engine, tokenizer, model_name=ENDPOINT_MODEL)
+    await endpoint.start()
+    return endpoint
+
+
+@contextlib.asynccontextmanager
+async def agent_endpoint(
+    config: StrataConfig, engine: RolloutEngine, tokenizer: Any
+) -> AsyncIterator[Any]:
+    """`start_endpoint` for the length of a `with` (an evaluation on an engine of its own)."""
+    endpoint = await start_endpoint(config, engine, tokenizer)
+    try:
+        yield endpoint
+    finally:
+        if endpoint is not None:
+            await endpoint.close()
+
+
 # ------------------------------------------------------------------------------ the acting parts
 
 
@@ -355,21 +485,35 @@ class Acting:
     """The retrieval server's aiohttp runner, when it was started here."""
     mcp_servers: list = field(default_factory=list)
     """The MCP servers started (or reached) here (actors.mcp_tools.McpServer)."""
+    endpoint: Any = None
+    """The OpenAI-compatible endpoint served here on `engine`, when the agent type needs one."""
+    search_url: str | None = None
+    """The retrieval server's URL (started here or elsewhere), if any."""
+    log_dir: Path | None = None
 
     def agent(
         self, actor_id: str, settings: AgentSettings | None = None, tools: dict | None = None
-    ) -> AgentLoop:
-        """An agent loop on these parts: the config's settings and tools unless given."""
+    ) -> Any:
+        """The configured agent (`actors.agent`) on these parts: the config's settings and
+        tools unless given."""
         settings = settings or agent_settings(self.config.actors, self.config.learner.stratifier)
-        return AgentLoop(
-            self.engine,
-            self.tokenizer,
-            self.tools if tools is None else tools,
-            settings,
-            actor_id=actor_id,
+        return make_agent(
+            AgentParts(
+                self.config,
+                self.engine,
+                self.tokenizer,
+                self.tools if tools is None else tools,
+                settings,
+                actor_id,
+                self.endpoint,
+                self.search_url,
+                self.log_dir,
+            )
         )
 
     async def close(self) -> None:
+        if self.endpoint is not None:  # the agents' sessions end before their engine does
+            await self.endpoint.close()
         for name, tool in self.tools.items():  # connections, clients, a plug-in's own close
             close = getattr(tool, "close", None)
             if close is None:
@@ -435,7 +579,15 @@ async def open_acting(
     tokenizer = engine.tokenizer  # servers hold none: the policy directory's own
     if tokenizer is None:
         tokenizer = AutoTokenizer.from_pretrained(str(policy_dir), local_files_only=True)
-    return Acting(config, engine, tokenizer, tools, servers, retrieval, mcp)
+    acting = Acting(config, engine, tokenizer, tools, servers, retrieval, mcp)
+    acting.search_url = search_url
+    acting.log_dir = None if log_dir is None else Path(log_dir)
+    try:
+        acting.endpoint = await start_endpoint(config, engine, tokenizer)
+    except BaseException:
+        await acting.close()
+        raise
+    return acting
 
 
 def start_servers(

@@ -10,7 +10,6 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-import pipeline.evaluation.heldout as evaluate_module
 from actors.engine import EngineError, NoServerBack
 from actors.rewards import score
 from buffers.records import from_arrow
@@ -262,7 +261,7 @@ def test_held_out_accuracy_is_the_outcome_reward_only():
 
 class FlakyLoop:
     """An agent loop whose engine fails the first `failures` trajectories (a server killed
-    mid-request), then answers: stands in for AgentLoop in pipeline.evaluation.heldout.run_items."""
+    mid-request), then answers: stands in for the agent pipeline.evaluation.heldout.run_items runs."""
 
     failures = 0
 
@@ -277,16 +276,15 @@ class FlakyLoop:
 
 
 @pytest.mark.parametrize("failures", [0, 2, EVAL_ATTEMPTS])
-def test_an_evaluation_runs_again_what_a_dead_server_cut_off(failures, monkeypatch, capsys):
+def test_an_evaluation_runs_again_what_a_dead_server_cut_off(failures, capsys):
     """A server killed while it answered an evaluation (the step-0 evaluation of
     test_ray_run.py's vLLM run, seen failing that way) costs those trajectories another try,
     not the evaluation; a trajectory that fails EVAL_ATTEMPTS times fails it, as before."""
-    monkeypatch.setattr(evaluate_module, "AgentLoop", FlakyLoop)
     FlakyLoop.failures = failures
     items = [Item(None, "held-out", f"q{i}") for i in range(3)]  # type: ignore[arg-type]
 
     def run():
-        return asyncio.run(run_items(None, None, {}, None, items, 2, 1, "eval"))
+        return asyncio.run(run_items(FlakyLoop(), items, 2, 1, "eval"))
 
     if failures == EVAL_ATTEMPTS:  # with one slot, all of them hit the first trajectory
         with pytest.raises(EngineError, match="Server disconnected"):
@@ -299,7 +297,7 @@ def test_an_evaluation_runs_again_what_a_dead_server_cut_off(failures, monkeypat
     )
 
 
-def test_an_evaluation_does_not_wait_again_for_servers_that_never_came_back(monkeypatch):
+def test_an_evaluation_does_not_wait_again_for_servers_that_never_came_back():
     """NoServerBack: the engine already waited its whole timeout for a live server; a second
     try would wait as long again, so the evaluation fails at once."""
     calls = []
@@ -309,8 +307,7 @@ def test_an_evaluation_does_not_wait_again_for_servers_that_never_came_back(monk
             calls.append(key)
             raise NoServerBack("every vllm server is down and none was back within 600 s")
 
-    monkeypatch.setattr(evaluate_module, "AgentLoop", NoServers)
     items = [Item(None, "held-out", "q0")]  # type: ignore[arg-type]
     with pytest.raises(NoServerBack):
-        asyncio.run(run_items(None, None, {}, None, items, 1, 1, "eval"))
+        asyncio.run(run_items(NoServers(), items, 1, 1, "eval"))
     assert calls == ["q0"]
