@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -92,8 +93,10 @@ class LocalRoles(Roles):
 
     async def actor_stats(self) -> dict[str, ActorStats]:
         tools = ToolStats()  # the pools share the one engine: their tool counts add up
+        failures: Counter = Counter()
         for agent in self.agents:
             tools.add(agent.stats.tools)
+            failures.update(agent.stats.failures)
         rejoins = self.engine.stats()["rejoins"] if isinstance(self.engine, RemoteEngine) else 0
         return {
             "embedded-0": ActorStats(
@@ -103,6 +106,8 @@ class LocalRoles(Roles):
                 int(rejoins),
                 sum(agent.stats.reward_errors for agent in self.agents),
                 {server.spec.name: server.restarts for server in self.acting.mcp_servers},
+                dict(failures),
+                sum(agent.stats.rewrites for agent in self.agents),
             )
         }
 
@@ -134,6 +139,8 @@ class LocalRoles(Roles):
             items,
             config.eval.samples,
             config.actors.concurrency,
+            self.acting.search_url,
+            self.acting.log_dir,
         )
 
 

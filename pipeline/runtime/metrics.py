@@ -98,6 +98,20 @@ class RunMetrics:
             "Reward terms that raised, timed out or gave no number (each scored 0)",
             registry=r,
         )
+        self.agent_failures = Counter(
+            "strata_agent_failures_total",
+            "Trajectories a custom or openai agent lost (their groups abandoned), by kind: the "
+            "agent raised, ran past its deadline, its program exited non-zero, it rewrote its "
+            "history under on_rewrite drop, or it returned no answer, reward or None",
+            ["kind"],
+            registry=r,
+        )
+        self.agent_rewrites = Counter(
+            "strata_agent_rewrites_total",
+            "Rewrites of a custom or openai agent's history (new segments) in the trajectories "
+            "delivered",
+            registry=r,
+        )
         self.mean_advantage = Gauge(
             "strata_stratum_mean_advantage",
             "Mean advantage of each stratum in the last step, under the estimator that trained "
@@ -291,6 +305,9 @@ class RunMetrics:
             self._advance(self.generated_tokens, f"tokens/{name}", actor.generated_tokens)
             self._advance(self.server_rejoins, f"rejoins/{name}", actor.server_rejoins)
             self._advance(self.reward_errors, f"reward_errors/{name}", actor.reward_errors)
+            self._advance(self.agent_rewrites, f"agent_rewrites/{name}", actor.agent_rewrites)
+            for kind, total in actor.agent_failures.items():
+                self._advance(self.agent_failures, f"agent/{name}/{kind}", total, kind=kind)
             tools = actor.tools
             per_tool = (
                 (self.tool_seconds, "secs", tools.seconds),

@@ -184,6 +184,8 @@ class GenerationWorker:
             items,
             c.eval.samples,
             c.actors.concurrency,
+            self.acting.search_url,
+            self.acting.log_dir,
         )
 
     async def hold(self, url: str) -> None:
@@ -207,6 +209,8 @@ class GenerationWorker:
             int(rejoins),
             self.agent.stats.reward_errors,
             {server.spec.name: server.restarts for server in self.acting.mcp_servers},
+            dict(self.agent.stats.failures),
+            self.agent.stats.rewrites,
         )
 
     async def close(self) -> None:

@@ -102,6 +102,10 @@ class ActorStats:
     """Reward terms that raised, timed out or gave no number (each scored 0), in its loops."""
     mcp_restarts: dict[str, int] = field(default_factory=dict)
     """Times each of its MCP servers (by name) was started again after it died."""
+    agent_failures: dict[str, int] = field(default_factory=dict)
+    """Trajectories its custom or openai agents lost, by kind (actors.agent.AGENT_FAILURES)."""
+    agent_rewrites: int = 0
+    """Times those agents rewrote their history (new segments) in the trajectories delivered."""
 
 
 def tool_fault_metrics(actors: dict[str, ActorStats]) -> dict[str, int]:
@@ -122,6 +126,22 @@ def tool_fault_metrics(actors: dict[str, ActorStats]) -> dict[str, int]:
     out = {key: sum(by_name.values()) for key, by_name in counts.items()}
     for key, by_name in counts.items():
         out.update({f"{key}/{name}": n for name, n in sorted(by_name.items()) if n})
+    return out
+
+
+def agent_metrics(actors: dict[str, ActorStats]) -> dict[str, int]:
+    """metrics.jsonl's figures of custom and openai agents (actors.agent), summed over the
+    actors since they started: trajectories lost (`agent_failures`, and
+    `agent_failures/<kind>` for each kind there was: raised, timeout, exit, rewritten, invalid)
+    and rewrites of an agent's history in the trajectories delivered (`agent_rewrites`)."""
+    failures: Counter = Counter()
+    for actor in actors.values():
+        failures.update(actor.agent_failures)
+    out = {
+        "agent_failures": sum(failures.values()),
+        "agent_rewrites": sum(a.agent_rewrites for a in actors.values()),
+    }
+    out.update({f"agent_failures/{kind}": n for kind, n in sorted(failures.items()) if n})
     return out
 
 
@@ -286,6 +306,7 @@ async def stream(
             reward_errors=sum(a.reward_errors for a in actors.values()),
         )
         metrics.update(tool_fault_metrics(actors))
+        metrics.update(agent_metrics(actors))
         metrics.update(fairness_metrics(stats))
         metrics_file.write(json.dumps(metrics) + "\n")
         metrics_file.flush()
