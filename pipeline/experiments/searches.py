@@ -3,8 +3,18 @@
 chains later on.
 
 The trap (docs/results/trap_gaia.md) is a start where chaining searches pays less than not
-chaining: on two-hop (L2) training questions, the mean reward of trajectories with two or more
-searches below that of trajectories with none or one. Policy version 0 is the warm start, the
+chaining: on two-hop (L2) training questions, trajectories with two or more searches earn less
+than those with none or one of the same question. "Does a stratum pay" has one estimator here,
+the within-question gap
+
+    g = sum_q n_c,q (mu_c,q - mu_n,q) / sum_q n_c,q
+
+(chains against non-chains of the same question, weighted by the question's chains, over the
+questions that have both), with a bootstrap over questions. A ratio of pooled sums,
+mean(chains) - mean(the rest), would be confounded by which questions get chained: a policy that
+chains on hard questions makes chains look poor whatever they earn on any one question.
+
+Policy version 0 is the warm start, the
 same weights in every run of an experiment whatever its estimator, so its trajectories are pooled
 over all runs and the condition is a property of the experiment, untouched by the treatment. A
 run whose learner.lr is at most FROZEN_LR keeps the warm start's weights all run long (its
@@ -100,49 +110,63 @@ def split(t: Trajectories) -> Split:
 
 
 @dataclass(frozen=True)
-class TrapCheck:
-    """μ(>= 2 searches) − μ(0-1 search) at the start, with a bootstrap interval over questions."""
+class Gap:
+    """The within-question gap, its bootstrap interval and what it stands on."""
 
-    gap: float
+    value: float
     ci: tuple[float, float]
-    holds: bool  # the whole interval below 0: chains pay less than not chaining
-    questions: int
+    questions: int  # questions with both chains and non-chains: the ones that count
+    chains: int  # their chains: the weights' sum
 
 
-def trap_check(
-    pooled: list[Trajectories], resamples: int = 2000, seed: int = 0
-) -> TrapCheck | None:
-    """The trap condition on `pooled` runs' trajectories. A question's trajectories share what
-    makes it easy or hard, in every run (the runs meet the same questions in the same order), so
-    questions, not trajectories, are resampled. None without both kinds."""
-    joined = _join(pooled)
-    chain = bucket(joined.searches) == 2
-    cells = []  # per question: reward sum and count of chains, and of the rest
-    for q in np.unique(joined.question):
-        sel = joined.question == q
-        cells.append(
-            (
-                joined.reward[sel & chain].sum(),
-                (sel & chain).sum(),
-                joined.reward[sel & ~chain].sum(),
-                (sel & ~chain).sum(),
-            )
-        )
-    if not cells:
-        return None
-    c = np.array(cells, dtype=float)
+def question_cells(
+    question: np.ndarray, chain: np.ndarray, reward: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per question (sorted ids): its chains n_c,q and n_c,q (mu_c,q - mu_n,q), both 0 where
+    the question lacks chains or non-chains."""
+    ids, index = np.unique(question, return_inverse=True)
+    q = len(ids)
+    n_c = np.bincount(index, weights=chain.astype(float), minlength=q)
+    n_n = np.bincount(index, weights=(~chain).astype(float), minlength=q)
+    r_c = np.bincount(index, weights=np.where(chain, reward, 0.0), minlength=q)
+    r_n = np.bincount(index, weights=np.where(chain, 0.0, reward), minlength=q)
+    both = (n_c > 0) & (n_n > 0)
+    diff = np.divide(r_c, n_c, out=np.zeros(q), where=both) - np.divide(
+        r_n, n_n, out=np.zeros(q), where=both
+    )
+    weight = np.where(both, n_c, 0.0)
+    return weight, weight * diff
 
-    def gap(rows: np.ndarray) -> float:
-        s = rows.sum(axis=0)
-        return s[0] / s[1] - s[2] / s[3] if s[1] and s[3] else float("nan")
 
-    found = gap(c)
-    if not np.isfinite(found):
+def within_gap(question: np.ndarray, chain: np.ndarray, reward: np.ndarray) -> float:
+    """g = sum_q n_c,q (mu_c,q - mu_n,q) / sum_q n_c,q (NaN when no question has both kinds)."""
+    weight, term = question_cells(question, chain, reward)
+    return float(term.sum() / weight.sum()) if weight.sum() else float("nan")
+
+
+def within_gap_ci(
+    question: np.ndarray,
+    chain: np.ndarray,
+    reward: np.ndarray,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> Gap | None:
+    """`within_gap` with a 95% percentile bootstrap over questions (every question the runs met
+    is drawn, so how many have both kinds varies with the draw). None without any."""
+    weight, term = question_cells(question, chain, reward)
+    if not weight.sum():
         return None
     rng = np.random.default_rng(seed)
-    draws = np.array([gap(c[rng.integers(0, len(c), len(c))]) for _ in range(resamples)])
-    lo, hi = np.nanpercentile(draws, [2.5, 97.5])
-    return TrapCheck(found, (float(lo), float(hi)), bool(hi < 0), len(c))
+    draws = rng.integers(0, len(weight), (resamples, len(weight)))
+    w, t = weight[draws].sum(axis=1), term[draws].sum(axis=1)
+    values = t[w > 0] / w[w > 0]
+    lo, hi = np.percentile(values, [2.5, 97.5])
+    return Gap(
+        float(term.sum() / weight.sum()),
+        (float(lo), float(hi)),
+        int((weight > 0).sum()),
+        int(weight.sum()),
+    )
 
 
 def chain_share(t: Trajectories, first_version: int) -> float | None:
@@ -195,7 +219,7 @@ def section(
     ]
 
     def row(label: str, parts: list[Trajectories]) -> str:
-        joined = _join(parts)
+        joined = pooled(parts)
         s = split(joined)
         cells = [s.cell(b) for b in (*BUCKETS, "0-1")]
         share = f"{s.chain_share:.0%}" if len(joined) else "–"
@@ -215,26 +239,27 @@ def section(
                     )
             if parts:
                 lines.append(row(f"{variant}, {label}", parts))
-    check = trap_check(start)
+    joined = pooled(start)
+    gap = within_gap_ci(joined.question, bucket(joined.searches) == 2, joined.reward)
     lines.append("")
-    if check is None:
+    if gap is None:
         lines.append(
-            "Trap condition at the start: not testable (no version-0 trajectory with two or "
-            "more searches, or none with fewer)."
+            "Trap condition at the start: not testable (no two-hop question has both "
+            "trajectories with two or more searches and trajectories with fewer at the start)."
         )
     else:
         verdict = (
             "holds: chains pay less than not chaining at the start, so GRPO's group-wide "
             "baseline pushes away from chaining"
-            if check.holds
+            if gap.ci[1] < 0
             else "does not hold: chains do not pay less than not chaining at the start "
             "(the interval reaches 0 or above), so these runs do not test the trap"
         )
         lines.append(
-            f"Trap condition at the start, μ(2 or more) − μ(0-1) = {check.gap:+.3f}, 95% "
-            f"interval [{check.ci[0]:+.3f}, {check.ci[1]:+.3f}] (bootstrap over its "
-            f"{check.questions} questions): "
-            f"{verdict}."
+            f"Trap condition at the start, the within-question gap (2 or more searches against "
+            f"0-1, question by question) {gap.value:+.3f}, 95% interval [{gap.ci[0]:+.3f}, "
+            f"{gap.ci[1]:+.3f}] (bootstrap over questions; {gap.questions} questions with both, "
+            f"{gap.chains} chains): {verdict}."
         )
     return lines
 
@@ -247,8 +272,8 @@ def _late(version: np.ndarray, q: int) -> np.ndarray:
     return version >= 3 * q
 
 
-def _join(parts: list[Trajectories]) -> Trajectories:
-    """One set of trajectories from several runs'."""
+def pooled(parts: list[Trajectories]) -> Trajectories:
+    """One set of trajectories from several runs' (a question keeps its id across runs)."""
     if not parts:
         return Trajectories(np.zeros(0, int), np.zeros(0, str), np.zeros(0, int), np.zeros(0))
     cat = np.concatenate

@@ -1,21 +1,21 @@
-"""`python -m pipeline.start RUN_DIR...`: where a run starts, measured so that it can decide
-(issue 59): on the warm start (policy version 0, or every trajectory of a frozen run,
+"""`python -m pipeline.start RUN_DIR...`: where a run starts, measured before an experiment is
+designed on it (a comparison decides only from a start where the trap bandit predicts a
+difference): on the warm start (policy version 0, or every trajectory of a frozen run,
 learner.lr <= FROZEN_LR), over its two-hop (L2) training questions,
 
 - the chain share p0: the share of trajectories with two or more searches;
 - what trajectories with 0, 1, 0-1 and 2 or more searches pay, each stratum apart;
-- the within-question gap g = sum_q n_c,q (mu_c,q - mu_n,q) / sum_q n_c,q: chains against
-  non-chains of the same question, weighted by the question's chains, over the questions that
-  have both (a ratio of pooled sums would be confounded by which questions get chained), with a
-  bootstrap over questions.
+- the within-question gap of chains against the rest (`searches.within_gap_ci`: the one estimator
+  of whether a stratum pays), with a bootstrap over questions.
 
 With `--world DIR` (the run's mini-GAIA world, e.g. runs/cache/world-...), it also says how
-often each stratum answers with the bridge entity, the one its first search finds (issue 59's
-hypothesis: the astray demos, which answer with the bridge, teach answering with whatever was
-just found).
+often each stratum answers with the bridge entity, the one its first search finds: a policy
+taught by demonstrations that answer with the bridge may answer with whatever it just found,
+and such chains pay nothing.
 
-`pipeline/experiments/searches.py` reads the trajectories; this module holds the estimator and
-the command. Launch the frozen runs first, e.g. `configs/experiments/window_start.yaml`.
+`pipeline/experiments/searches.py` reads the trajectories and holds the gap; this module holds
+the measurement and the command. Launch the frozen runs first, e.g.
+`configs/experiments/window_start.yaml`.
 """
 
 from __future__ import annotations
@@ -37,74 +37,14 @@ from pipeline.assets.world_questions import RELATIONS
 from pipeline.experiments.searches import (
     BUCKETS,
     SOURCE,
+    Gap,
     Trajectories,
     bucket,
     is_frozen,
+    pooled,
     read_trajectories,
+    within_gap_ci,
 )
-
-
-@dataclass(frozen=True)
-class Gap:
-    """The within-question gap, its bootstrap interval and what it stands on."""
-
-    value: float
-    ci: tuple[float, float]
-    questions: int  # questions with both chains and non-chains: the ones that count
-    chains: int  # their chains: the weights' sum
-
-
-def question_cells(
-    question: np.ndarray, chain: np.ndarray, reward: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per question (sorted ids): its chains n_c,q and n_c,q (mu_c,q - mu_n,q), both 0 where
-    the question lacks chains or non-chains."""
-    ids, index = np.unique(question, return_inverse=True)
-    q = len(ids)
-    n_c = np.bincount(index, weights=chain.astype(float), minlength=q)
-    n_n = np.bincount(index, weights=(~chain).astype(float), minlength=q)
-    r_c = np.bincount(index, weights=np.where(chain, reward, 0.0), minlength=q)
-    r_n = np.bincount(index, weights=np.where(chain, 0.0, reward), minlength=q)
-    both = (n_c > 0) & (n_n > 0)
-    diff = np.divide(r_c, n_c, out=np.zeros(q), where=both) - np.divide(
-        r_n, n_n, out=np.zeros(q), where=both
-    )
-    weight = np.where(both, n_c, 0.0)
-    return weight, weight * diff
-
-
-def within_gap(question: np.ndarray, chain: np.ndarray, reward: np.ndarray) -> float:
-    """g = sum_q n_c,q (mu_c,q - mu_n,q) / sum_q n_c,q (NaN when no question has both kinds)."""
-    weight, term = question_cells(question, chain, reward)
-    return float(term.sum() / weight.sum()) if weight.sum() else float("nan")
-
-
-def within_gap_ci(
-    question: np.ndarray,
-    chain: np.ndarray,
-    reward: np.ndarray,
-    resamples: int = 2000,
-    seed: int = 0,
-) -> Gap | None:
-    """`within_gap` with a 95% percentile bootstrap over questions (every question the runs met
-    is drawn, so how many have both kinds varies with the draw). None without any."""
-    weight, term = question_cells(question, chain, reward)
-    if not weight.sum():
-        return None
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, len(weight), (resamples, len(weight)))
-    w, t = weight[draws].sum(axis=1), term[draws].sum(axis=1)
-    values = t[w > 0] / w[w > 0]
-    lo, hi = np.percentile(values, [2.5, 97.5])
-    return Gap(
-        float(term.sum() / weight.sum()),
-        (float(lo), float(hi)),
-        int((weight > 0).sum()),
-        int(weight.sum()),
-    )
-
-
-_FIELDS = ("version", "question", "searches", "reward")
 
 
 @dataclass(frozen=True)
@@ -124,7 +64,7 @@ class Start:
 
 def measure(parts: list[Trajectories], resamples: int = 2000, seed: int = 0) -> Start:
     """The start of these runs' trajectories (already the start's: see `start_of`)."""
-    t = Trajectories(*(np.concatenate([getattr(p, k) for p in parts]) for k in _FIELDS))
+    t = pooled(parts)
     b = bucket(t.searches)
     masks = {name: b == i for i, name in enumerate(BUCKETS)} | {"0-1": b < 2}
     pay = {k: float(t.reward[m].mean()) if m.any() else float("nan") for k, m in masks.items()}

@@ -5,7 +5,7 @@ pre-registered `chains` endpoint."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -16,11 +16,23 @@ from buffers.spill import spill_table
 from buffers.testing import synthetic_trajectory
 from pipeline.experiments.plan import read_experiment
 from pipeline.experiments.report import main as report_main
-from pipeline.experiments.searches import Trajectories, read_trajectories, split, trap_check
+from pipeline.experiments.searches import (
+    Trajectories,
+    pooled,
+    read_trajectories,
+    section,
+    split,
+    within_gap_ci,
+)
 from pipeline.experiments.stats import compare
 from tests.pipeline.test_experiment import table_rows
 
 STEPS = 8  # learner.max_steps of the synthetic runs: a quarter is 2 versions
+
+
+@dataclass
+class Run:
+    name: str
 
 
 def write_run(run_dir, chains_pay: float, late_chain_share: float, seed: int) -> None:
@@ -89,21 +101,39 @@ def test_searches_are_counted_by_tool_name_on_two_hop_questions_only(tmp_path):
 
 
 def test_the_trap_condition_is_a_bootstrap_over_questions():
-    pooled = []
+    runs = []
     for seed in range(3):
         rng = np.random.default_rng(seed)
         group = np.repeat([f"minigaia-l2-{q:06d}" for q in range(20)], 8)  # the same in every run
         searches = np.tile([2, 2, 0, 0, 0, 1, 1, 1], 20)
         reward = np.where(searches == 2, rng.random(160) < 0.1, rng.random(160) < 0.5).astype(float)
-        pooled.append(Trajectories(np.zeros(160, int), group, searches, reward))
-    check = trap_check(pooled)
-    assert check.holds and check.ci[0] < check.gap < check.ci[1] < 0 and check.questions == 20
-    # The point estimate is the pooled difference of means.
-    chains = np.concatenate([t.reward[t.searches == 2] for t in pooled])
-    rest = np.concatenate([t.reward[t.searches < 2] for t in pooled])
-    assert check.gap == pytest.approx(chains.mean() - rest.mean())
-    flipped = [replace(t, reward=1.0 - t.reward) for t in pooled]
-    assert not trap_check(flipped).holds
+        runs.append(Trajectories(np.zeros(160, int), group, searches, reward))
+    t = pooled(runs)
+    text = "\n".join(section({"grpo": [Run("a")]}, {"a": t}, {"a": STEPS}))
+    gap = within_gap_ci(t.question, t.searches >= 2, t.reward)
+    assert gap.ci[0] < gap.value < gap.ci[1] < 0 and gap.questions == 20
+    assert (
+        f"the within-question gap (2 or more searches against 0-1, question by question) "
+        f"{gap.value:+.3f}, 95% interval [{gap.ci[0]:+.3f}, {gap.ci[1]:+.3f}] (bootstrap over "
+        "questions; 20 questions with both, 120 chains): holds: chains pay less" in text
+    )
+
+
+def test_the_trap_condition_compares_chains_with_the_rest_of_their_own_question():
+    """Chains pay what the rest of their question pays, but the policy chains mostly on hard
+    questions: a difference of pooled means says chains pay 0.25 less (a trap), the
+    within-question gap says they pay the same (no trap)."""
+    hard = [(f"hard{q}", 2 if i < 6 else 0, 0.25) for q in range(10) for i in range(8)]
+    easy = [(f"easy{q}", 2 if i < 2 else 1, 0.75) for q in range(10) for i in range(8)]
+    question, searches, reward = (np.array(x) for x in zip(*hard, *easy, strict=True))
+    t = Trajectories(np.zeros(len(reward), int), question, searches.astype(int), reward)
+    chains = t.searches >= 2
+    assert t.reward[chains].mean() - t.reward[~chains].mean() == pytest.approx(-0.25)
+    gap = within_gap_ci(t.question, chains, t.reward)
+    assert gap.value == pytest.approx(0.0) and gap.ci == pytest.approx((0.0, 0.0))
+    text = "\n".join(section({"grpo": [Run("a")]}, {"a": t}, {"a": STEPS}))
+    assert "Trap condition at the start, the within-question gap" in text
+    assert "+0.000, 95% interval [+0.000, +0.000]" in text and "does not hold" in text
 
 
 @pytest.mark.parametrize("chains_pay, holds", [(0.05, True), (0.95, False)])

@@ -1,6 +1,6 @@
-"""The start measurement (pipeline/experiments/start.py): the within-question gap on a case
-computed by hand, its bootstrap over questions, the strata's pay apart, and the command on
-trajectories written as a run spills them."""
+"""The start measurement (pipeline/experiments/start.py): the within-question gap
+(pipeline/experiments/searches.py) on a case computed by hand, its bootstrap over questions,
+the strata's pay apart, and the command on trajectories written as a run spills them."""
 
 from __future__ import annotations
 
@@ -15,16 +15,8 @@ import yaml
 from buffers.spill import spill_table
 from buffers.testing import synthetic_trajectory
 from pipeline.assets.world import build_world, write_world
-from pipeline.experiments.searches import Trajectories
-from pipeline.experiments.start import (
-    bridge_answers,
-    bridge_of,
-    main,
-    measure,
-    names_bridge,
-    within_gap,
-    within_gap_ci,
-)
+from pipeline.experiments.searches import Trajectories, within_gap, within_gap_ci
+from pipeline.experiments.start import bridge_answers, bridge_of, main, measure, names_bridge
 
 # (question, searches, reward): q1 and q2 have chains and non-chains; q3 only chains, q4 none
 HAND = [
