@@ -1,20 +1,25 @@
-"""`python -m pipeline.diagnose RUN_DIR`: should this run stratify? (issue 59, item 6)
+"""`python -m pipeline.diagnose RUN_DIR [RUN_DIR ...]`: should this run stratify?
 
 From a run's first policy versions (every trajectory of a frozen run, learner.lr <= FROZEN_LR),
-read from its `trajectories/*.parquet`:
+read from its `trajectories/*.parquet`, or from several runs of one world and setting pooled
+(a short pilot's):
 
 - per stratum (the run's own stratifier, the `stratum` column): its share of the trajectories,
   the share of its trajectories alone in their stratum within their group (what SAN gives 0,
   so the blend trains them with its (1 - alpha) GRPO part only), and what it pays;
 - on the two-hop questions (`--source`), the chain share p0, what chains and the rest pay, and
-  the within-question gap with its bootstrap interval (`pipeline/experiments/start.py`);
+  the within-question gap with its bootstrap interval (`searches.within_gap_ci`);
+- the hop's speed relative to the stratum's, with its interval (`hop_speed.py`);
 - the trap bandit's predicted escape for alpha 0, 0.6 and 0.8 at the matched start
   (`pipeline/experiments/trap.py`): P(chain) p0, a guess paying what the rest pay, a chain
   paying 1/M^2 with M the depth whose 1/M^2 is nearest what chains pay, the run's group size
-  and groups a step;
+  and groups a step, and the hops learning at `--hop-speed` (1, as fast as the stratum, unless
+  given; `measured`: the speed measured here);
 
 and one line of reading. The bandit is a model: its prediction is a statement about a world
-that behaves like it, to be checked against the run's outcome.
+that behaves like it, to be checked against the run's outcome. Every figure the diagnosis prints
+is the command's with the same arguments: a run's report and the window analysis print the
+command line that gives them.
 """
 
 from __future__ import annotations
@@ -22,25 +27,34 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import yaml
 
-from pipeline.experiments.searches import SOURCE, is_frozen
-from pipeline.experiments.start import within_gap_ci
+from pipeline.experiments import hop_speed as hops
+from pipeline.experiments.searches import SOURCE, Trajectories, is_frozen, within_gap_ci
 from pipeline.experiments.trap import Trap, cell
 
 ALPHAS = (0.0, 0.6, 0.8)
 MAX_DEPTH = 12  # a chain that never paid is matched to this depth (1/144 a start)
+MIN_QUESTIONS = 5
+"""Two-hop questions with both chains and the rest that a prediction needs: a gap read off
+fewer is a few questions' accidents."""
 WORTH = 0.5
-"""The blend's predicted escape below which the reading is "deep trap", not "stratify": the
-window experiment's runs read "stratify" at 0.13 against 0.01 from their first 30 versions, and
-none of them escaped (docs/results/window.md)."""
+"""The blend's predicted escape below which the reading is "deep trap", not "stratify": a blend
+that the model sees rescuing fewer than half the runs is not a recommendation, however far its
+interval lies above GRPO's (0.13 against 0.01 separates two rare events)."""
+VERSIONS = 5
+"""Policy versions read by default: a run's start, before its estimator has moved it far."""
+HopSetting = float | Literal["measured"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +76,7 @@ class Prediction:
 
 @dataclass(frozen=True)
 class Diagnosis:
+    runs: int
     trajectories: int
     versions: str  # which policy versions were read
     group_size: int
@@ -72,6 +87,8 @@ class Diagnosis:
     gap: float | None
     gap_ci: tuple[float, float] | None
     depth: int | None  # the bandit's M
+    hop: hops.HopSpeed | None  # None: not matched, or a frozen run (it does not learn)
+    hop_speed: float  # the hops' speed the predictions take
     predictions: list[Prediction]
     reading: str
 
@@ -150,53 +167,114 @@ class DiagnoseError(ValueError):
     """A run directory that cannot be diagnosed; one line saying what to do."""
 
 
-def diagnose(
-    run_dir: Path,
-    first_versions: int = 5,
-    source: str = SOURCE,
-    seeds: int = 100,
-    resamples: int = 2000,
-    min_questions: int = 1,
-) -> Diagnosis:
-    """The diagnosis; the trap model is matched only where at least `min_questions` two-hop
-    questions have both chains and the rest (fewer: a gap of a few questions, no prediction)."""
-    config_file = run_dir / "config.yaml"
-    if not config_file.is_file():
-        raise DiagnoseError(f"{run_dir} holds no config.yaml: pass a run directory")
-    config = yaml.safe_load(config_file.read_text()) or {}
+@dataclass(frozen=True)
+class _Read:
+    """The runs' trajectories of the versions read, pooled, and the setting they share."""
+
+    group: np.ndarray  # a group's id, told apart between runs
+    stratum: np.ndarray
+    reward: np.ndarray
+    source: np.ndarray
+    searches: np.ndarray
+    version: np.ndarray
+    question: np.ndarray
+    frozen: bool
+    group_size: int
+    groups: int  # a step
+    advantage: dict
+
+
+def _setting(config: dict, group: np.ndarray) -> tuple[int, int, dict, bool]:
     learner, buffer = config.get("learner") or {}, config.get("buffer") or {}
-    files = sorted((run_dir / "trajectories").glob("*.parquet"))
-    if not files:
-        raise DiagnoseError(f"{run_dir} kept no trajectories: run it with buffer.spill true")
-    columns = ["prompt_id", "data_source", "policy_version", "stratum", "reward", "tool_names"]
-    table = ds.dataset(files, format="parquet").to_table(columns=columns)
-    frozen = is_frozen(learner.get("lr"))
-    if not frozen:
-        table = table.filter(pc.field("policy_version") < first_versions)
-    versions = "all (a frozen run)" if frozen else f"versions 0-{first_versions - 1}"
-    if not table.num_rows:
-        raise DiagnoseError(f"{run_dir} has no trajectories of {versions}")
-    group = np.array(table.column("prompt_id").to_pylist(), dtype=str)
-    stratum = table.column("stratum").to_numpy(zero_copy_only=False).astype(int)
-    reward = table.column("reward").to_numpy(zero_copy_only=False).astype(float)
-    sources = np.array(table.column("data_source").to_pylist(), dtype=str)
-    searches = np.array(
-        [sum(n == "search" for n in row or ()) for row in table.column("tool_names").to_pylist()]
-    )
-    strata = strata_table(group, stratum, reward)
     size = int(
         buffer.get("group_size") or np.bincount(np.unique(group, return_inverse=True)[1]).max()
     )
-    on = sources == source
-    p0 = chains_pay = rest_pay = gap = depth = None
+    advantage = learner.get("advantage") or {}
+    return size, int(learner.get("groups_per_step") or 1), advantage, is_frozen(learner.get("lr"))
+
+
+def _read(run_dirs: Sequence[Path], first_versions: int) -> _Read:
+    columns = ["prompt_id", "data_source", "policy_version", "stratum", "reward", "tool_names"]
+    parts, settings = [], []
+    for i, run_dir in enumerate(run_dirs):
+        config_file = run_dir / "config.yaml"
+        if not config_file.is_file():
+            raise DiagnoseError(f"{run_dir} holds no config.yaml: pass a run directory")
+        config = yaml.safe_load(config_file.read_text()) or {}
+        files = sorted((run_dir / "trajectories").glob("*.parquet"))
+        if not files:
+            raise DiagnoseError(f"{run_dir} kept no trajectories: run it with buffer.spill true")
+        table = ds.dataset(files, format="parquet").to_table(columns=columns)
+        frozen = is_frozen((config.get("learner") or {}).get("lr"))
+        if not frozen:
+            table = table.filter(pc.field("policy_version") < first_versions)
+        if not table.num_rows:
+            raise DiagnoseError(f"{run_dir} has no trajectories of versions 0-{first_versions - 1}")
+        prompts = np.array(table.column("prompt_id").to_pylist(), dtype=str)
+        settings.append(_setting(config, prompts))
+        parts.append((np.char.add(f"{i}\x00", prompts), prompts, table))
+    differ = [
+        name
+        for k, name in enumerate(("buffer.group_size", "learner.groups_per_step"))
+        if len({s[k] for s in settings}) > 1
+    ]
+    differ += ["learner.advantage"] if len({repr(s[2]) for s in settings}) > 1 else []
+    differ += ["frozen or not (learner.lr)"] if len({s[3] for s in settings}) > 1 else []
+    if differ:
+        raise DiagnoseError(
+            f"the runs differ in {', '.join(differ)}: pool only runs of one world and setting"
+        )
+
+    def column(name: str, kind: type) -> np.ndarray:
+        return np.concatenate(
+            [t.column(name).to_numpy(zero_copy_only=False).astype(kind) for _, _, t in parts]
+        )
+
+    names = [row or () for _, _, t in parts for row in t.column("tool_names").to_pylist()]
+    sources = [x for _, _, t in parts for x in t.column("data_source").to_pylist()]
+    size, groups, advantage, frozen = settings[0]
+    return _Read(
+        np.concatenate([g for g, _, _ in parts]),
+        column("stratum", int),
+        column("reward", float),
+        np.array(sources, dtype=str),
+        np.array([sum(n == "search" for n in row) for row in names], dtype=int),
+        column("policy_version", int),
+        np.array([p.split("@")[0] for _, ps, _ in parts for p in ps], dtype=str),
+        frozen,
+        size,
+        groups,
+        advantage,
+    )
+
+
+def diagnose(
+    run_dirs: Path | Sequence[Path],
+    first_versions: int = VERSIONS,
+    source: str = SOURCE,
+    seeds: int = 100,
+    resamples: int = 2000,
+    min_questions: int = MIN_QUESTIONS,
+    hop_speed: HopSetting = 1.0,
+) -> Diagnosis:
+    """The diagnosis of one run, or of several runs of one world and setting pooled; the trap
+    model is matched only where at least `min_questions` two-hop questions have both chains and
+    the rest (fewer: a gap of a few questions, no prediction). `hop_speed`: the hops' speed the
+    predictions take, or "measured" (the measured one where it is measured, else 1)."""
+    dirs = [run_dirs] if isinstance(run_dirs, Path) else list(run_dirs)
+    read = _read(dirs, first_versions)
+    versions = "all (a frozen run)" if read.frozen else f"versions 0-{first_versions - 1}"
+    strata = strata_table(read.group, read.stratum, read.reward)
+    on = read.source == source
+    p0 = chains_pay = rest_pay = gap = depth = hop = None
     gap_ci, predictions, matched, reading = None, [], "", None
+    speed = 1.0 if hop_speed == "measured" else float(hop_speed)
     if on.any():
-        chain = searches[on] >= 2
+        chain = read.searches[on] >= 2
         p0 = float(chain.mean())
-        chains_pay = float(reward[on][chain].mean()) if chain.any() else None
-        rest_pay = float(reward[on][~chain].mean()) if (~chain).any() else None
-        question = np.array([g.split("@")[0] for g in group[on]], dtype=str)
-        found = within_gap_ci(question, chain, reward[on], resamples)
+        chains_pay = float(read.reward[on][chain].mean()) if chain.any() else None
+        rest_pay = float(read.reward[on][~chain].mean()) if (~chain).any() else None
+        found = within_gap_ci(read.question[on], chain, read.reward[on], resamples)
         if found is not None and chains_pay is not None and rest_pay is not None and 0 < p0 < 1:
             gap, gap_ci = found.value, found.ci
         if gap is not None and found.questions < min_questions:
@@ -206,26 +284,40 @@ def diagnose(
             )
         elif gap is not None:
             depth = matched_depth(chains_pay)
+            start, guess = min(max(p0, 0.01), 0.99), min(max(rest_pay, 0.0), 1.0)
+            if not read.frozen:
+                estimator, params = hops.estimator_of(read.advantage)
+                share_v, pay_v = hops.bandit_velocities(
+                    start, depth, guess, read.group_size, estimator, params
+                )
+                early = Trajectories(
+                    read.version[on], read.question[on], read.searches[on], read.reward[on]
+                )
+                hop = hops.measure(early, first_versions, share_v, pay_v, resamples)
+            if hop_speed == "measured" and hop is not None and hop.speed is not None:
+                speed = hop.speed
             matched = (
                 f"matched: p0 {p0:.2f}, a guess pays {rest_pay:.2f}, M {depth} "
-                f"(a chain pays {1 / depth**2:.3f} against {chains_pay:.3f}), groups of {size}"
+                f"(a chain pays {1 / depth**2:.3f} against {chains_pay:.3f}), groups of "
+                f"{read.group_size}, hop speed {speed:.2g}"
             )
-            groups = int(learner.get("groups_per_step") or 1)
             for alpha in ALPHAS:
                 trap = Trap(
                     depth,
-                    min(max(rest_pay, 0.0), 1.0),
-                    size,
-                    groups,
+                    guess,
+                    read.group_size,
+                    read.groups,
                     alpha=alpha,
-                    start_chain=min(max(p0, 0.01), 0.99),
+                    start_chain=start,
+                    hop_speed=speed,
                 )
                 c = cell(trap, seeds)
                 predictions.append(Prediction(alpha, c.escape, c.escape_low, c.escape_high))
     return Diagnosis(
-        len(reward),
+        len(dirs),
+        len(read.reward),
         versions,
-        size,
+        read.group_size,
         strata,
         p0,
         chains_pay,
@@ -233,13 +325,16 @@ def diagnose(
         gap,
         gap_ci,
         depth,
+        hop,
+        speed,
         predictions,
         reading or reading_line(matched, predictions, gap, gap_ci),
     )
 
 
 def lines(d: Diagnosis) -> list[str]:
-    out = [f"{d.trajectories} trajectories ({d.versions}), groups of {d.group_size}", ""]
+    runs = f"{d.runs} runs pooled, " if d.runs > 1 else ""
+    out = [f"{runs}{d.trajectories} trajectories ({d.versions}), groups of {d.group_size}", ""]
     out += [
         "| stratum | share | alone in its group (A_SAN = 0) | pays | n |",
         "|---|---|---|---|---|",
@@ -261,9 +356,12 @@ def lines(d: Diagnosis) -> list[str]:
             f"within-question gap {d.gap:+.3f}, 95% interval [{d.gap_ci[0]:+.3f}, "
             f"{d.gap_ci[1]:+.3f}] (bootstrap over questions)"
         )
+    if d.hop is not None:
+        out.append(hops.line(d.hop))
     for p in d.predictions:
         out.append(
-            f"trap model, alpha {p.alpha:g}: escape {p.escape:.2f} [{p.low:.2f}, {p.high:.2f}]"
+            f"trap model, alpha {p.alpha:g}, hop speed {d.hop_speed:.2g}: escape {p.escape:.2f} "
+            f"[{p.low:.2f}, {p.high:.2f}]"
         )
     out += ["", f"reading: {d.reading}"]
     return out
@@ -273,14 +371,29 @@ def _pay(x: float | None) -> str:
     return "–" if x is None else f"{x:.3f}"
 
 
+def command(
+    run_dirs: Sequence[Path],
+    first_versions: int,
+    seeds: int,
+    min_questions: int = MIN_QUESTIONS,
+    hop_speed: HopSetting = 1.0,
+) -> str:
+    """The command line that prints the diagnosis `diagnose` gives with these arguments."""
+    argv = ["python", "-m", "pipeline.diagnose", *map(str, run_dirs)]
+    argv += ["--first-versions", str(first_versions), "--seeds", str(seeds)]
+    argv += ["--min-questions", str(min_questions)]
+    if hop_speed != 1.0:
+        argv += ["--hop-speed", hop_speed if isinstance(hop_speed, str) else f"{hop_speed:g}"]
+    return shlex.join(argv)
+
+
 REPORT_SEEDS = 100  # bandit seeds a prediction in a run's report: about 1 s at groups of 16
-REPORT_QUESTIONS = 5  # a report predicts from at least this many questions with both kinds
 
 
 def report_versions(steps: int) -> int:
-    """The versions a run's report reads: its first tenth of steps, at least 5 (the command's
-    default), so that a short group a step still meets a few two-hop questions."""
-    return max(5, steps // 10)
+    """The versions a run's report reads: its first tenth of steps, at least the command's
+    default, so that a short group a step still meets a few two-hop questions."""
+    return max(VERSIONS, steps // 10)
 
 
 def report_section(run_dir: Path, steps: int, seeds: int = REPORT_SEEDS) -> list[str]:
@@ -289,43 +402,75 @@ def report_section(run_dir: Path, steps: int, seeds: int = REPORT_SEEDS) -> list
     head = ["## Should this run stratify?", ""]
     first = report_versions(steps)
     try:
-        d = diagnose(run_dir, first, seeds=seeds, min_questions=REPORT_QUESTIONS)
+        d = diagnose(run_dir, first, seeds=seeds)
     except DiagnoseError as exc:
         return [*head, f"Not diagnosed: {exc}.", ""]
     except Exception as exc:  # the report is written whatever goes wrong here
         return [*head, f"Not diagnosed: {type(exc).__name__}: {exc}.", ""]
-    command = f"python -m pipeline.diagnose {run_dir} --first-versions {first} --seeds 400"
     return [
         *head,
-        f"`python -m pipeline.diagnose` on this run's first {first} policy versions (its "
-        "start, before the estimator has moved it far; all of a frozen run's), with the trap "
-        f"model at {seeds} seeds a prediction, fewer than docs/results use, so its intervals "
-        f"are wide; `{command}` narrows them.",
+        f"`{command([run_dir], first, seeds)}` (this run's first {first} policy versions: its "
+        "start, before the estimator has moved it far; all of a frozen run's). Its trap model "
+        f"runs {seeds} seeds a prediction, fewer than docs/results use, so its intervals are "
+        "wide: `--seeds 400` narrows them.",
         "",
         *lines(d),
         "",
     ]
 
 
+def hop_setting(text: str) -> HopSetting:
+    if text == "measured":
+        return "measured"
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a speed >= 0 or 'measured'")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m pipeline.diagnose", description=__doc__.split("\n")[0]
     )
-    p.add_argument("run_dir", type=Path)
+    p.add_argument("run_dirs", type=Path, nargs="+", help="a run, or runs of one world pooled")
     p.add_argument(
         "--first-versions",
         type=int,
-        default=5,
-        help="read policy versions below this (a frozen run: all; default 5)",
+        default=VERSIONS,
+        help=f"read policy versions below this (a frozen run: all; default {VERSIONS})",
     )
     p.add_argument("--source", default=SOURCE, help=f"the two-hop questions (default {SOURCE})")
     p.add_argument("--seeds", type=int, default=100, help="bandit seeds a prediction (default 100)")
+    p.add_argument(
+        "--min-questions",
+        type=int,
+        default=MIN_QUESTIONS,
+        help="two-hop questions with chains and the rest a prediction needs "
+        f"(default {MIN_QUESTIONS})",
+    )
+    p.add_argument(
+        "--hop-speed",
+        type=hop_setting,
+        default=1.0,
+        help="the hops' speed over the stratum's in the trap model: a number (default 1), or "
+        "'measured' (the speed measured from these versions, where it is measured)",
+    )
     p.add_argument("--json", type=Path, help="write the diagnosis here")
     args = p.parse_args(argv)
     try:
-        if args.first_versions < 1 or args.seeds < 1:
-            raise DiagnoseError("--first-versions and --seeds must be >= 1")
-        found = diagnose(args.run_dir, args.first_versions, args.source, args.seeds)
+        if args.first_versions < 1 or args.seeds < 1 or args.min_questions < 1:
+            raise DiagnoseError("--first-versions, --seeds and --min-questions must be >= 1")
+        found = diagnose(
+            args.run_dirs,
+            args.first_versions,
+            args.source,
+            args.seeds,
+            min_questions=args.min_questions,
+            hop_speed=args.hop_speed,
+        )
     except DiagnoseError as exc:
         print(f"strata: error: {exc}", file=sys.stderr)
         return 2

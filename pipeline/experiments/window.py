@@ -45,7 +45,6 @@ from pipeline.evaluation.replay import write_atomically
 from pipeline.experiments.data import RunData, is_grpo, level_accuracy, load_runs, setting
 from pipeline.experiments.diagnose import (
     ALPHAS,
-    REPORT_QUESTIONS,
     DiagnoseError,
     diagnose,
     matched_depth,
@@ -185,11 +184,10 @@ def reading_kind(reading: str) -> str:
 
 
 def foretold(run: RunData, result: RunResult, alpha: float, versions: int, seeds: int) -> Foretold:
-    """Diagnose `run` from its first `versions` policy versions (at least REPORT_QUESTIONS
-    two-hop questions with both kinds, as its report would) and take the prediction at
-    `alpha`, the run's own."""
+    """Diagnose `run` from its first `versions` policy versions, as `python -m pipeline.diagnose`
+    does with the same arguments, and take the prediction at `alpha`, the run's own."""
     try:
-        d = diagnose(run.run_dir, versions, seeds=seeds, min_questions=REPORT_QUESTIONS)
+        d = diagnose(run.run_dir, versions, seeds=seeds)
     except DiagnoseError as exc:
         raise WindowError(str(exc)) from None
     at = next((p.escape for p in d.predictions if p.alpha == alpha), None)
