@@ -99,9 +99,8 @@ def is_grpo(config: dict) -> bool:
     """Plain GRPO: the grpo estimator, or stratified with α = 0; outcome reward only, no
     turn-level credit."""
     kind = setting(config, "learner.advantage.type", "stratified")
-    alpha = setting(
-        config, "learner.advantage.alpha", setting(config, "learner.alpha", 0.6)
-    )  # or as written before it moved
+    # configs of an older schema hold the blend's alpha at learner.alpha
+    alpha = setting(config, "learner.advantage.alpha", setting(config, "learner.alpha", 0.6))
     plain = not setting(config, "actors.latent_reward", 0.0)
     plain = plain and not setting(config, "learner.turn_credit", 0.0)
     return plain and (kind == "grpo" or (kind == "stratified" and alpha == 0))

@@ -1,4 +1,4 @@
-"""The window experiment's registered analysis (pipeline/experiments/window.py) on small
+"""The window study's registered analysis (pipeline/experiments/window/) on small
 synthetic experiments written as runs spill them: who escaped, the one-sided Fisher test and
 what the design can reach, the interaction's bootstrap, the accuracy difference, unfinished
 runs refused in one line, a GRPO-only pilot, and the bandit's cell."""
@@ -6,7 +6,9 @@ runs refused in one line, a GRPO-only pilot, and the bandit's cell."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+import shlex
+from dataclasses import asdict, replace
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -17,15 +19,21 @@ from scipy import stats as sps
 from buffers.spill import spill_table
 from buffers.testing import synthetic_trajectory
 from pipeline.experiments.diagnose import diagnose
+from pipeline.experiments.diagnose import main as diagnose_main
 from pipeline.experiments.stats import detectable
-from pipeline.experiments.window import (
+from pipeline.experiments.window.analysis import (
+    Foretold,
+    RunResult,
+    bandit,
+    brier,
+    difference,
     fisher_greater,
     interaction,
     late_from,
-    main,
     needed,
     primary,
 )
+from pipeline.experiments.window.command import main
 
 STEPS = 8  # a quarter is 2 versions: late is versions 6-7
 
@@ -227,7 +235,7 @@ def test_the_diagnostic_is_set_beside_each_runs_outcome(tmp_path, capsys):
     found = json.loads(out.read_text())["diagnosed"]
     assert (found["versions"], found["seeds"], len(found["runs"])) == (6, 5, 4)
     for run in found["runs"]:  # each run's prediction is the diagnosis at its own alpha
-        d = diagnose(window / run["name"], 6, seeds=5, min_questions=5)
+        d = diagnose(window / run["name"], 6, seeds=5)
         alpha = 0.8 if run["arm"] == "blend" else 0.0
         assert run["predicted"] == next(p.escape for p in d.predictions if p.alpha == alpha)
     outcome = {r["name"]: r["escaped"] for r in found["runs"]}
@@ -242,8 +250,85 @@ def test_the_diagnostic_is_set_beside_each_runs_outcome(tmp_path, capsys):
     assert "| window | grpo | 2 |" in printed and "| 1 / 2 |" in printed
     # two versions meet two questions, fewer than a report predicts from: no prediction
     assert main([*argv, "--diagnose-versions", "2"]) == 0
+    printed = capsys.readouterr().out
     found = json.loads(out.read_text())["diagnosed"]
     assert {r["reading"] for r in found["runs"]} == {"too few"}
     assert found["brier"] is None and all(r["predicted"] is None for r in found["runs"])
+    # and the command the table names reads the same, run by run
+    [quoted] = [q for q in printed.split("`")[1::2] if q.startswith("python -m pipeline.diagnose")]
+    for run in found["runs"]:
+        command = shlex.split(quoted.replace(" RUN ", f" {window / run['name']} "))
+        assert diagnose_main(command[3:]) == 0
+        assert "reading: too few two-hop questions" in capsys.readouterr().out
     assert main([*argv, "--diagnose-versions", "0"]) == 2
     assert "--diagnose-versions must be in 1..--steps (8)" in capsys.readouterr().err
+
+
+def test_the_diagnostic_can_take_each_runs_measured_hop_speed(tmp_path, capsys):
+    """These runs' chain share does not move in their first versions: the hop speed is not
+    measured, and the trap model takes 1, as the table and the JSON say."""
+    window = tmp_path / "window"
+    write_experiment(window, {"grpo": [(1, 0.1), (6, 0.2)], "blend": [(5, 0.3), (2, 0.3)]})
+    out = tmp_path / "w.json"
+    argv = ["--window", str(window), "--p0-window", "0.5", "--steps", str(STEPS)]
+    argv += ["--json", str(out), "--diagnose-seeds", "5", "--diagnose-versions", "6"]
+    assert main([*argv, "--diagnose-hop-speed", "measured"]) == 0
+    printed = capsys.readouterr().out
+    found = json.loads(out.read_text())["diagnosed"]
+    assert found["hop_speed"] == "measured"
+    assert all(r["measured"] is None and r["hop_speed"] == 1.0 for r in found["runs"])
+    assert "--hop-speed measured` on every run" in printed
+    assert "| hop speed measured: runs, median [median interval] |" in printed
+    assert "| 1 / 2 | 0 of 2 |" in printed
+
+
+def test_the_registered_figures_follow_from_each_runs_row():
+    """docs/results/window.json keeps every run's row: the registered test, the differences,
+    the interaction, the bandit's cells and the diagnostic's Brier score computed from those rows
+    by today's code are the ones registered (the run directories themselves are not in the
+    repository). The command window.md prints is the one that wrote the file."""
+    root = Path(__file__).resolve().parents[2] / "docs" / "results"
+    registered = json.loads((root / "window.json").read_text())
+    doc = (root / "window.md").read_text()
+    printed = doc.split("    python -m pipeline.experiments.window ")[1].split("\n\n")[0]
+    assert (
+        "python -m pipeline.experiments.window " + " ".join(printed.replace("\\", " ").split())
+        == registered["command"]
+    )
+    runs = [RunResult(**r) for r in registered["runs"]]
+
+    def of(world, arm, key):
+        return [getattr(r, key) for r in runs if (r.world, r.arm) == (world, arm)]
+
+    assert (
+        asdict(primary(of("window", "blend", "escaped"), of("window", "grpo", "escaped")))
+        == (registered["tests"]["window"])
+    )
+    for world in ("window", "control"):
+        for key, where in (("l2_accuracy", "accuracy"), ("chain_share", "chain_share")):
+            found = difference(of(world, "blend", key), of(world, "grpo", key))
+            assert asdict(found) == pytest.approx(registered[where][world], rel=1e-9)
+    inter = interaction(
+        (of("window", "blend", "escaped"), of("window", "grpo", "escaped")),
+        (of("control", "blend", "escaped"), of("control", "grpo", "escaped")),
+    )
+    assert asdict(inter) == registered["interaction"]
+    for b in registered["bandit"]:
+        [found] = bandit(
+            b["world"],
+            b["start_chain"],
+            b["p_guess"],
+            0.2347 if b["world"] == "control" else 0.0329,  # the chains' pay the command gives
+            [b["alpha"]],
+            b["group_size"],
+            b["groups"],
+            b["seeds"],
+        )
+        found = asdict(found)
+        assert {k: v for k, v in found.items() if k not in ("low", "high")} == {
+            k: v for k, v in b.items() if k not in ("low", "high")
+        }
+        # Wilson's interval is scipy's now; the registered one took z 1.959964 for its 1.95996398
+        assert (found["low"], found["high"]) == pytest.approx((b["low"], b["high"]), rel=1e-8)
+    foretold = [Foretold(**f) for f in registered["diagnosed"]["runs"]]
+    assert brier(foretold) == pytest.approx(registered["diagnosed"]["brier"], rel=1e-12)
