@@ -14,7 +14,7 @@ read from its `trajectories/*.parquet`, or from several runs of one world and se
   (`pipeline/experiments/trap.py`): P(chain) p0, a guess paying what the rest pay, a chain
   paying 1/M^2 with M the depth whose 1/M^2 is nearest what chains pay, the run's group size
   and groups a step, and the hops learning at `--hop-speed` (1, as fast as the stratum, unless
-  given; `measured`: the speed measured here);
+  given; `measured`: the speed measured here, the escape at its interval's ends beside it);
 
 and one line of reading. The bandit is a model: its prediction is a statement about a world
 that behaves like it, to be checked against the run's outcome. Every figure the diagnosis prints
@@ -30,7 +30,7 @@ import math
 import shlex
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -72,6 +72,9 @@ class Prediction:
     escape: float
     low: float
     high: float
+    speed_range: tuple[float, float] | None = None
+    """The escape with the hops at the ends of the measured speed's interval (`--hop-speed
+    measured` only)."""
 
 
 @dataclass(frozen=True)
@@ -248,6 +251,16 @@ def _read(run_dirs: Sequence[Path], first_versions: int) -> _Read:
     )
 
 
+def _prediction(trap: Trap, seeds: int, ends: tuple[float, float] | None) -> Prediction:
+    """The trap model's escape, and where `ends` are given the escape with the hops at each."""
+    c = cell(trap, seeds)
+    around = None
+    if ends is not None:
+        low, high = (cell(replace(trap, hop_speed=e), seeds).escape for e in ends)
+        around = (low, high)
+    return Prediction(trap.alpha, c.escape, c.escape_low, c.escape_high, around)
+
+
 def diagnose(
     run_dirs: Path | Sequence[Path],
     first_versions: int = VERSIONS,
@@ -294,8 +307,9 @@ def diagnose(
                     read.version[on], read.question[on], read.searches[on], read.reward[on]
                 )
                 hop = hops.measure(early, first_versions, share_v, pay_v, resamples)
+            ends = None
             if hop_speed == "measured" and hop is not None and hop.speed is not None:
-                speed = hop.speed
+                speed, ends = hop.speed, hop.speed_ci
             matched = (
                 f"matched: p0 {p0:.2f}, a guess pays {rest_pay:.2f}, M {depth} "
                 f"(a chain pays {1 / depth**2:.3f} against {chains_pay:.3f}), groups of "
@@ -311,8 +325,7 @@ def diagnose(
                     start_chain=start,
                     hop_speed=speed,
                 )
-                c = cell(trap, seeds)
-                predictions.append(Prediction(alpha, c.escape, c.escape_low, c.escape_high))
+                predictions.append(_prediction(trap, seeds, ends))
     return Diagnosis(
         len(dirs),
         len(read.reward),
@@ -359,9 +372,15 @@ def lines(d: Diagnosis) -> list[str]:
     if d.hop is not None:
         out.append(hops.line(d.hop))
     for p in d.predictions:
+        ends = (
+            ""
+            if p.speed_range is None
+            else f" ({p.speed_range[0]:.2f} to {p.speed_range[1]:.2f} over the hop speed's "
+            "interval)"
+        )
         out.append(
             f"trap model, alpha {p.alpha:g}, hop speed {d.hop_speed:.2g}: escape {p.escape:.2f} "
-            f"[{p.low:.2f}, {p.high:.2f}]"
+            f"[{p.low:.2f}, {p.high:.2f}]{ends}"
         )
     out += ["", f"reading: {d.reading}"]
     return out

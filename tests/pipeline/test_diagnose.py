@@ -29,6 +29,7 @@ from pipeline.experiments.diagnose import (
     strata_table,
 )
 from pipeline.experiments.searches import Trajectories
+from pipeline.experiments.trap import Trap, cell
 from pipeline.experiments.trap_exact import expected_path
 from tests.pipeline.test_start import write_run
 from tests.pipeline.test_window import write_run as write_window_run
@@ -236,9 +237,15 @@ def test_a_measured_hop_speed_feeds_the_trap_model(tmp_path, capsys):
     hop = measured.hop
     assert hop is not None and hop.versions == 20 and hop.speed is not None
     assert measured.hop_speed == hop.speed and f"hop speed {hop.speed:.2g})" in measured.reading
+    for p in measured.predictions:  # the escape with the hops at the interval's ends
+        trap = Trap(measured.depth, measured.rest_pay, 8, 1, alpha=p.alpha, start_chain=measured.p0)
+        assert p.speed_range == tuple(
+            cell(replace(trap, hop_speed=e), 10).escape for e in hop.speed_ci
+        )
     slow = diagnose(run, 20, seeds=10, resamples=500, hop_speed=0.0)
     assert slow.hop == hop and slow.hop_speed == 0.0  # measured whatever the model takes
     assert [p.escape for p in slow.predictions] == [0.0, 0.0, 0.0]  # hops that never learn
+    assert all(p.speed_range is None for p in slow.predictions)
     assert main([str(run), "--first-versions", "20", "--seeds", "10", "--hop-speed", "0.5"]) == 0
     printed = capsys.readouterr().out
     assert "trap model, alpha 0.8, hop speed 0.5: escape" in printed
