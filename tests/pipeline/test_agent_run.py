@@ -240,10 +240,18 @@ def test_an_agent_on_the_official_openai_client_trains_through_the_endpoint(tmp_
 
 
 def test_an_openai_agents_sdk_agent_trains_through_the_endpoint(tmp_path, run_cache):
-    run_dir, recorded, _ = run_agent(tmp_path, run_cache, AGENTS_SDK_AGENT)
+    """With a periodic evaluation (steps 0 and 2, two held-out questions), which runs the same
+    agent on an engine of its own, through an endpoint of its own."""
+    run_dir, recorded, out = run_agent(
+        tmp_path, run_cache, AGENTS_SDK_AGENT, "eval.every_steps=2", "eval.max_questions=2"
+    )
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [s["version"] for s in steps] == [1.0, 2.0]
     figures = assert_generated_byte_for_byte(run_dir, recorded)
     assert sum(figures["tool_calls_per_stratum"].values()) > 0
+    evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == [0, 2]
+    assert all(row["tools"] for e in evals for row in e["rows"])  # no no-tools baseline rows
+    assert "strata: eval: no no-tools baseline for actors.agent.type openai" in out
     books = assert_accounting(run_dir)
     print("agents sdk run:", json.dumps(figures), json.dumps(books["per_stratum"]))
