@@ -266,6 +266,11 @@ class AgentEndpoint:
         self.base_url = ""
         self.errors: Counter[str] = Counter()
         """Error answers by code (unknown_session, session_busy, ...)."""
+        self.off_sampling = 0
+        """Requests that sampled at another temperature or top_p than the session's defaults
+        (actors.temperature and top_p, which the learner scores tokens at): their tokens'
+        behaviour log-probs are the engine's at the request's own, so their trajectories are
+        off-policy by that much. Said in one line, the first time."""
         self._sessions: dict[str, _Entry] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()  # the last `finished_kept` keys
         self._finished_kept = finished_kept
@@ -353,6 +358,7 @@ class AgentEndpoint:
         except (ValueError, RecursionError) as exc:
             raise Refused(400, "invalid_request", f"the body is not JSON: {exc}") from exc
         call = read_request(body, entry)
+        self._check_sampling(call.params, entry)
         mine = entry.task is None  # else the session refuses this one: it is busy
         if mine:
             entry.task = asyncio.current_task()
@@ -378,6 +384,21 @@ class AgentEndpoint:
             if mine:
                 entry.task = None
         return web.json_response(self._answer(entry.session, replies, call.logprobs))
+
+    def _check_sampling(self, params: SamplingParams, entry: _Entry) -> None:
+        if (params.temperature, params.top_p) == (entry.temperature, entry.top_p):
+            return
+        self.off_sampling += 1
+        if self.off_sampling == 1:
+            print(
+                f"strata: agent endpoint: a request samples at temperature {params.temperature}, "
+                f"top_p {params.top_p}; the learner scores tokens at actors.temperature "
+                f"{entry.temperature}, top_p {entry.top_p}, so these trajectories are off-policy "
+                "(their behaviour log-probs are the engine's at the request's settings): set "
+                "actors.temperature and top_p to what the agent asks, or leave them out of its "
+                "requests",
+                flush=True,
+            )
 
     def _answer(self, session: TrajectorySession, replies: list[Reply], logprobs: bool) -> dict:
         choices = []

@@ -121,6 +121,7 @@ def test_the_parameters_that_act(tokenizer):
         )
         params = engine.params[0]
         assert (params.temperature, params.top_p, params.stop) == (0.3, 0.9, ("END",))
+        assert endpoint.off_sampling == 1  # not the session's 1.0 and 1.0: said, counted
         assert params.max_new_tokens == 100  # max_tokens_limit
         assert stopped.choices[0].message.content == "Quorvex."
         assert [t.logprob for t in stopped.choices[0].logprobs.content] == (
