@@ -36,6 +36,7 @@ LONGEST_FILES = (
     "tests/pipeline/test_sglang_run.py",  # 101
     "tests/pipeline/test_local_run.py",  # 86
     "tests/examples/test_example_task.py",  # ~110 once the assets exist (issue 69's plug-in)
+    "tests/pipeline/test_agent_run.py",  # ~85 (issue 70: two agents' runs, a warm start of its own)
     "tests/actors/test_vllm_engine.py",  # 72 where .venv-vllm exists (CI)
     "tests/pipeline/test_chat_tools_run.py",  # 63
     "tests/pipeline/test_experiment.py",  # 49
