@@ -11,6 +11,7 @@ the books balance per stratum. The tiny policy is warm-started on the chat templ
 3 first replies on its own (the SDK's agent asks for a call on its first request, tool_choice
 "required"), so strata above 0 come through the real clients."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from actors.formats import CHAT_INSTRUCTION
 from buffers.reader import read_trajectories
 from tests.conftest import assert_accounting, child_env
 from tests.pipeline.test_local_run import ROOT, SHORT
@@ -93,46 +95,8 @@ async def agent(task, endpoint):
 '''
 )
 
-AGENTS_SDK_AGENT = (
-    SEARCH_SHARED
-    + '''
-from agents import (
-    Agent,
-    ModelSettings,
-    OpenAIChatCompletionsModel,
-    Runner,
-    function_tool,
-    set_tracing_disabled,
-)
-from openai import AsyncOpenAI
-
-set_tracing_disabled(True)  # nothing leaves this machine
-
-
-async def agent(task, endpoint):
-    """A search agent in the OpenAI Agents SDK: its Runner calls the tool the model asks for."""
-
-    @function_tool(name_override="search")  # the name the policy was taught
-    async def search_tool(query: str) -> str:
-        """Search the knowledge base; returns the top passages for the query.
-
-        Args:
-            query: What to search for.
-        """
-        return await search(endpoint.search_url, query or task.question)
-
-    client = AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
-    searcher = Agent(
-        name="searcher",
-        tools=[search_tool],
-        model=OpenAIChatCompletionsModel(model=endpoint.model, openai_client=client),
-        model_settings=ModelSettings(tool_choice="required"),  # the first turn; then auto
-    )
-    question = f"{CHAT_INSTRUCTION} Question: {task.question}\\n"
-    result = await Runner.run(searcher, question, max_turns=10)
-    return answer_in(str(result.final_output))
-'''
-)
+EXAMPLE = ROOT / "examples" / "strata_example_agent"
+"""The worked example's Agents SDK search agent (its README's run), trained here for 2 steps."""
 
 
 def run_agent(tmp_path: Path, run_cache: Path, code: str, *sets: str):
@@ -239,11 +203,12 @@ def test_an_agent_on_the_official_openai_client_trains_through_the_endpoint(tmp_
     print("openai client run:", json.dumps(figures), json.dumps(books["per_stratum"]))
 
 
-def test_an_openai_agents_sdk_agent_trains_through_the_endpoint(tmp_path, run_cache):
-    """With a periodic evaluation (steps 0 and 2, two held-out questions), which runs the same
+def test_the_example_agents_sdk_agent_trains_through_the_endpoint(tmp_path, run_cache):
+    """examples/strata_example_agent's agent, with a periodic evaluation (steps 0 and 2, two held-out questions), which runs the same
     agent on an engine of its own, through an endpoint of its own."""
+    code = (EXAMPLE / "search_agent.py").read_text()
     run_dir, recorded, out = run_agent(
-        tmp_path, run_cache, AGENTS_SDK_AGENT, "eval.every_steps=2", "eval.max_questions=2"
+        tmp_path, run_cache, code, "eval.every_steps=2", "eval.max_questions=2"
     )
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [s["version"] for s in steps] == [1.0, 2.0]
@@ -255,3 +220,12 @@ def test_an_openai_agents_sdk_agent_trains_through_the_endpoint(tmp_path, run_ca
     assert "strata: eval: no no-tools baseline for actors.agent.type openai" in out
     books = assert_accounting(run_dir)
     print("agents sdk run:", json.dumps(figures), json.dumps(books["per_stratum"]))
+
+
+def test_the_example_speaks_what_the_warm_start_teaches():
+    """The example is standalone (no Strata import): its instruction is the chat_tools format's,
+    which the tiny policy's warm start was taught with."""
+    spec = importlib.util.spec_from_file_location("search_agent", EXAMPLE / "search_agent.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    assert example.INSTRUCTION == CHAT_INSTRUCTION
