@@ -56,6 +56,26 @@ class Endpoint:
     """Strata's retrieval server (`POST {search_url}/retrieve {"queries": [...], "topk": k}`)
     when actors.tools holds search; None otherwise."""
 
+    def client(self, **options: Any):
+        """An `openai.AsyncOpenAI` for this trajectory, cheaply: the process's one client for this
+        endpoint (on this event loop) with this trajectory's key (`with_options`, which shares
+        its connections). Making an `AsyncOpenAI(base_url=..., api_key=...)` per trajectory
+        works as well but costs ~50 ms of CPU each on 2 cores (benchmarks/agent_endpoint.py),
+        taken from the engine when it runs in this process. `options`: `with_options`'s
+        (`max_retries`, `timeout`, ...)."""
+        from openai import AsyncOpenAI  # the agent's own dependency, not Strata's
+
+        key = (self.base_url, id(asyncio.get_running_loop()))
+        shared = _CLIENTS.get(key)
+        if shared is None:
+            shared = _CLIENTS[key] = AsyncOpenAI(base_url=self.base_url, api_key="unset")
+        return shared.with_options(api_key=self.api_key, **options)
+
+
+_CLIENTS: dict[tuple[str, int], Any] = {}
+"""`Endpoint.client`'s shared clients, by base URL and event loop (a client's connections
+belong to the loop that opened them)."""
+
 
 def task_json(task: TaskLike) -> dict[str, Any]:
     """The task as a program gets it on stdin: the question and its row, not the answers."""

@@ -5,11 +5,14 @@ both generate the very same tokens; the script checks it): `--turns` generations
 `--max-tokens` tokens each, a turn ended by `</tool_call>` or `</answer>`, and after each turn
 that did not answer the chat_tools format's correction as a user message. The built-in path is
 `actors.agent.AgentLoop` (format chat_tools, one tool offered, the model calling none); the
-endpoint path is an agent written with the official `openai` client (`AsyncOpenAI`) talking to
+endpoint path is an agent written with the official `openai` client talking to
 `actors.openai_endpoint.AgentEndpoint` on 127.0.0.1, one session per trajectory, its record
-taken at the end as the pool does. Both run `--concurrency` trajectories at a time in the one
+taken at the end as the pool does: with a client made per trajectory (`AsyncOpenAI(base_url=...,
+api_key=...)`, as most agent code does), with `endpoint.client()` (one client per process, the
+trajectory's key by `with_options`), and with a plain aiohttp client (the endpoint's own cost
+without the `openai` library's). All run `--concurrency` trajectories at a time in the one
 process and event loop, as an actor pool runs them with the embedded engine; the paths
-alternate (`--repeats` each) so that drift in the machine's speed falls on both.
+alternate (`--repeats` each) so that drift in the machine's speed falls on all.
 
 Printed: generated tokens/s of each path and their ratio (issue 70's target: endpoint >= 0.9 of
 the built-in loop), and the endpoint's added latency per call: at concurrency 1, the client's
@@ -35,6 +38,7 @@ from actors.agent import AgentLoop, AgentSettings
 from actors.embedded import EmbeddedEngine
 from actors.formats import ANSWER_CLOSE, CHAT_CORRECTION, CHAT_INSTRUCTION
 from actors.function_tools import function_tool
+from actors.openai_agent import Endpoint
 from actors.openai_endpoint import AgentEndpoint
 from pipeline.assets.tiny_policy import build_tiny_policy
 
@@ -104,7 +108,7 @@ async def builtin(engine, tokenizer, tasks, concurrency: int, turns: int, tokens
 
 
 async def endpoint_agent(
-    endpoint: AgentEndpoint, tasks, concurrency: int, turns: int, tokens: int
+    endpoint: AgentEndpoint, tasks, concurrency: int, turns: int, tokens: int, shared=False
 ) -> tuple[int, list[float]]:
     schema = function_tool(lookup).schema
     slots = asyncio.Semaphore(concurrency)
@@ -115,7 +119,10 @@ async def endpoint_agent(
             key, session = endpoint.open_session(
                 max_response_tokens=100_000, max_requests=turns, temperature=0.0
             )
-            client = AsyncOpenAI(base_url=endpoint.base_url, api_key=key, max_retries=0)
+            if shared:  # what `endpoint.client()` gives an openai agent: one client, its key
+                client = Endpoint(endpoint.base_url, key, "strata-policy").client(max_retries=0)
+            else:  # a client made for each trajectory, as most agent code does
+                client = AsyncOpenAI(base_url=endpoint.base_url, api_key=key, max_retries=0)
             content = f"{CHAT_INSTRUCTION} Question: {task.question}\n"
             messages: list = [{"role": "user", "content": content}]
             try:
@@ -138,7 +145,8 @@ async def endpoint_agent(
                 record = session.record()
             finally:
                 endpoint.close_session(key)
-                await client.close()
+                if not shared:
+                    await client.close()
             return sum(record.loss_mask)
 
     generated = sum(await asyncio.gather(*(one(t) for t in tasks)))
@@ -192,9 +200,14 @@ async def raw_agent(
     return generated, calls
 
 
+async def shared_agent(endpoint, tasks, concurrency, turns, tokens):
+    return await endpoint_agent(endpoint, tasks, concurrency, turns, tokens, shared=True)
+
+
 PATHS = {
     "built-in loop": None,
     "endpoint, openai client": endpoint_agent,
+    "endpoint, openai client from endpoint.client()": shared_agent,
     "endpoint, aiohttp client": raw_agent,
 }
 

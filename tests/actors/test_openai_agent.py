@@ -18,7 +18,7 @@ from openai import AsyncOpenAI, OpenAI
 
 from actors.agent import AgentSettings
 from actors.engine import EngineError
-from actors.openai_agent import CommandRunner, FunctionRunner, OpenAIAgent, task_json
+from actors.openai_agent import CommandRunner, Endpoint, FunctionRunner, OpenAIAgent, task_json
 from actors.openai_endpoint import AgentEndpoint
 from actors.session_agent import AgentFailed
 from pipeline.assets.tiny_policy import CHAT_TEMPLATE, train_tokenizer
@@ -384,3 +384,18 @@ def test_a_program_past_its_deadline_is_killed_with_its_process_group(
     assert (
         "--- q-hangs@pool-0:0#0: killed (deadline or stop)" in (tmp_path / "agent.log").read_text()
     )
+
+
+def test_endpoint_client_shares_one_client_with_each_trajectorys_key():
+    """`endpoint.client()`: the process's one client for the endpoint (its connections shared),
+    with this trajectory's key, without paying for a new client per trajectory."""
+
+    async def main():
+        first = Endpoint("http://127.0.0.1:9/v1", "strata-a", "m").client(max_retries=0)
+        second = Endpoint("http://127.0.0.1:9/v1", "strata-b", "m").client()
+        assert (first.api_key, second.api_key) == ("strata-a", "strata-b")
+        assert str(first.base_url) == "http://127.0.0.1:9/v1/"
+        assert first.max_retries == 0
+        assert first._client is second._client  # one connection pool
+
+    asyncio.run(main())
