@@ -17,6 +17,7 @@ from agents import (
     function_tool,
     set_tracing_disabled,
 )
+from agents.exceptions import MaxTurnsExceeded, ModelBehaviorError
 from openai import AsyncOpenAI
 
 set_tracing_disabled(True)  # the SDK would send its traces to OpenAI: nothing leaves this machine
@@ -75,5 +76,10 @@ async def agent(task, endpoint) -> str | None:
         # SDK resets it to auto after a tool call, so later turns may answer
         model_settings=ModelSettings(tool_choice="required"),
     )
-    result = await Runner.run(searcher, f"{INSTRUCTION} Question: {task.question}\n", max_turns=10)
+    try:
+        result = await Runner.run(
+            searcher, f"{INSTRUCTION} Question: {task.question}\n", max_turns=10
+        )
+    except (ModelBehaviorError, MaxTurnsExceeded):  # a call of a tool it lacks, no end: no answer
+        return None  # (raising would drop the trajectory; this one is trained, at reward 0)
     return answer_in(str(result.final_output))
