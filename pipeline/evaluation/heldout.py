@@ -42,8 +42,9 @@ import pyarrow.parquet as pq
 from actors.engine import EngineError, NoServerBack
 from actors.rewards import format_reward
 from actors.servers import ServerStartError
+from actors.session_agent import AgentFailed
 from actors.vllm import checkpoint_problem
-from buffers.records import to_arrow
+from buffers.records import Trajectory, to_arrow
 from pipeline.assets.cache import prepare_index, prepare_world
 from pipeline.assets.datasets import DatasetError, Question, check_row_tools, load_questions
 from pipeline.backends.local import LocalRuntime
@@ -184,15 +185,22 @@ async def run_items(
 ) -> list:
     """One trajectory per (question, sample) of the agent `loop` (the configured
     actors.agent), `concurrency` at a time, in input order. A trajectory the engine fails is
-    run again (EVAL_ATTEMPTS in all; the last failure raises)."""
+    run again (EVAL_ATTEMPTS in all; the last failure raises). One that an agent of one's own
+    lost (it raised, passed its deadline: `AgentFailed`) is its wrong answer: it scores 0,
+    counted and said, and the evaluation goes on."""
     slots = asyncio.Semaphore(concurrency)
     again = {"count": 0, "first": ""}  # trajectories run again, and the first failure
+    lost = {"count": 0, "first": ""}  # trajectories the agent lost, and the first
 
     async def one(item: Item, k: int):
         async with slots:
             for attempt in range(1, EVAL_ATTEMPTS + 1):
                 try:
                     return await loop.run(item.question, item.key, k)
+                except AgentFailed as exc:
+                    lost["count"] += 1
+                    lost["first"] = lost["first"] or str(exc)
+                    return lost_answer(item, k)
                 except EngineError as exc:
                     if attempt == EVAL_ATTEMPTS or isinstance(exc, NoServerBack):
                         raise
@@ -200,6 +208,12 @@ async def run_items(
                     again["first"] = again["first"] or str(exc)
 
     made = list(await asyncio.gather(*(one(i, k) for i in items for k in range(samples))))
+    if lost["count"]:
+        print(
+            f"strata: {actor_id}: {lost['count']} trajectories the agent lost scored 0 (first: "
+            f"{lost['first']})",
+            flush=True,
+        )
     if again["count"]:
         print(
             f"strata: {actor_id}: {again['count']} trajectories cut off by the engine were run "
@@ -207,6 +221,24 @@ async def run_items(
             flush=True,
         )
     return made
+
+
+def lost_answer(item: Item, sample: int) -> Trajectory:
+    """What an evaluation counts for a trajectory the agent lost: no tokens, reward 0."""
+    question = item.question
+    return Trajectory(
+        prompt_id=item.key,
+        sample_index=sample,
+        token_ids=[],
+        loss_mask=[],
+        behavior_logprobs=[],
+        token_versions=[],
+        reward=0.0,
+        data_source=getattr(question, "data_source", ""),
+        question=getattr(question, "question", ""),
+        ground_truth=list(getattr(question, "ground_truth", ())),
+        finish_reason="agent_failed",
+    )
 
 
 def eval_settings(config: StrataConfig, samples: int):

@@ -12,7 +12,8 @@ import pytest
 
 from actors.engine import EngineError, NoServerBack
 from actors.rewards import score
-from buffers.records import from_arrow
+from actors.session_agent import AgentFailed
+from buffers.records import Trajectory, from_arrow, to_arrow
 from pipeline.assets.datasets import load_questions
 from pipeline.config.schema import StrataConfig
 from pipeline.evaluation.heldout import (
@@ -295,6 +296,33 @@ def test_an_evaluation_runs_again_what_a_dead_server_cut_off(failures, capsys):
     assert (f"eval: {failures} trajectories cut off by the engine were run again" in out) == bool(
         failures
     )
+
+
+class LosingAgent:
+    """An agent of one's own that loses the trajectory of question q1 (it raised)."""
+
+    async def run(self, question, key: str, sample: int):
+        if key == "q1":
+            raise AgentFailed(
+                "raised", "the agent raised ModelBehaviorError: Tool python not found"
+            )
+        return Trajectory(key, sample, [5], [1], [-0.1], [0], reward=1.0)
+
+
+def test_an_agent_that_loses_a_trajectory_costs_that_answer_not_the_evaluation(capsys):
+    """A custom or openai agent's lost trajectory is a wrong answer (0, counted, said); the
+    example agent's 60-step run saw every held-out evaluation fail on the first such one."""
+    items = [Item(None, "held-out", f"q{i}") for i in range(3)]  # type: ignore[arg-type]
+    made = asyncio.run(run_items(LosingAgent(), items, 1, 2, "eval"))
+    assert [(t.prompt_id, t.reward, t.finish_reason) for t in made] == [
+        ("q0", 1.0, "stop"),
+        ("q1", 0.0, "agent_failed"),
+        ("q2", 1.0, "stop"),
+    ]
+    assert "eval: 1 trajectories the agent lost scored 0 (first: the agent raised" in (
+        capsys.readouterr().out
+    )
+    assert to_arrow(made).num_rows == 3  # the outputs' Parquet takes it
 
 
 def test_an_evaluation_does_not_wait_again_for_servers_that_never_came_back():
