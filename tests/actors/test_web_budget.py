@@ -114,8 +114,11 @@ def test_a_resumed_run_goes_on_with_its_count(standin, tmp_path, monkeypatch):
     assert all(r.ok for r in asyncio.run(ask(first, ["one", "two"])))
     resumed = tool_for(standin.base, cache, tmp_path, limit=3)  # a new process, the same run
     results = asyncio.run(ask(resumed, ["three", "four", "five", "one"]))
-    assert [r.ok for r in results] == [True, False, False, True]  # "one" is a free cache hit
-    assert "budget of 3 web searches is spent" in results[1].text
+    # the three new queries race for the one search left (whichever takes the lock first gets
+    # it); "one" is a free cache hit
+    assert sorted(r.ok for r in results[:3]) == [False, False, True] and results[3].ok
+    refused = [r for r in results[:3] if not r.ok]
+    assert all("budget of 3 web searches is spent" in r.text for r in refused)
     assert resumed.stats.outcomes == {"provider": 1, "refused_run_budget": 2, "cache_hit": 1}
     assert int((tmp_path / BUDGET_FILE).read_text()) == 3
     other_run = tool_for(standin.base, cache, tmp_path / "next-run", limit=3)
