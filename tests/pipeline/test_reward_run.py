@@ -47,7 +47,9 @@ def test_plug_in_rewards_are_logged_by_part_and_one_that_raises_is_counted(tmp_p
     assert len(steps) == 2
     for step in steps:
         assert {"reward/judged/correct", "reward/judged/searched", "reward/flaky"} <= set(step)
-        assert 0 <= step["reward/flaky"] < 1  # a third scored 0
+        # a part's mean over the step's trajectories; the ones it raised on are scored 0, and
+        # those may all fall in other steps' groups (the count is over every call): below
+        assert 0 <= step["reward/flaky"] <= 1
     assert steps[-1]["reward_errors"] >= 1
 
     table, bad = read_trajectories(
