@@ -18,49 +18,51 @@ if "PYTEST_XDIST_WORKER" in os.environ:
         os.environ.setdefault(name, "1")
 
 
-# The longest files first (seconds each took on 2 cores, 2026-11-27, a clone of 75adb2c; the vLLM
-# file with .venv-vllm present, earlier that day). The workers take files in this order (make test
-# passes --no-loadscope-reorder: xdist would otherwise order files by their number of tests),
+# The longest files first (seconds each took on 2 cores, idle, 2026-11-28, `make test`'s files;
+# the vLLM file with .venv-vllm present, 2026-11-27). The workers take files in this order (make
+# test passes --no-loadscope-reorder: xdist would otherwise order files by their number of tests),
 # each worker its next file when it is nearly done with its last, so the short files fill in at
 # the end and the two workers finish together. The first file's run builds the shared run assets
-# (world and index in ~15 s, then the warm start: ~75 s on one core); the next four need no warm
-# start of the run (test_warm_start reads the world and index only), so the other worker
-# computes meanwhile instead of waiting on the assets' lock. A file missing here only runs
-# later; nothing else depends on the list.
+# (world and index in ~15 s, then the warm start: ~75 s on one core); the next three need no warm
+# start of the run (test_warm_start reads the world and index only), so the other worker computes
+# meanwhile instead of waiting on the assets' lock. The system tier's files (make test-system)
+# are ordered the same way: test_ray_run.py builds the assets there. A file missing here only
+# runs later; nothing else depends on the list.
 LONGEST_FILES = (
-    "tests/pipeline/test_ray_run.py",  # 246, the assets' build included
-    "tests/learner/test_ranks.py",  # 73
-    "tests/pipeline/test_warm_start.py",  # 28 (a 2-epoch warm start of its own)
-    "tests/pipeline/test_trap.py",  # 12
-    "tests/learner/test_ray_ranks.py",  # 35
-    "tests/pipeline/test_sglang_run.py",  # 101
-    "tests/pipeline/test_local_run.py",  # 86
-    "tests/examples/test_example_task.py",  # ~110 once the assets exist (issue 69's plug-in)
-    "tests/pipeline/test_agent_run.py",  # ~85 (issue 70: two agents' runs, a warm start of its own)
+    "tests/pipeline/test_local_run.py",  # 205, the assets' build included
+    "tests/pipeline/test_ray_run.py",  # system tier: 338, the assets' build included
+    "tests/learner/test_ranks.py",  # 66 (make test-system: 345)
+    "tests/pipeline/test_warm_start.py",  # 38 (a 2-epoch warm start of its own)
+    "tests/pipeline/test_trap.py",  # 20
+    "tests/examples/test_example_task.py",  # 131 (issue 69's plug-in; the assets exist by then)
+    "tests/pipeline/test_agent_run.py",  # ~75 (issue 70: builds the chat format's warm start)
     "tests/actors/test_vllm_engine.py",  # 72 where .venv-vllm exists (CI)
-    "tests/pipeline/test_chat_tools_run.py",  # 63
-    "tests/pipeline/test_experiment.py",  # 49
-    "tests/pipeline/test_simulation.py",  # 42
-    "tests/faults/test_learner_ranks.py",  # 38
-    "tests/faults/test_soak.py",  # 30
-    "tests/pipeline/test_gpu_benchmarks.py",  # 30
-    "tests/pipeline/test_evaluate.py",  # 28
-    "tests/faults/test_kill_resume.py",  # 24
-    "tests/faults/test_disk_full.py",  # 22
-    "tests/actors/test_sglang_server.py",  # 20
-    "tests/ops/test_dashboard.py",  # 18
-    # then the files of 8-16 s (a clone of 50fc6c9), so that none of them starts last
-    "tests/learner/test_trainer.py",  # 16
-    "tests/learner/test_ray_sync.py",  # 14
-    "tests/actors/test_agent.py",  # 14
-    "tests/pipeline/test_assets.py",  # 12
-    "tests/learner/test_native.py",  # 11
-    "tests/pipeline/test_streaming.py",  # 11
-    "tests/pipeline/test_loggers.py",  # 9
-    "tests/retrieval/test_server.py",  # 9
-    "tests/learner/test_packing.py",  # 9
-    "tests/pipeline/test_ray_cluster.py",  # 8
-    "tests/pipeline/test_trap_exact.py",  # 8
+    "tests/pipeline/test_experiment.py",  # 48 (its Ray runner: system tier)
+    "tests/pipeline/test_gpu_benchmarks.py",  # 55
+    "tests/pipeline/test_simulation.py",  # 48
+    "tests/pipeline/test_sglang_run.py",  # system tier: 137
+    "tests/faults/test_learner_ranks.py",  # system tier: 50
+    "tests/learner/test_ray_ranks.py",  # system tier: 39
+    "tests/pipeline/test_evaluate.py",  # 37
+    "tests/faults/test_disk_full.py",  # system tier: 29
+    "tests/faults/test_kill_resume.py",  # system tier: 26
+    "tests/pipeline/test_streaming.py",  # 26
+    "tests/actors/test_sglang_server.py",  # 22 (its killed server: system tier)
+    "tests/faults/test_soak.py",  # 21
+    "tests/ops/test_dashboard.py",  # 20
+    # then the files of 10-19 s, so that none of them starts last
+    "tests/learner/test_ray_sync.py",  # 19
+    "tests/learner/test_trainer.py",  # 18
+    "tests/actors/test_mcp_tools.py",  # 18
+    "tests/pipeline/test_trap_exact.py",  # 18
+    "tests/pipeline/test_window.py",  # 16
+    "tests/learner/test_native.py",  # 14
+    "tests/pipeline/test_assets.py",  # system tier: 14
+    "tests/learner/test_packing.py",  # 14
+    "tests/pipeline/test_chat_tools_run.py",  # 12 (the agents' warm start, once built)
+    "tests/pipeline/test_loggers.py",  # 13
+    "tests/pipeline/test_reward_run.py",  # 12
+    "tests/actors/test_openai_agent.py",  # 11
 )
 
 

@@ -117,6 +117,7 @@ def test_what_cannot_start_here_is_refused_in_one_line(engine, gpus, ray, expect
     assert problem is not None and expected in problem and "\n" not in problem
 
 
+@pytest.mark.system
 def test_started_servers_are_healthy_restarted_when_killed_and_stopped(tiny_policy_dir, tmp_path):
     """The launcher's cycle on the stand-in: start two (each on its GPU set), the engine
     generates on both; one is SIGKILLed: the watch restarts it on its port and readmits it

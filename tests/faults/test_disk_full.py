@@ -32,6 +32,7 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "--lazy", str(disk)], check=True)
 
 
+@pytest.mark.system
 def test_a_full_disk_stops_the_run_in_one_line_and_it_resumes_after(small_disk, run_cache):
     run_dir = small_disk / "run"
     sets = ["--set", "learner.checkpoint_every=1", "--set", "buffer.spill_flush_s=0.05"]

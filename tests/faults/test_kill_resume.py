@@ -9,6 +9,7 @@ import time
 from collections import Counter
 
 import pyarrow.compute as pc
+import pytest
 
 from buffers.reader import read_trajectories
 from tests.conftest import assert_accounting
@@ -34,6 +35,7 @@ def _wait_for_spill_after(run_dir, proc, deadline_s=600) -> dict:
     raise AssertionError("the run never spilled after its checkpoint")
 
 
+@pytest.mark.system
 def test_a_run_killed_outright_resumes_whole(tmp_path, run_cache):
     run_dir = tmp_path / "run"
     sets = [

@@ -7,6 +7,7 @@ import re
 import time
 
 import psutil
+import pytest
 
 from tests.conftest import assert_accounting, gpu_per_rank
 from tests.pipeline.test_local_run import launch
@@ -34,6 +35,7 @@ def _rank_1(launcher: psutil.Process) -> psutil.Process:
     return ranks[0]
 
 
+@pytest.mark.system
 @gpu_per_rank(2)
 def test_a_killed_learner_rank_stops_the_run_in_one_line_and_it_resumes_on_two_ranks(
     tmp_path, run_cache

@@ -46,6 +46,7 @@ def test_too_short_a_soak_says_so():
     assert "soak longer" in verdict(series(500, n=3))["problems"][0]
 
 
+@pytest.mark.system
 def test_a_short_soak_samples_stops_cleanly_and_audits_the_books(tmp_path, run_cache):
     out = tmp_path / "soak"
     sets = [item for item in SHORT if item != "--set"] + [f"runtime.cache_dir={run_cache}"]

@@ -28,6 +28,7 @@ TEXTS = [
     f"Question {i}: <search> Varno Telik </search> <answer> Quorvex {i} </answer>"
     for i in range(600)
 ]
+SYSTEM = pytest.mark.system  # the rest of the matrix: make test-system
 COMPARED = ("loss", "grad_norm", "trained_tokens", "reward_mean", "clip_fraction", "entropy")
 
 
@@ -175,17 +176,24 @@ def test_the_process_group_serves_the_cpu_tensors_of_the_learners_own_collective
 @gpu_per_rank(2)
 @pytest.mark.parametrize(
     "overrides",
-    [  # each stage once, the defaults at 2; a case is a spawned pair of ranks (~20 s on 2 cores)
-        dict(zero_stage=2),
-        dict(
-            zero_stage=0,
-            loss_agg="seq-mean-token-mean",
-            importance={"type": "none"},
-            lora={"r": 4, "alpha": 8.0},
+    [  # each stage once, the defaults at 2; a case is a spawned pair of ranks (~20 s on 2 cores,
+        # most of it the two processes' imports): make test runs one, make test-system the rest
+        pytest.param(dict(zero_stage=2), marks=SYSTEM, id="zero2-and-resume"),
+        pytest.param(
+            dict(
+                zero_stage=0,
+                loss_agg="seq-mean-token-mean",
+                importance={"type": "none"},
+                lora={"r": 4, "alpha": 8.0},
+            ),
+            marks=SYSTEM,
+            id="zero0-seq-mean-lora",
         ),
-        dict(zero_stage=1, max_tokens_per_micro_batch=90, advantage={"type": "gae"}),
+        pytest.param(
+            dict(zero_stage=1, max_tokens_per_micro_batch=90, advantage={"type": "gae"}),
+            id="zero1-token-budget-gae",
+        ),
     ],
-    ids=["zero2-and-resume", "zero0-seq-mean-lora", "zero1-token-budget-gae"],
 )
 def test_two_ranks_train_like_one(policy, tmp_path, overrides):
     """Loss, gradient norm and weights after two steps; under ZeRO 2 the two-rank checkpoint
@@ -245,19 +253,24 @@ def wide_policy(tmp_path_factory):
 @gpu_per_rank(2)
 @pytest.mark.parametrize(
     "overrides",
-    [
-        dict(importance={"type": "mask", "cap": 2.0}),
-        dict(lora={"r": 4, "alpha": 8.0}, kl_coef=0.1),
-        dict(lora={"r": 4, "alpha": 8.0}, kl_coef=0.1, kl_in_reward=True),
-        dict(kl_coef=0.1),
-        dict(kl_coef=0.1, kl_in_reward=True, kl_kind="k1"),
-    ],
-    ids=[
-        "mask-and-resume",
-        "lora-kl-in-loss",
-        "lora-kl-in-reward",
-        "reference-kl-in-loss",
-        "reference-kl-in-reward",
+    [  # make test runs the partitioned reference (issue 68); make test-system every case
+        pytest.param(
+            dict(importance={"type": "mask", "cap": 2.0}), marks=SYSTEM, id="mask-and-resume"
+        ),
+        pytest.param(
+            dict(lora={"r": 4, "alpha": 8.0}, kl_coef=0.1), marks=SYSTEM, id="lora-kl-in-loss"
+        ),
+        pytest.param(
+            dict(lora={"r": 4, "alpha": 8.0}, kl_coef=0.1, kl_in_reward=True),
+            marks=SYSTEM,
+            id="lora-kl-in-reward",
+        ),
+        pytest.param(dict(kl_coef=0.1), id="reference-kl-in-loss"),
+        pytest.param(
+            dict(kl_coef=0.1, kl_in_reward=True, kl_kind="k1"),
+            marks=SYSTEM,
+            id="reference-kl-in-reward",
+        ),
     ],
 )
 def test_two_zero3_ranks_train_like_one_with_uneven_shares_and_resume(

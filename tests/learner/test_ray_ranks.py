@@ -42,6 +42,7 @@ def two_nodes():
         cluster.shutdown()
 
 
+@pytest.mark.system
 @gpu_per_rank(2)
 def test_two_ranks_on_two_ray_nodes_train_like_one(two_nodes, policy):
     import os

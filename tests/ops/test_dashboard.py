@@ -60,6 +60,7 @@ def query(port: int, expr: str) -> list:
 
 
 @pytest.mark.skipif(PROMETHEUS is None, reason="Debian's prometheus binary is not installed")
+@pytest.mark.system
 def test_every_panel_query_returns_data_from_a_live_run(tmp_path, run_cache):
     metrics_port, prom_port = free_port(), free_port()
     run = launch(

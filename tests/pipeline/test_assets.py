@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pipeline.assets.cache import prepare_index
 from pipeline.config.loader import load_config
 from retrieval.corpus import Passage, write_corpus
@@ -19,6 +21,7 @@ prepare_world(load_config("configs/local.yaml", [f"runtime.cache_dir={sys.argv[1
 """
 
 
+@pytest.mark.system
 def test_two_processes_preparing_one_world_build_it_once(tmp_path):
     procs = [
         subprocess.Popen(

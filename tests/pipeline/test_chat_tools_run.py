@@ -1,26 +1,23 @@
 """`actors.format: chat_tools` end to end on the embedded default: the warm start learns the chat
 format (a cache entry of its own), the agent calls tools in it, the books balance. A file of its
-own: its warm start builds beside the other end-to-end runs (tests/pipeline/test_local_run.py)."""
+own: its warm start (the agents' runs' too) builds beside the other end-to-end runs."""
 
 import json
 
 from buffers.reader import read_trajectories
 from tests.conftest import assert_accounting
+from tests.pipeline.test_agent_run import COMMON
 from tests.pipeline.test_local_run import launch
 
 
 def test_a_run_speaks_the_chat_templates_tool_calls(tmp_path, run_cache):
     run_dir = tmp_path / "run"
-    sets = [
-        "actors.format=chat_tools",
-        "actors.max_new_tokens_per_turn=64",  # reasoning and a JSON call: 32 cuts the call
-        "actors.max_response_tokens=320",
-        "learner.max_steps=2",
-        # half the other runs' 12: its own warm start builds in this test. At 6 epochs (loss
-        # 0.65) a configs/local.yaml run with these settings made 0.50-0.75 tool calls per trajectory
-        # in its first two steps (2-core machine, 2026-11-27).
-        "model.warm_start_epochs=6",
-    ]
+    # The agents' runs' settings (tests/pipeline/test_agent_run.py: search alone, observations
+    # of 256 tokens), so the two files share one warm start of the chat format: whichever runs
+    # first builds it. At 6 epochs (loss 0.65), half the other runs' 12, a configs/local.yaml run
+    # with these settings made 0.50-0.75 tool calls per trajectory in its first two steps
+    # (2-core machine, 2026-11-27).
+    sets = [*COMMON]
     proc = launch(run_dir, run_cache, *(a for s in sets for a in ("--set", s)))
     _, err = proc.communicate(timeout=900)
     assert proc.returncode == 0, err[-2000:]

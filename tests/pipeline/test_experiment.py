@@ -289,6 +289,7 @@ def test_run_logged_appends_the_output_and_returns_the_status(tmp_path):
     assert text.startswith("$ ") and "out\n" in text and "err\n" in text
 
 
+@pytest.mark.system
 def test_the_ray_runner_runs_each_command_as_a_task_in_this_directory(tmp_path):
     from pipeline.experiments.plan import Run
 

@@ -213,6 +213,7 @@ def test_gpu_recipes_say_what_they_need_on_cpu(tmp_path, config):
     assert not (tmp_path / "r").exists()  # refused before it started: no run directory left
 
 
+@pytest.mark.system
 def test_resume_goes_on_from_the_latest_checkpoint(tmp_path, cache):
     """With LoRA adapters and every logger: the adapters and their optimizer go on, the published
     weights are the initial policy plus the merged adapters; TensorBoard and the W&B run
@@ -260,6 +261,7 @@ def test_resume_goes_on_from_the_latest_checkpoint(tmp_path, cache):
     assert_accounting(run_dir)  # both processes' books against the whole spill
 
 
+@pytest.mark.system
 def test_zero3_on_the_cpu_trains_checkpoints_and_resumes(tmp_path, cache):
     """ZeRO-3 in one gloo process: the weights published to the engine are gathered from the
     partitions, and the partitioned optimizer state comes back from the checkpoint."""

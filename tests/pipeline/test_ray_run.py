@@ -101,6 +101,7 @@ def wait_for_line(proc, pattern: str, seen: list[str]) -> None:
     raise AssertionError("the run ended early:\n" + "".join(seen[-20:]))
 
 
+@pytest.mark.system
 @gpu_per_rank(2)
 def test_ray_runtime_survives_a_killed_actor_stops_cleanly_and_resumes_on_two_ranks(
     tmp_path, run_cache

@@ -240,6 +240,7 @@ def assert_labels_never_newer(run_dir: Path, generated: list[dict]) -> None:
     assert max(labelled) >= 1  # generated with published weights, not only the start-up ones
 
 
+@pytest.mark.system
 def test_a_local_run_on_two_sglang_servers_survives_one_being_killed(tmp_path, run_cache, servers):
     run_dir = tmp_path / "run"
     run_killing_one(run_dir, run_cache, servers)
@@ -249,6 +250,7 @@ def test_a_local_run_on_two_sglang_servers_survives_one_being_killed(tmp_path, r
     assert steps[-1]["server_rejoins"] == 1
 
 
+@pytest.mark.system
 def test_a_ray_run_on_two_sglang_servers_survives_one_being_killed(tmp_path, run_cache, servers):
     """Each of the two pools owns one server (pool_urls): the killed one's pool waits for it."""
     run_dir = tmp_path / "run"

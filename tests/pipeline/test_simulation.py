@@ -119,7 +119,9 @@ def test_a_simulated_run_feeds_the_prometheus_metrics_in_simulated_seconds(tmp_p
     assert abs(samples["strata_learner_step_seconds_sum", ()] - result.learner_busy_s) < 1e-6
 
 
-@pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(  # SIGINT's launch: make test-system
+    "stop", ["SIGTERM", pytest.param("SIGINT", marks=pytest.mark.system)]
+)
 def test_a_signal_stops_a_simulated_launch_with_its_books_and_a_checkpoint(tmp_path, stop):
     import os
     import signal
