@@ -253,7 +253,7 @@ def wide_policy(tmp_path_factory):
 @gpu_per_rank(2)
 @pytest.mark.parametrize(
     "overrides",
-    [  # make test runs the partitioned reference (issue 68); make test-system every case
+    [  # make test runs the partitioned reference (issue 68); make test-system the others
         pytest.param(
             dict(importance={"type": "mask", "cap": 2.0}), marks=SYSTEM, id="mask-and-resume"
         ),
