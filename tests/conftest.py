@@ -29,15 +29,15 @@ if "PYTEST_XDIST_WORKER" in os.environ:
 # are ordered the same way: test_ray_run.py builds the assets there. A file missing here only
 # runs later; nothing else depends on the list.
 LONGEST_FILES = (
-    "tests/pipeline/test_local_run.py",  # 205, the assets' build included
+    "tests/pipeline/test_local_run.py",  # 167, the assets' build included
     "tests/pipeline/test_ray_run.py",  # system tier: 338, the assets' build included
-    "tests/learner/test_ranks.py",  # 66 (make test-system: 345)
+    "tests/learner/test_ranks.py",  # 67 (all cases, before the tiers: 345)
     "tests/pipeline/test_warm_start.py",  # 38 (a 2-epoch warm start of its own)
-    "tests/pipeline/test_trap.py",  # 20
-    "tests/examples/test_example_task.py",  # 131 (issue 69's plug-in; the assets exist by then)
-    "tests/pipeline/test_agent_run.py",  # ~75 (issue 70: builds the chat format's warm start)
+    "tests/pipeline/test_trap.py",  # 21
+    "tests/examples/test_example_task.py",  # 123 (issue 69's plug-in; the assets exist by then)
+    "tests/pipeline/test_agent_run.py",  # 92 (issue 70: builds the chat format's warm start)
     "tests/actors/test_vllm_engine.py",  # 72 where .venv-vllm exists (CI)
-    "tests/pipeline/test_experiment.py",  # 48 (its Ray runner: system tier)
+    "tests/pipeline/test_experiment.py",  # 47 (its Ray runner: system tier)
     "tests/pipeline/test_gpu_benchmarks.py",  # 55
     "tests/pipeline/test_simulation.py",  # 48
     "tests/pipeline/test_sglang_run.py",  # system tier: 137
