@@ -47,15 +47,19 @@ system-deps:
 # Re-installs only when the dependency list or the pin changes; a venv left half-made by an
 # interrupted install has no stamp, so the next `make setup` finishes it. uv installs what pip
 # would (the same resolution, the same pins: `uv pip check` is clean) in ~40 s of wall time
-# where pip took 4:38 on 2 cores, nearly all of it pip's one-thread unpacking and compiling of
-# 19,000 .py files; uv compiles none (Python compiles what it imports, once). uv does not read
-# pip's settings: a local wheel directory named in PIP_FIND_LINKS (the CPU torch) is passed on.
+# where pip took 4:38 on 2 cores, nearly all of it pip's one-thread unpacking and compiling.
+# uv compiles the ~22,000 .py files to bytecode only when asked (--compile-bytecode, ~50 s on
+# 2 cores): without it, where PYTHONDONTWRITEBYTECODE is set (as on this machine) no .pyc is
+# ever written and every process compiles what it imports again: 20-22 s of CPU to import
+# torch, transformers and DeepSpeed against 10 s, in every process a run or a test starts.
+# uv does not read pip's settings: a local wheel directory named in PIP_FIND_LINKS (the CPU
+# torch) is passed on.
 UV := $(VENV)/bin/uv
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	test -x $(UV) || $(PY) -m pip install --quiet 'uv>=0.9,<1'
 	DS_BUILD_OPS=0 $(if $(PIP_FIND_LINKS),UV_FIND_LINKS="$(PIP_FIND_LINKS)") $(UV) pip install \
-		--quiet --python $(PY) $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[dev]'
+		--quiet --compile-bytecode --python $(PY) $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[dev]'
 	$(PY) -m learner.deepspeed_ops  # the op DeepSpeed would compile at the first run's start
 	touch $@
 
