@@ -51,7 +51,7 @@ system-deps:
 # uv compiles the ~22,000 .py files to bytecode only when asked (--compile-bytecode, ~50 s on
 # 2 cores): without it, where PYTHONDONTWRITEBYTECODE is set (as on this machine) no .pyc is
 # ever written and every process compiles what it imports again: 20-22 s of CPU to import
-# torch, transformers and DeepSpeed against 10 s, in every process a run or a test starts.
+# torch, transformers and DeepSpeed against 10.5 s, in every process a run or a test starts.
 # uv does not read pip's settings: a local wheel directory named in PIP_FIND_LINKS (the CPU
 # torch) is passed on.
 UV := $(VENV)/bin/uv
