@@ -9,7 +9,9 @@ and kind:
 - load s and RSS: in a fresh process, `PassageIndex.load` (mapped where faiss allows), RSS after
   the load and after the searches (anonymous and file-backed pages, from /proc/self/status);
 - p50/p99 ms of `index.search` at batch 1 and at batch 64, and the Arrow memory one search of 64
-  queries allocates beyond the load (its peak in a pool of its own); with `--compare-take`, the
+  queries allocates beyond the load (its peak in a pool of its own); the same for faiss's search
+  alone (`faiss_...`: the index without the passages, timed alternately with the whole search on
+  the same loaded index, so the difference is the passages' gather); with `--compare-take`, the
   same for the search before issue 68 (Arrow's take on the whole passage table), timed on the
   same loaded index, alternating with the current one;
 - recall@3: the share of flat's top 3 found in the kind's top 3;
@@ -156,7 +158,11 @@ def take_search(index: PassageIndex, embeddings: np.ndarray, k: int) -> list:
     ]
 
 
-SEARCHES = {"search": lambda index, rows: index.search(rows, 3)}
+SEARCHES = {
+    "search": lambda index, rows: index.search(rows, 3),
+    # faiss's own search, no passages: what the index costs, so the rest is Strata's
+    "faiss": lambda index, rows: index.index.search(np.ascontiguousarray(rows, np.float32), 3),
+}
 SEARCHES_COMPARED = SEARCHES | {"take": lambda index, rows: take_search(index, rows, 3)}
 
 
