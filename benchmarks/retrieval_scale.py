@@ -11,7 +11,8 @@ and kind:
 - p50/p99 ms of `index.search` at batch 1 and at batch 64, and the Arrow memory one search of 64
   queries allocates beyond the load (its peak in a pool of its own); the same for faiss's search
   alone (`faiss_...`: the index without the passages, timed alternately with the whole search on
-  the same loaded index, so the difference is the passages' gather); with `--compare-take`, the
+  the same loaded index, each on queries of its own, so the difference is the passages' gather);
+  with `--compare-take`, the
   same for the search before issue 68 (Arrow's take on the whole passage table), timed on the
   same loaded index, alternating with the current one;
 - recall@3: the share of flat's top 3 found in the kind's top 3;
@@ -169,11 +170,13 @@ SEARCHES_COMPARED = SEARCHES | {"take": lambda index, rows: take_search(index, r
 def latencies(
     index: PassageIndex, queries: np.ndarray, batch: int, rounds: int, searches: dict
 ) -> dict[str, list[float]]:
-    """ms of each search function, round by round alternating, so both see the same machine."""
+    """ms of each search function, round by round alternating, so all see the same machine; each
+    on queries of its own, since a query searched a second time finds its graph or lists cached."""
     times: dict[str, list[float]] = {name: [] for name in searches}
     for r in range(rounds):
-        rows = queries[(np.arange(batch) + r * batch) % len(queries)]
-        for name, search in searches.items():
+        for j, (name, search) in enumerate(searches.items()):
+            first = (r * len(searches) + j) * batch
+            rows = queries[(np.arange(batch) + first) % len(queries)]
             start = time.perf_counter()
             search(index, rows)
             times[name].append((time.perf_counter() - start) * 1000)
